@@ -1,0 +1,270 @@
+"""DisaggregatedInference v1alpha1: the API types.
+
+These pydantic models are the single source of truth: the CRD in crds/ and the
+chart's copy are generated from them (`pdfleet crd`), and the operator, the
+plan and `pdfleet local` all parse resources through them. Field names are the
+Kubernetes (camelCase) names; Python attributes are snake_case.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+GROUP = "pdfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DisaggregatedInference"
+PLURAL = "disaggregatedinferences"
+SINGULAR = "disaggregatedinference"
+SHORT_NAMES = ["dinf"]
+CATEGORIES = ["pdfleet", "inference"]
+
+# The fleet's child names append "-prefill-<revision>" and StatefulSet pods add
+# "-<ordinal>" plus a controller-revision-hash label: 40 keeps them within 63.
+MAX_NAME_LENGTH = 40
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+EXTENDED_RESOURCE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+ObjectName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Replicas = Annotated[int, Field(ge=0, le=1000)]
+
+
+class Model(BaseModel):
+    """Base for every API type: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class SecretKeyRef(Model):
+    name: ObjectName = Field(description="Name of a Secret in the resource's namespace.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        description="Key inside the Secret."
+    )
+
+
+class LocalObjectReference(Model):
+    name: ObjectName
+
+
+class PVCSource(Model):
+    claim_name: ObjectName = Field(description="PersistentVolumeClaim holding the model; mounted read-only at /models.")
+    sub_path: Optional[str] = Field(default=None, description="Path inside the claim to mount.")
+
+
+class HFSource(Model):
+    token_secret_ref: Optional[SecretKeyRef] = Field(
+        default=None, description="Secret key holding a Hugging Face token (exposed to vLLM as HF_TOKEN)."
+    )
+    revision: Optional[str] = Field(default=None, description="Model revision (branch, tag or commit) to download.")
+
+
+class ModelSource(Model):
+    """Where the weights come from: exactly one of pvc or hf."""
+
+    pvc: Optional[PVCSource] = None
+    hf: Optional[HFSource] = None
+
+
+class ModelSpec(Model):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
+        description="Hugging Face model id, or a path inside the pod (e.g. /models/llama under a pvc source)."
+    )
+    served_model_name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
+        default=None, description="Name clients use in requests; defaults to name."
+    )
+    source: Optional[ModelSource] = None
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    max_model_len: Optional[Annotated[int, Field(ge=16, le=10_000_000)]] = None
+
+
+class EnvVar(Model):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=ENV_NAME)]
+    value: str = ""
+
+
+class Resources(Model):
+    gpus: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(
+        default=None, description="nvidia.com/gpu per pod; defaults to tensorParallelSize."
+    )
+    cpu: Optional[Quantity] = None
+    memory: Optional[Quantity] = None
+
+
+class Toleration(Model):
+    key: Optional[str] = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: Optional[str] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    toleration_seconds: Optional[int] = None
+
+
+class RoleSpec(Model):
+    """One side of the fleet; prefill and decode have the same shape."""
+
+    replicas: Replicas = 1
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    resources: Resources = Field(default_factory=Resources)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: Optional[dict[str, Any]] = Field(default=None, description="A core/v1 Affinity, passed through.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments for this role only.")
+    env: list[EnvVar] = Field(default_factory=list)
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    pod_labels: dict[str, str] = Field(default_factory=dict)
+
+
+class EngineSpec(Model):
+    port: Port = Field(default=8000, description="vLLM's HTTP port inside prefill and decode pods.")
+    block_size: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=16, description="Tokens per KV block; CPU engines need a multiple of 32."
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments for both roles.")
+    env: list[EnvVar] = Field(default_factory=list)
+
+
+class KVTransferSpec(Model):
+    backends: Annotated[
+        list[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]*$")]], Field(min_length=1, max_length=8)
+    ] = Field(default=["UCX"], description="NIXL backends, in order of preference.")
+    buffer_device: Literal["cuda", "cpu"] = Field(
+        default="cuda", description="Where the transferred KV lives: GPU memory, or a host buffer."
+    )
+    side_channel_port: Port = Field(
+        default=5600, description="Handshake (ZMQ) port of TP rank 0; rank r listens on port + r."
+    )
+    lease_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
+        default=120, description="How long prefill holds a request's blocks for decode to read."
+    )
+    auth_secret_ref: Optional[SecretKeyRef] = Field(
+        default=None, description="Secret key holding the shared side-channel secret; enables HMAC signing."
+    )
+    load_failure_policy: Literal["recompute", "fail"] = "recompute"
+
+
+class RDMASpec(Model):
+    resource_name: Optional[Annotated[str, StringConstraints(max_length=253, pattern=EXTENDED_RESOURCE)]] = Field(
+        default=None, description="Device-plugin resource such as rdma/ib or rdma/hca_shared_devices_a."
+    )
+    count: Annotated[int, Field(ge=0, le=64)] = Field(default=1, description="RDMA devices per pod.")
+    devices: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]+$")]] = Field(
+        default_factory=list, description="UCX_NET_DEVICES entries, e.g. mlx5_0:1."
+    )
+    multus_networks: list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9./@]*[a-z0-9])?$")]] = Field(
+        default_factory=list, description="NetworkAttachmentDefinitions for the Multus annotation."
+    )
+
+
+class NetworkSpec(Model):
+    rdma: Optional[RDMASpec] = None
+    ucx_transports: list[Annotated[str, StringConstraints(pattern=r"^\^?[a-z0-9_]+$")]] = Field(
+        default_factory=list, description="UCX_TLS entries, e.g. rc, ud, cuda_copy, tcp."
+    )
+    host_network: bool = False
+    network_policy: bool = Field(
+        default=False, description="Allow only the fleet's pods and its router to reach http and side-channel ports."
+    )
+
+
+class RouterSpec(Model):
+    enabled: bool = True
+    replicas: Replicas = 1
+    port: Port = 8000
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+
+
+class PDBSpec(Model):
+    max_unavailable: Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=r"^[0-9]+%$")]] = 1
+
+
+class DisruptionSpec(Model):
+    enabled: bool = True
+    prefill: PDBSpec = Field(default_factory=PDBSpec)
+    decode: PDBSpec = Field(default_factory=PDBSpec)
+
+
+class DisaggregatedInferenceSpec(Model):
+    model: ModelSpec
+    image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+        default=None, description="Runtime image; defaults to the operator's configured image."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    prefill: RoleSpec = Field(default_factory=RoleSpec)
+    decode: RoleSpec = Field(default_factory=RoleSpec)
+    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
+
+    def role(self, role: str) -> RoleSpec:
+        return {"prefill": self.prefill, "decode": self.decode}[role]
+
+
+# --- status (written by the operator) ---------------------------------------
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: Optional[str] = None
+    observed_generation: Optional[int] = None
+
+
+class RoleStatus(Model):
+    replicas: int = 0
+    ready_replicas: int = 0
+    updated_replicas: int = 0
+
+
+class PrefillEndpoint(Model):
+    pod: str
+    ip: str
+    side_channel_port: int
+    http_port: int
+    revision: str
+
+
+class EndpointsStatus(Model):
+    prefill: list[PrefillEndpoint] = Field(default_factory=list)
+
+
+class DisaggregatedInferenceStatus(Model):
+    observed_generation: Optional[int] = None
+    conditions: list[Condition] = Field(default_factory=list)
+    revision: Optional[str] = None
+    prefill: Optional[RoleStatus] = None
+    decode: Optional[RoleStatus] = None
+    router: Optional[RoleStatus] = None
+    endpoints: Optional[EndpointsStatus] = None
+    url: Optional[str] = None
+
+
+class ObjectMeta(Model):
+    """The part of metadata pdfleet reads; everything else passes through."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=DNS1035_LABEL)]
+    namespace: Optional[str] = None
+    uid: Optional[str] = None
+    generation: Optional[int] = None
+
+
+class DisaggregatedInference(Model):
+    api_version: Literal["pdfleet.io/v1alpha1"] = API_VERSION
+    kind: Literal["DisaggregatedInference"] = KIND
+    metadata: ObjectMeta
+    spec: DisaggregatedInferenceSpec
+    status: Optional[DisaggregatedInferenceStatus] = None

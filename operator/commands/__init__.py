@@ -1,0 +1,1 @@
+"""One module per `pdfleet` subcommand that needs no cluster."""
