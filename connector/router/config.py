@@ -1,0 +1,64 @@
+"""RouterConfig: every knob of the router in one frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Settings of one router process.
+
+    Endpoints come either from ``prefill``/``decode`` (static base URLs, one
+    revision named ``static``) or from Kubernetes EndpointSlices when
+    ``kubernetes_fleet`` is set (see discovery.py).
+    """
+
+    prefill: tuple[str, ...] = ()
+    decode: tuple[str, ...] = ()
+
+    # Kubernetes discovery (used when kubernetes_fleet is set)
+    kubernetes_fleet: str | None = None
+    kubernetes_namespace: str = "default"
+    kubeconfig: str | None = None  # None: in-cluster service account, else this kubeconfig file
+    api_server: str | None = None  # overrides the server URL (tests, proxies)
+    port_name: str = "http"  # EndpointSlice port that serves the OpenAI API
+    revision: str | None = None  # the operator's active revision; None: newest serviceable
+
+    # limits
+    max_body_bytes: int = 4 * 1024 * 1024
+    prefill_attempts: int = 2  # prefill endpoints tried before decode-only
+    decode_attempts: int = 2  # decode endpoints tried before giving up
+    lease_margin_s: float = 1.0  # reuse prefill's KV on a retry only if the lease has this much left
+
+    # timeouts (seconds)
+    connect_timeout_s: float = 3.0
+    prefill_timeout_s: float = 120.0  # whole prefill leg
+    decode_first_byte_timeout_s: float = 600.0  # until decode's response headers (non-streaming: whole generation)
+    decode_idle_timeout_s: float = 120.0  # between two chunks of decode's response
+    models_timeout_s: float = 10.0
+    eject_s: float = 5.0  # an endpoint that failed is avoided this long
+
+    # request headers passed on to both legs
+    forward_headers: tuple[str, ...] = field(
+        default=("authorization", "traceparent", "tracestate", "baggage")
+    )
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.kubernetes_fleet is None and (not self.prefill or not self.decode):
+            problems.append("prefill/decode: give at least one of each, or kubernetes_fleet")
+        for name in ("prefill", "decode"):
+            for url in getattr(self, name):
+                if not (url.startswith("http://") or url.startswith("https://")):
+                    problems.append(f"{name}: {url!r} must start with http:// or https://")
+        if self.max_body_bytes < 1:
+            problems.append("max_body_bytes: must be >= 1")
+        if self.prefill_attempts < 1 or self.decode_attempts < 1:
+            problems.append("prefill_attempts/decode_attempts: must be >= 1")
+        for name in ("connect_timeout_s", "prefill_timeout_s", "decode_first_byte_timeout_s",
+                     "decode_idle_timeout_s", "models_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name}: must be > 0")
+        if problems:
+            raise ValueError("invalid RouterConfig: " + "; ".join(problems))

@@ -1,0 +1,130 @@
+"""Pure endpoint logic: which revision serves, and which endpoint takes a leg.
+
+Nothing here does I/O, so every rule is table-tested in tests/unit/router.
+
+A *revision* groups the prefill and decode endpoints built from one fleet
+template (label ``pdfleet.io/revision``). KV caches only move between engines
+of the same revision, so both legs of a request always come from one group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+PREFILL = "prefill"
+DECODE = "decode"
+ROLES = (PREFILL, DECODE)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One engine's OpenAI-compatible HTTP base URL, e.g. ``http://10.0.0.7:8000``."""
+
+    url: str
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class RevisionEndpoints:
+    """The endpoints of one revision. ``created`` orders revisions (larger is newer)."""
+
+    revision: str
+    prefill: tuple[Endpoint, ...] = ()
+    decode: tuple[Endpoint, ...] = ()
+    created: float = 0.0
+
+    def ready(self, role: str) -> tuple[str, ...]:
+        endpoints = self.prefill if role == PREFILL else self.decode
+        return tuple(e.url for e in endpoints if e.ready)
+
+    @property
+    def serviceable(self) -> bool:
+        return bool(self.ready(PREFILL)) and bool(self.ready(DECODE))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The revision the router uses now, and why (for /health and logs)."""
+
+    revision: RevisionEndpoints | None
+    reason: str
+
+
+def select_revision(groups: Iterable[RevisionEndpoints], preferred: str | None = None) -> Selection:
+    """Pick the revision that serves new requests.
+
+    The operator's choice (``preferred``) wins when it has at least one ready
+    prefill and one ready decode; otherwise the newest revision that has both
+    serves, so a rollout whose new pods are not ready yet keeps the old
+    revision serving. Ties on ``created`` break on the revision name so that
+    every router replica picks the same one.
+    """
+    candidates = [g for g in groups if g.serviceable]
+    if preferred:
+        for g in candidates:
+            if g.revision == preferred:
+                return Selection(g, "preferred")
+    if not candidates:
+        return Selection(None, "no revision has a ready prefill and a ready decode endpoint")
+    newest = max(candidates, key=lambda g: (g.created, g.revision))
+    if preferred:
+        return Selection(newest, f"preferred revision {preferred!r} not serviceable; newest serviceable")
+    return Selection(newest, "newest serviceable")
+
+
+def pick_least_outstanding(
+    candidates: Sequence[str],
+    outstanding: Mapping[str, int],
+    *,
+    exclude: Collection[str] = (),
+    ejected: Collection[str] = (),
+    tiebreak: int = 0,
+) -> str | None:
+    """Choose the endpoint with the fewest requests in flight.
+
+    ``exclude``: endpoints already tried for this request (never chosen again).
+    ``ejected``: endpoints that failed recently; chosen only when every other
+    candidate is excluded too. ``tiebreak`` rotates among equally loaded
+    endpoints so that an idle fleet still spreads requests.
+    Returns None when every candidate is excluded.
+    """
+    allowed = [c for c in candidates if c not in exclude]
+    if not allowed:
+        return None
+    healthy = [c for c in allowed if c not in ejected] or allowed
+    least = min(outstanding.get(c, 0) for c in healthy)
+    tied = [c for c in healthy if outstanding.get(c, 0) == least]
+    return tied[tiebreak % len(tied)]
+
+
+@dataclass
+class Outstanding:
+    """Requests in flight per endpoint URL (mutable; owned by one event loop)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def acquire(self, url: str) -> None:
+        self.counts[url] = self.counts.get(url, 0) + 1
+
+    def release(self, url: str) -> None:
+        left = self.counts.get(url, 0) - 1
+        if left > 0:
+            self.counts[url] = left
+        else:
+            self.counts.pop(url, None)
+
+
+def lease_allows_reuse(kv_transfer_params: Mapping[str, object] | None, now: float, margin_s: float) -> bool:
+    """Whether prefill's KV blocks may still be read by another decode.
+
+    The prefill engine holds the blocks until ``remote_blocks_expiry_time``
+    (unix seconds). Without a readable expiry the router cannot know, so it
+    does not reuse them (a decode-only retry recomputes instead).
+    """
+    if not kv_transfer_params:
+        return False
+    expiry = kv_transfer_params.get("remote_blocks_expiry_time")
+    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)):
+        return False
+    return float(expiry) - now >= margin_s

@@ -1,0 +1,111 @@
+"""Fake OpenAI engines (real aiohttp servers on loopback) that record what they receive.
+
+A prefill fake answers like vLLM's prefill with a kv_transfer_params of its own;
+a decode fake echoes the kv_transfer_params it got and streams SSE chunks when
+asked. ``mode`` switches failure behaviours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Received:
+    path: str
+    headers: Any  # CIMultiDict: case-insensitive
+    body: Any
+
+
+@dataclass
+class FakeEngine:
+    name: str
+    role: str  # "prefill" or "decode"
+    mode: str = "ok"  # ok | http500 | http400 | hang | no_kv | drop_midstream
+    lease_s: float = 30.0
+    chunks: int = 3
+    received: list[Received] = field(default_factory=list)
+    # streaming control: when set, the fake waits on `release` before each chunk after the first
+    gated: bool = False
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.received.append(Received(request.path, request.headers.copy(), None))
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": self.name}]})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(Received(request.path, request.headers.copy(), body))
+        try:
+            if self.mode == "http500":
+                return web.json_response({"error": {"message": "boom"}}, status=500)
+            if self.mode == "http400":
+                return web.json_response({"error": {"message": f"bad prompt ({self.name})", "code": 400}}, status=400)
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+            if self.role == "prefill":
+                return self._prefill_answer(request, body)
+            return await self._decode_answer(request, body)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    def _prefill_answer(self, request: web.Request, body: dict) -> web.Response:
+        answer: dict[str, Any] = {"id": "cmpl-p", "choices": [{"index": 0, "text": "x"}], "served_by": self.name}
+        if self.mode != "no_kv":
+            answer["kv_transfer_params"] = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.name,
+                "remote_request_id": request.headers.get("X-Request-Id"),
+                "remote_block_ids": [[1, 2, 3]],
+                "remote_host": "127.0.0.1",
+                "remote_port": 5600,
+                "remote_blocks_expiry_time": time.time() + self.lease_s,
+            }
+        return web.json_response(answer)
+
+    async def _decode_answer(self, request: web.Request, body: dict) -> web.StreamResponse:
+        kv = body.get("kv_transfer_params")
+        if not body.get("stream"):
+            return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, "text": "hello world"}],
+                                      "served_by": self.name, "kv_seen": kv})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(self.chunks):
+            if i and self.gated:
+                await self.release.wait()
+                self.release.clear()
+            if i and self.mode == "drop_midstream":
+                request.transport.close()
+                return resp
+            event = {"choices": [{"index": 0, "text": f"t{i}"}], "served_by": self.name}
+            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
