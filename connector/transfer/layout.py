@@ -1,0 +1,317 @@
+"""KV memory description and the pure planning of reads.
+
+Everything here is pure (no NIXL, no sockets) so it can be table-tested:
+
+- ``Region`` / ``KVLayout``: what a worker registers and what both sides must agree on.
+- ``plan_slice``: from the reader's and the source's layouts (learned in the
+  handshake), which bytes of each source block the reader copies (whole block, or
+  its head slice for heterogeneous TP), or a clear ``IncompatibleLayout`` reason.
+- ``validate_block_ids``: checks request block ids (types, lengths, ranges).
+- ``coalesce_runs`` / ``build_descriptors``: per-block descriptors with runs of
+  consecutive blocks merged into one descriptor where memory is dense.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Region",
+    "KVLayout",
+    "SlicePlan",
+    "IncompatibleLayout",
+    "InvalidBlockIds",
+    "plan_slice",
+    "remote_rank_for",
+    "validate_block_ids",
+    "coalesce_runs",
+    "build_descriptors",
+    "MEMORY_TYPES",
+    "KV_LAYOUTS",
+]
+
+MEMORY_TYPES = ("DRAM", "VRAM")
+KV_LAYOUTS = ("NHD", "HND")
+
+
+class IncompatibleLayout(ValueError):
+    """The two sides' KV layouts cannot be read from one another; the message says why."""
+
+
+class InvalidBlockIds(ValueError):
+    """Block ids of a request are malformed; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Region:
+    """One registered memory region, e.g. one layer's K (or V) cache.
+
+    Block ``i`` lives at ``base + i * block_stride`` and its KV bytes are the first
+    ``block_len`` bytes there.
+    """
+
+    base: int
+    num_blocks: int
+    block_stride: int
+    block_len: int
+    device: str = "DRAM"
+    device_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("base", "num_blocks", "block_stride", "block_len", "device_id"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"Region.{name} must be an int, got {type(value).__name__}")
+        if self.base <= 0:
+            raise ValueError(f"Region.base must be a positive address, got {self.base}")
+        if self.num_blocks <= 0:
+            raise ValueError(f"Region.num_blocks must be > 0, got {self.num_blocks}")
+        if self.block_len <= 0:
+            raise ValueError(f"Region.block_len must be > 0, got {self.block_len}")
+        if self.block_stride < self.block_len:
+            raise ValueError(
+                f"Region.block_stride ({self.block_stride}) must be >= block_len ({self.block_len})"
+            )
+        if self.device not in MEMORY_TYPES:
+            raise ValueError(f"Region.device must be one of {MEMORY_TYPES}, got {self.device!r}")
+        if self.device_id < 0:
+            raise ValueError(f"Region.device_id must be >= 0, got {self.device_id}")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes spanned by the region (what gets registered)."""
+        return (self.num_blocks - 1) * self.block_stride + self.block_len
+
+    @property
+    def dense(self) -> bool:
+        """True when consecutive blocks touch, so a run of blocks is one contiguous range."""
+        return self.block_stride == self.block_len
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What both sides must agree on; travels in the handshake."""
+
+    block_size: int  # tokens per block
+    dtype: str
+    layout: str  # "NHD" or "HND" (head-major inside a block; needed for TP slices)
+    num_kv_heads: int  # per rank
+    head_dim: int
+    tp_rank: int
+    tp_size: int
+    is_mla: bool = False  # MLA caches are replicated across ranks: read whole blocks
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_kv_heads", "head_dim", "tp_rank", "tp_size"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"KVLayout.{name} must be an int, got {type(value).__name__}")
+        for name in ("block_size", "num_kv_heads", "head_dim", "tp_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"KVLayout.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(
+                f"KVLayout.tp_rank must be in [0, tp_size={self.tp_size}), got {self.tp_rank}"
+            )
+        if self.layout not in KV_LAYOUTS:
+            raise ValueError(f"KVLayout.layout must be one of {KV_LAYOUTS}, got {self.layout!r}")
+        if not isinstance(self.dtype, str) or not self.dtype:
+            raise ValueError("KVLayout.dtype must be a non-empty string")
+        if type(self.is_mla) is not bool:
+            raise ValueError("KVLayout.is_mla must be a bool")
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """Which part of each source block a reader copies.
+
+    ``offset``/``length`` are per region (bytes inside a source block). ``readers``
+    is how many reader ranks read each source rank (k = reader TP / source TP) and
+    ``reader_index`` which one this reader is; the source frees a request's blocks
+    once all ``readers`` have reported completion.
+    """
+
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    readers: int
+    reader_index: int
+
+    @property
+    def whole_blocks(self) -> bool:
+        return all(o == 0 for o in self.offsets)
+
+
+def remote_rank_for(local: KVLayout, remote_tp_size: int) -> int:
+    """Source rank a reader rank reads: reader TP must be k x source TP; rank r reads r // k."""
+    if type(remote_tp_size) is not int or remote_tp_size <= 0:
+        raise IncompatibleLayout(f"remote tp_size must be a positive int, got {remote_tp_size!r}")
+    if local.tp_size % remote_tp_size != 0:
+        raise IncompatibleLayout(
+            f"decode tp_size {local.tp_size} is not a multiple of prefill tp_size {remote_tp_size}"
+            " (only decode TP = k x prefill TP is supported)"
+        )
+    return local.tp_rank // (local.tp_size // remote_tp_size)
+
+
+def plan_slice(
+    local: KVLayout,
+    local_regions: Sequence[Region],
+    remote: KVLayout,
+    remote_regions: Sequence[Region],
+) -> SlicePlan:
+    """Decide how the reader (``local``) copies blocks of the source (``remote``).
+
+    Raises ``IncompatibleLayout`` with the reason when the two cannot work together.
+    """
+    for field in ("block_size", "dtype", "head_dim", "is_mla"):
+        a, b = getattr(local, field), getattr(remote, field)
+        if a != b:
+            raise IncompatibleLayout(f"KVLayout.{field} differs: decode {a!r}, prefill {b!r}")
+    expected_rank = remote_rank_for(local, remote.tp_size)
+    if remote.tp_rank != expected_rank:
+        raise IncompatibleLayout(
+            f"decode rank {local.tp_rank}/{local.tp_size} must read prefill rank {expected_rank},"
+            f" but the peer is rank {remote.tp_rank}/{remote.tp_size}"
+        )
+    if len(local_regions) != len(remote_regions):
+        raise IncompatibleLayout(
+            f"region count differs: decode {len(local_regions)}, prefill {len(remote_regions)}"
+        )
+    k = local.tp_size // remote.tp_size
+    index = local.tp_rank % k
+    offsets: list[int] = []
+    lengths: list[int] = []
+    if local.is_mla or k == 1:
+        if not local.is_mla and local.num_kv_heads != remote.num_kv_heads:
+            raise IncompatibleLayout(
+                f"KVLayout.num_kv_heads differs at equal TP: decode {local.num_kv_heads},"
+                f" prefill {remote.num_kv_heads}"
+            )
+        for i, (lr, rr) in enumerate(zip(local_regions, remote_regions)):
+            if lr.block_len != rr.block_len:
+                raise IncompatibleLayout(
+                    f"region {i}: block_len differs: decode {lr.block_len}, prefill {rr.block_len}"
+                )
+            offsets.append(0)
+            lengths.append(lr.block_len)
+        return SlicePlan(tuple(offsets), tuple(lengths), k, index)
+    # Heterogeneous TP: the reader holds 1/k of the source's heads; with a head-major
+    # (HND) block that is one contiguous slice per block.
+    if local.layout != "HND" or remote.layout != "HND":
+        raise IncompatibleLayout(
+            f"decode TP {local.tp_size} != prefill TP {remote.tp_size} needs layout 'HND' on both"
+            f" sides (decode {local.layout!r}, prefill {remote.layout!r})"
+        )
+    if remote.num_kv_heads != local.num_kv_heads * k:
+        raise IncompatibleLayout(
+            f"prefill has {remote.num_kv_heads} KV heads per rank, decode {local.num_kv_heads}:"
+            f" expected prefill = decode x {k} (replicated KV heads are not supported)"
+        )
+    for i, (lr, rr) in enumerate(zip(local_regions, remote_regions)):
+        if rr.block_len != lr.block_len * k:
+            raise IncompatibleLayout(
+                f"region {i}: prefill block_len {rr.block_len} != decode block_len"
+                f" {lr.block_len} x {k}"
+            )
+        offsets.append(index * lr.block_len)
+        lengths.append(lr.block_len)
+    return SlicePlan(tuple(offsets), tuple(lengths), k, index)
+
+
+def _check_ids(name: str, ids: Any, limit: int | None) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise InvalidBlockIds(f"{name} must be a list of ints, got {type(ids).__name__}")
+    out: list[int] = []
+    for pos, value in enumerate(ids):
+        # bool is an int subclass; numpy ints are accepted through __index__.
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise InvalidBlockIds(
+                f"{name}[{pos}] must be an int, got {type(value).__name__} {value!r}"
+            )
+        value = int(value.__index__())
+        if value < 0:
+            raise InvalidBlockIds(f"{name}[{pos}] = {value}: block ids must be >= 0")
+        if limit is not None and value >= limit:
+            raise InvalidBlockIds(
+                f"{name}[{pos}] = {value}: out of range, the cache has {limit} blocks (0..{limit - 1})"
+            )
+        out.append(value)
+    return out
+
+
+def validate_block_ids(
+    remote_block_ids: Any,
+    local_block_ids: Any,
+    *,
+    local_num_blocks: int,
+    remote_num_blocks: int | None = None,
+) -> tuple[list[int], list[int]]:
+    """Check a request's block ids; return them as plain int lists or raise ``InvalidBlockIds``.
+
+    ``remote_num_blocks`` is None before the handshake (the range is checked again later).
+    """
+    remote = _check_ids("remote_block_ids", remote_block_ids, remote_num_blocks)
+    local = _check_ids("local_block_ids", local_block_ids, local_num_blocks)
+    if len(remote) != len(local):
+        raise InvalidBlockIds(
+            f"remote_block_ids has {len(remote)} ids but local_block_ids has {len(local)}:"
+            " lengths must match"
+        )
+    if not local:
+        raise InvalidBlockIds("remote_block_ids/local_block_ids are empty: nothing to pull")
+    if len(set(local)) != len(local):
+        raise InvalidBlockIds("local_block_ids contains duplicates: each local block is written once")
+    return remote, local
+
+
+def coalesce_runs(local_ids: Sequence[int], remote_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Split paired block ids into maximal runs consecutive on both sides.
+
+    Returns ``(local_start, remote_start, count)`` triples in request order.
+    """
+    runs: list[tuple[int, int, int]] = []
+    for loc, rem in zip(local_ids, remote_ids):
+        if runs:
+            ls, rs, n = runs[-1]
+            if loc == ls + n and rem == rs + n:
+                runs[-1] = (ls, rs, n + 1)
+                continue
+        runs.append((loc, rem, 1))
+    return runs
+
+
+def build_descriptors(
+    local_regions: Sequence[Region],
+    remote_regions: Sequence[Region],
+    plan: SlicePlan,
+    local_ids: Sequence[int],
+    remote_ids: Sequence[int],
+) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """Descriptor lists for one read, grouped by (local device, remote device).
+
+    Each group is ``(local_mem, remote_mem, local Nx3, remote Nx3)`` with rows
+    ``(address, length, device_id)``. A run of consecutive blocks becomes one
+    descriptor when both regions are dense and whole blocks are read; otherwise
+    each block is its own descriptor.
+    """
+    runs = coalesce_runs(local_ids, remote_ids)
+    groups: dict[tuple[str, str], tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]] = {}
+    for i, (lr, rr) in enumerate(zip(local_regions, remote_regions)):
+        off, length = plan.offsets[i], plan.lengths[i]
+        loc_rows, rem_rows = groups.setdefault((lr.device, rr.device), ([], []))
+        merge = lr.dense and rr.dense and off == 0 and length == lr.block_len == rr.block_len
+        for ls, rs, n in runs:
+            if merge:
+                loc_rows.append((lr.base + ls * lr.block_stride, n * length, lr.device_id))
+                rem_rows.append((rr.base + rs * rr.block_stride, n * length, rr.device_id))
+            else:
+                for j in range(n):
+                    loc_rows.append((lr.base + (ls + j) * lr.block_stride, length, lr.device_id))
+                    rem_rows.append((rr.base + (rs + j) * rr.block_stride + off, length, rr.device_id))
+    return [
+        (lm, rm, np.array(loc, dtype=np.uint64).reshape(-1, 3), np.array(rem, dtype=np.uint64).reshape(-1, 3))
+        for (lm, rm), (loc, rem) in groups.items()
+    ]

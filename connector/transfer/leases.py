@@ -1,0 +1,77 @@
+"""Lease table of the source: which requests' blocks are held, until when, by whom.
+
+Thread-safe (the side-channel thread extends leases, the engine thread holds and
+collects released ones). Time is passed in so the logic is testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+__all__ = ["LeaseTable"]
+
+
+@dataclass
+class _Lease:
+    block_ids: list[int]
+    expires_at: float
+    done: set[tuple[int, int]] = field(default_factory=set)  # (reader_index, part) seen
+
+
+class LeaseTable:
+    def __init__(self, lease_seconds: float) -> None:
+        if not lease_seconds > 0:
+            raise ValueError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        self.lease_seconds = float(lease_seconds)
+        self._lock = threading.Lock()
+        self._leases: dict[str, _Lease] = {}
+        self._released: list[str] = []
+        self.expired = 0
+        self.completed = 0
+
+    def hold(self, request_id: str, block_ids: list[int], now: float) -> float:
+        with self._lock:
+            expires = now + self.lease_seconds
+            self._leases[request_id] = _Lease(list(block_ids), expires)
+            return expires
+
+    def extend(self, request_ids: list[str], now: float) -> dict[str, float]:
+        """Extend live leases; return seconds left for each held request (absent if not held)."""
+        out: dict[str, float] = {}
+        with self._lock:
+            for rid in request_ids:
+                lease = self._leases.get(rid)
+                if lease is None or lease.expires_at <= now:
+                    continue  # expired leases are not revived: the blocks may be reused
+                lease.expires_at = max(lease.expires_at, now + self.lease_seconds)
+                out[rid] = lease.expires_at - now
+        return out
+
+    def complete(self, request_id: str, readers: int, reader_index: int, parts: int, part: int) -> bool:
+        """Record one reader's completed read; True when the request is released by it."""
+        with self._lock:
+            lease = self._leases.get(request_id)
+            if lease is None:
+                return False
+            lease.done.add((reader_index, part))
+            if len(lease.done) >= readers * parts:
+                del self._leases[request_id]
+                self._released.append(request_id)
+                self.completed += 1
+                return True
+            return False
+
+    def collect(self, now: float) -> list[str]:
+        """Request ids whose blocks may be freed now (completed, or lease expired)."""
+        with self._lock:
+            for rid in [r for r, lease in self._leases.items() if lease.expires_at <= now]:
+                del self._leases[rid]
+                self._released.append(rid)
+                self.expired += 1
+            out, self._released = self._released, []
+            return out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._leases)

@@ -1,0 +1,124 @@
+"""Thin wrapper over a NIXL agent: registration, peers, READs, notifications.
+
+Not thread-safe: each owner calls it from one thread (NIXL's own progress thread
+runs underneath). ``nixl`` is imported lazily so pure modules import without it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from pdfleet.connector.transfer.layout import Region
+
+__all__ = ["NixlAgent", "NixlError"]
+
+log = logging.getLogger(__name__)
+
+
+class NixlError(RuntimeError):
+    """A NIXL call failed (registration, peer metadata, posting or completing a transfer)."""
+
+
+class NixlAgent:
+    def __init__(self, name: str, backends: Sequence[str] = ("UCX",)) -> None:
+        try:
+            from nixl._api import nixl_agent, nixl_agent_config
+        except ImportError as exc:  # pragma: no cover - depends on the image
+            raise NixlError(f"NIXL is not installed: {exc}") from exc
+        backends = list(backends)
+        if not backends:
+            raise ValueError("backends must name at least one NIXL backend, e.g. ['UCX']")
+        self.name = name
+        self._agent = nixl_agent(name, nixl_agent_config(backends=backends))
+        missing = [b for b in backends if b not in self._agent.backends]
+        if missing:
+            raise NixlError(
+                f"NIXL backends {missing} are not available (plugins: {self._agent.get_plugin_list()})"
+            )
+        self._registered: list[Any] = []
+
+    def register(self, regions: Sequence[Region]) -> None:
+        """Register every region's span with NIXL (grouped by memory type)."""
+        by_mem: dict[str, list[tuple[int, int, int, str]]] = {}
+        for r in regions:
+            by_mem.setdefault(r.device, []).append((r.base, r.nbytes, r.device_id, ""))
+        for mem, descs in by_mem.items():
+            try:
+                self._registered.append(self._agent.register_memory(descs, mem))
+            except Exception as exc:
+                raise NixlError(f"registering {len(descs)} {mem} region(s) failed: {exc}") from exc
+
+    def metadata(self) -> bytes:
+        return self._agent.get_agent_metadata()
+
+    def add_peer(self, metadata: bytes) -> str:
+        try:
+            return self._agent.add_remote_agent(metadata)
+        except Exception as exc:
+            raise NixlError(f"loading peer agent metadata failed: {exc}") from exc
+
+    def remove_peer(self, name: str) -> None:
+        try:
+            self._agent.remove_remote_agent(name)
+        except Exception as exc:  # the peer may be gone already; nothing else to undo
+            log.debug("remove_remote_agent(%s): %s", name, exc)
+
+    def read(
+        self,
+        peer: str,
+        local_mem: str,
+        local: np.ndarray,
+        remote_mem: str,
+        remote: np.ndarray,
+        notif: bytes,
+    ) -> Any:
+        """Create and post a READ of ``remote`` rows into ``local`` rows; returns the handle."""
+        try:
+            ld = self._agent.get_xfer_descs(local, local_mem)
+            rd = self._agent.get_xfer_descs(remote, remote_mem)
+            handle = self._agent.initialize_xfer("READ", ld, rd, peer, notif)
+        except Exception as exc:
+            raise NixlError(f"preparing READ from {peer} failed: {exc}") from exc
+        try:
+            state = self._agent.transfer(handle)
+        except Exception as exc:
+            self.release(handle)
+            raise NixlError(f"posting READ from {peer} failed: {exc}") from exc
+        if state == "ERR":
+            self.release(handle)
+            raise NixlError(f"posting READ from {peer} failed (state ERR)")
+        return handle
+
+    def state(self, handle: Any) -> str:
+        """'DONE', 'PROC' or 'ERR'."""
+        try:
+            return self._agent.check_xfer_state(handle)
+        except Exception as exc:
+            log.warning("check_xfer_state: %s", exc)
+            return "ERR"
+
+    def release(self, handle: Any) -> bool:
+        try:
+            self._agent.release_xfer_handle(handle)
+            return True
+        except Exception as exc:  # still in flight and not cancellable: retried later
+            log.debug("release_xfer_handle: %s", exc)
+            return False
+
+    def notifs(self) -> dict[str, list[bytes]]:
+        return self._agent.get_new_notifs()
+
+    def send_notif(self, peer: str, msg: bytes) -> None:
+        self._agent.send_notif(peer, msg)
+
+    def close(self) -> None:
+        for reg in self._registered:
+            try:
+                self._agent.deregister_memory(reg)
+            except Exception as exc:
+                log.debug("deregister_memory: %s", exc)
+        self._registered.clear()
+        self._agent = None  # type: ignore[assignment]

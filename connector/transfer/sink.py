@@ -1,0 +1,475 @@
+"""Decode side: ``KVSink`` pulls a request's KV blocks from a ``KVSource`` with NIXL READs.
+
+One per worker rank. All NIXL calls happen on the caller's thread (``pull``/``poll``);
+side-channel round trips (handshakes, lease heartbeats) run on a small thread pool so
+``pull`` never blocks the engine.
+
+Life of a pull:
+1. ``pull`` validates its inputs (a bad one fails the request, reported by ``poll``).
+2. The endpoint is ``host:port + remote_rank`` (``port`` is the source's base port).
+   A cached peer whose instance id differs from ``remote_instance_id`` is dropped.
+3. A heartbeat is sent at once: its ack extends the source's lease and tells how
+   long the blocks stay held (the sink's deadline, on its own monotonic clock).
+4. Without a cached peer, a handshake is run (timeouts, bounded retries).
+5. The READs are posted (contiguous block runs coalesced) when the peer is known and
+   its instance verified (by ``remote_instance_id`` or by the heartbeat ack), unless
+   the deadline has passed. Each READ carries a completion notification to the source.
+6. ``poll`` reports the request done when every READ is DONE, the ack arrived, and the
+   completion was seen before the deadline; otherwise failed with a reason. While it
+   waits, heartbeats extend the lease. A transfer or handshake error drops the peer so
+   the next pull handshakes again (a restarted prefill gets a fresh agent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.layout import (
+    IncompatibleLayout,
+    InvalidBlockIds,
+    KVLayout,
+    Region,
+    SlicePlan,
+    build_descriptors,
+    plan_slice,
+    remote_rank_for,
+    validate_block_ids,
+)
+from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
+from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelError
+
+__all__ = ["KVSink", "lease_verdict"]
+
+log = logging.getLogger(__name__)
+
+Endpoint = tuple[str, int]
+
+
+def lease_verdict(now: float, deadline: float | None) -> str:
+    """'unknown' before any ack, 'ok' while the lease holds, 'expired' once it ran out."""
+    if deadline is None:
+        return "unknown"
+    return "ok" if now < deadline else "expired"
+
+
+@dataclass
+class _Peer:
+    endpoint: Endpoint
+    engine_id: str
+    instance_id: str
+    agent_name: str
+    regions: list[Region]
+    layout: KVLayout
+    plan: SlicePlan
+    lease_seconds: float
+    min_blocks: int
+
+
+@dataclass
+class _Pull:
+    request_id: str
+    endpoint: Endpoint
+    remote_engine_id: str
+    remote_instance_id: str | None
+    remote_ids: list[int]
+    local_ids: list[int]
+    started: float
+    peer: _Peer | None = None
+    verified: bool = False  # the peer's instance is known to be the one holding the lease
+    ack_instance: str | None = None  # instance id that answered the heartbeat
+    deadline: float | None = None  # monotonic; from heartbeat acks
+    hb: Future | None = None
+    hb_sent: float = 0.0
+    handles: list[Any] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    posted_at: float | None = None
+    completed_at: float | None = None
+    nbytes: int = 0
+    failure: str | None = None
+
+
+class KVSink:
+    """Decode-side transfer endpoint of one worker rank.
+
+    - ``pull(...)``: start pulling one request (non-blocking; see module doc).
+    - ``keep_alive(request_ids, host=, port=, remote_tp_size=None)``: extend leases of
+      requests not pulled yet (e.g. waiting for decode blocks).
+    - ``poll() -> (done ids, {id: failure reason})``.
+    - ``stats() -> dict``: monotonic counters since start.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        regions: Sequence[Region],
+        layout: KVLayout,
+        compat_hash: str,
+        secret: bytes | None,
+        backends: Sequence[str] = ("UCX",),
+        handshake_timeout: float = 5.0,
+        handshake_retries: int = 3,
+        heartbeat_timeout: float = 2.0,
+    ) -> None:
+        if not isinstance(engine_id, str) or not engine_id:
+            raise ValueError("engine_id must be a non-empty string")
+        if not regions:
+            raise ValueError("regions must list at least one registered KV region")
+        if not handshake_timeout > 0:
+            raise ValueError("handshake_timeout must be > 0 seconds")
+        if type(handshake_retries) is not int or handshake_retries < 1:
+            raise ValueError("handshake_retries must be an int >= 1")
+        self.engine_id = engine_id
+        self.regions = list(regions)
+        self.layout = layout
+        self.compat_hash = compat_hash
+        self._min_local_blocks = min(r.num_blocks for r in self.regions)
+        self._hs_timeout = float(handshake_timeout)
+        self._hs_retries = handshake_retries
+        self._hb_timeout = float(heartbeat_timeout)
+        self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
+        self._agent = NixlAgent(self.agent_name, backends)
+        self._agent.register(self.regions)
+        self._client = SideChannelClient(secret=secret)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pdfleet-sink")
+        self._peers: dict[Endpoint, _Peer] = {}
+        self._handshakes: dict[Endpoint, tuple[Future, float]] = {}
+        self._pulls: dict[str, _Pull] = {}
+        self._done: list[str] = []
+        self._failed: dict[str, str] = {}
+        self._orphans: list[Any] = []  # handles of failed reads that could not be released yet
+        self._stats = {
+            "bytes": 0.0,
+            "transfers": 0.0,
+            "transfer_seconds": 0.0,
+            "post_seconds": 0.0,
+            "descriptors": 0.0,
+            "failures": 0.0,
+            "handshakes": 0.0,
+            "handshake_seconds": 0.0,
+            "handshake_failures": 0.0,
+            "expired_leases": 0.0,
+            "stale_agents_dropped": 0.0,
+            "heartbeats": 0.0,
+        }
+
+    # -- public API ------------------------------------------------------------
+    def pull(
+        self,
+        request_id: str,
+        *,
+        host: str,
+        port: int,
+        remote_engine_id: str,
+        remote_instance_id: str | None,
+        remote_block_ids: list[int],
+        local_block_ids: list[int],
+        remote_tp_size: int | None = None,
+    ) -> None:
+        """Start pulling; never raises for bad input (the request is reported failed by ``poll``)."""
+        rid = request_id if isinstance(request_id, str) else repr(request_id)
+        try:
+            if not isinstance(request_id, str) or not request_id:
+                raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+            if request_id in self._pulls:
+                raise ValueError(f"request {request_id!r} is already being pulled")
+            if not isinstance(host, str) or not host:
+                raise ValueError(f"host must be a non-empty string, got {host!r}")
+            if type(port) is not int or not 0 < port <= 65535:
+                raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+            if not isinstance(remote_engine_id, str) or not remote_engine_id:
+                raise ValueError(f"remote_engine_id must be a non-empty string, got {remote_engine_id!r}")
+            if remote_instance_id is not None and not isinstance(remote_instance_id, str):
+                raise ValueError(f"remote_instance_id must be a string or None, got {remote_instance_id!r}")
+            remote_ids, local_ids = validate_block_ids(
+                remote_block_ids, local_block_ids, local_num_blocks=self._min_local_blocks
+            )
+            rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
+            endpoint = (host, port + rank)
+            if endpoint[1] > 65535:
+                raise ValueError(f"port {port} + remote rank {rank} is out of range")
+        except (ValueError, InvalidBlockIds, IncompatibleLayout) as exc:
+            self._fail_now(rid, f"invalid pull: {exc}")
+            return
+        now = time.monotonic()
+        p = _Pull(rid, endpoint, remote_engine_id, remote_instance_id or None, remote_ids, local_ids, now)
+        self._pulls[rid] = p
+        peer = self._peers.get(endpoint)
+        if peer is not None and (
+            peer.engine_id != remote_engine_id
+            or (p.remote_instance_id is not None and peer.instance_id != p.remote_instance_id)
+        ):
+            self._drop_peer(endpoint, "the remote instance changed")
+            peer = None
+        self._heartbeat(p, now)
+        if peer is None:
+            self._ensure_handshake(endpoint)
+        else:
+            self._attach(p, peer)
+
+    def keep_alive(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
+        """Extend the source's leases of requests this rank will pull later (fire and forget)."""
+        try:
+            rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
+        except IncompatibleLayout as exc:
+            log.warning("keep_alive: %s", exc)
+            return
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids])
+        self._stats["heartbeats"] += 1
+        self._pool.submit(self._client.call, host, port + rank, req, timeout=self._hb_timeout, attempts=1)
+
+    def poll(self) -> tuple[list[str], dict[str, str]]:
+        now = time.monotonic()
+        self._collect_handshakes()
+        for p in list(self._pulls.values()):
+            self._advance(p, now)
+        self._orphans = [h for h in self._orphans if not self._agent.release(h)]
+        done, self._done = self._done, []
+        failed, self._failed = self._failed, {}
+        return done, failed
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self._stats)
+        out["messages_rejected"] = float(self._client.rejected)
+        out["in_flight"] = float(len(self._pulls))
+        out["peers"] = float(len(self._peers))
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for p in self._pulls.values():
+            for h in p.handles:
+                self._agent.release(h)
+        self._pulls.clear()
+        for ep in list(self._peers):
+            self._drop_peer(ep, "closing", count=False)
+        self._client.close()
+        self._agent.close()
+
+    # -- internals -------------------------------------------------------------
+    def _fail_now(self, rid: str, reason: str) -> None:
+        log.warning("KV pull %s failed: %s", rid, reason)
+        self._failed[rid] = reason
+        self._stats["failures"] += 1
+
+    def _fail(self, p: _Pull, reason: str) -> None:
+        """Fail a pull; reported once no READ of it can still write local blocks."""
+        if p.failure is None:
+            p.failure = reason
+        still = []
+        for h in p.handles:
+            if not self._agent.release(h):
+                still.append(h)
+        p.handles = still
+        if not still:
+            del self._pulls[p.request_id]
+            self._fail_now(p.request_id, p.failure)
+
+    def _drop_peer(self, endpoint: Endpoint, why: str, count: bool = True) -> None:
+        peer = self._peers.pop(endpoint, None)
+        if peer is None:
+            return
+        log.info("dropping NIXL peer %s at %s:%d: %s", peer.agent_name, *endpoint, why)
+        if count:
+            self._stats["stale_agents_dropped"] += 1
+        self._agent.remove_peer(peer.agent_name)
+        for p in self._pulls.values():
+            if p.peer is peer and not p.handles and p.failure is None:
+                p.peer, p.verified = None, False
+                self._ensure_handshake(endpoint)
+
+    def _heartbeat(self, p: _Pull, now: float) -> None:
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id])
+        p.hb_sent = now
+        p.hb = self._pool.submit(self._client.call, *p.endpoint, req, timeout=self._hb_timeout, attempts=2)
+        self._stats["heartbeats"] += 1
+
+    def _ensure_handshake(self, endpoint: Endpoint) -> None:
+        if endpoint in self._handshakes:
+            return
+        req = wire.HandshakeRequest(
+            id=SideChannelClient.next_id(),
+            version=wire.PROTOCOL_VERSION,
+            engine_id=self.engine_id,
+            compat_hash=self.compat_hash,
+            layout=self.layout,
+        )
+        fut = self._pool.submit(
+            self._client.call, *endpoint, req, timeout=self._hs_timeout, attempts=self._hs_retries
+        )
+        self._handshakes[endpoint] = (fut, time.monotonic())
+
+    def _collect_handshakes(self) -> None:
+        for endpoint, (fut, started) in list(self._handshakes.items()):
+            if not fut.done():
+                continue
+            del self._handshakes[endpoint]
+            try:
+                peer = self._make_peer(endpoint, fut.result())
+            except (SideChannelError, IncompatibleLayout, NixlError, ValueError) as exc:
+                self._stats["handshake_failures"] += 1
+                for p in list(self._pulls.values()):
+                    if p.endpoint == endpoint and p.peer is None:
+                        self._fail(p, f"handshake with {endpoint[0]}:{endpoint[1]} failed: {exc}")
+                continue
+            self._stats["handshakes"] += 1
+            self._stats["handshake_seconds"] += time.monotonic() - started
+            self._peers[endpoint] = peer
+            for p in list(self._pulls.values()):
+                if p.endpoint == endpoint and p.peer is None:
+                    if p.remote_engine_id != peer.engine_id:
+                        self._fail(p, f"{endpoint[0]}:{endpoint[1]} serves engine {peer.engine_id!r},"
+                                      f" not {p.remote_engine_id!r}")
+                    else:
+                        self._attach(p, peer)
+
+    def _make_peer(self, endpoint: Endpoint, reply: object) -> _Peer:
+        if isinstance(reply, wire.ErrorReply):
+            raise SideChannelError(f"refused by the source: {reply.reason}")
+        if not isinstance(reply, wire.HandshakeReply):
+            raise SideChannelError(f"unexpected reply {type(reply).__name__}")
+        if reply.compat_hash != self.compat_hash:
+            raise IncompatibleLayout(
+                f"compat hash mismatch: decode {self.compat_hash!r}, prefill {reply.compat_hash!r}"
+            )
+        plan = plan_slice(self.layout, self.regions, reply.layout, reply.regions)
+        name = self._agent.add_peer(reply.agent_metadata)
+        return _Peer(
+            endpoint=endpoint,
+            engine_id=reply.engine_id,
+            instance_id=reply.instance_id,
+            agent_name=name,
+            regions=list(reply.regions),
+            layout=reply.layout,
+            plan=plan,
+            lease_seconds=reply.lease_seconds,
+            min_blocks=min(r.num_blocks for r in reply.regions),
+        )
+
+    def _attach(self, p: _Pull, peer: _Peer) -> None:
+        expected = p.remote_instance_id or p.ack_instance
+        if expected is not None and expected != peer.instance_id:
+            self._fail(p, f"the source at {p.endpoint[0]}:{p.endpoint[1]} is instance {peer.instance_id},"
+                          f" not {expected} (it restarted: the request's blocks are gone)")
+            return
+        p.peer = peer
+        p.verified = expected is not None
+        try:
+            validate_block_ids(p.remote_ids, p.local_ids, local_num_blocks=self._min_local_blocks,
+                               remote_num_blocks=peer.min_blocks)
+        except InvalidBlockIds as exc:
+            self._fail(p, f"invalid pull: {exc}")
+            return
+        if p.verified:
+            self._post(p, time.monotonic())
+
+    def _post(self, p: _Pull, now: float) -> None:
+        peer = p.peer
+        assert peer is not None and not p.handles
+        if lease_verdict(now, p.deadline) == "expired":
+            self._stats["expired_leases"] += 1
+            self._fail(p, "the source's lease on the blocks expired before the read was posted")
+            return
+        t0 = time.perf_counter()
+        groups = build_descriptors(self.regions, peer.regions, peer.plan, p.local_ids, p.remote_ids)
+        try:
+            for j, (lmem, rmem, loc, rem) in enumerate(groups):
+                notif = wire.encode_notif(
+                    wire.Notif(p.request_id, peer.plan.readers, peer.plan.reader_index, len(groups), j)
+                )
+                p.handles.append(self._agent.read(peer.agent_name, lmem, loc, rmem, rem, notif))
+                p.states.append("PROC")
+                p.nbytes += int(loc[:, 1].sum())
+                self._stats["descriptors"] += len(loc)
+        except NixlError as exc:
+            self._drop_peer(p.endpoint, f"READ failed: {exc}")
+            self._fail(p, f"NIXL READ from {peer.agent_name} failed: {exc}")
+            return
+        p.posted_at = time.monotonic()
+        self._stats["post_seconds"] += time.perf_counter() - t0
+
+    def _take_heartbeat(self, p: _Pull) -> str | None:
+        """Fold a finished heartbeat into the pull; returns a failure reason or None."""
+        fut = p.hb
+        if fut is None or not fut.done():
+            return None
+        p.hb = None
+        try:
+            reply = fut.result()
+        except SideChannelError as exc:
+            return f"lease heartbeat to {p.endpoint[0]}:{p.endpoint[1]} failed: {exc}"
+        if isinstance(reply, wire.ErrorReply):
+            return f"lease heartbeat refused: {reply.reason}"
+        if not isinstance(reply, wire.HeartbeatReply):
+            return f"unexpected heartbeat reply {type(reply).__name__}"
+        p.ack_instance = reply.instance_id
+        if p.peer is not None and reply.instance_id != p.peer.instance_id:
+            self._drop_peer(p.endpoint, "heartbeat answered by another instance")
+            return (f"the source at {p.endpoint[0]}:{p.endpoint[1]} restarted (instance {reply.instance_id}):"
+                    " its NIXL agent was replaced, the request's blocks are gone")
+        if p.remote_instance_id is not None and reply.instance_id != p.remote_instance_id:
+            return f"the source restarted (instance {reply.instance_id}, expected {p.remote_instance_id})"
+        left = reply.remaining.get(p.request_id)
+        if left is None:
+            self._stats["expired_leases"] += 1
+            return "the source no longer holds the request's blocks (lease expired, or unknown request)"
+        p.deadline = p.hb_sent + float(left)
+        if p.peer is not None:
+            p.verified = True
+        return None
+
+    def _advance(self, p: _Pull, now: float) -> None:
+        if p.failure is not None:
+            self._fail(p, p.failure)  # retry releasing its handles
+            return
+        reason = self._take_heartbeat(p)
+        if reason:
+            self._fail(p, reason)
+            return
+        if p.peer is None:
+            return  # waiting for the handshake
+        if not p.handles:
+            if p.verified:
+                self._post(p, now)
+            return
+        if p.completed_at is None:
+            for i, h in enumerate(p.handles):
+                if p.states[i] != "DONE":
+                    p.states[i] = self._agent.state(h)
+            if "ERR" in p.states:
+                self._drop_peer(p.endpoint, "a READ failed")
+                self._fail(p, f"NIXL READ from {p.peer.agent_name} failed (transfer state ERR)")
+                return
+            if all(s == "DONE" for s in p.states):
+                p.completed_at = now
+        if p.completed_at is not None:
+            verdict = lease_verdict(p.completed_at, p.deadline)
+            if verdict == "unknown":
+                return  # the first heartbeat ack is still on its way
+            if verdict == "expired":
+                self._stats["expired_leases"] += 1
+                self._fail(p, "the read completed after the source's lease expired: the blocks may"
+                              " have been reused, data discarded")
+                return
+            for h in p.handles:
+                self._agent.release(h)
+            p.handles = []
+            del self._pulls[p.request_id]
+            self._stats["bytes"] += p.nbytes
+            self._stats["transfers"] += 1
+            self._stats["transfer_seconds"] += p.completed_at - (p.posted_at or p.completed_at)
+            self._done.append(p.request_id)
+            return
+        # Still transferring: keep the lease alive, give up once it ran out.
+        if lease_verdict(now, p.deadline) == "expired":
+            self._stats["expired_leases"] += 1
+            self._fail(p, "the source's lease expired while the read was in flight")
+            return
+        if p.hb is None and p.deadline is not None and now - p.hb_sent > p.peer.lease_seconds / 3:
+            self._heartbeat(p, now)

@@ -1,0 +1,197 @@
+"""Prefill side: ``KVSource`` registers the KV cache, answers handshakes, holds leases.
+
+One per worker rank. The side channel listens on ``host:port + layout.tp_rank``
+(``port`` is the base port shared by all ranks; port 0 picks a free port, for tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Sequence
+
+from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.layout import IncompatibleLayout, KVLayout, Region, plan_slice
+from pdfleet.connector.transfer.leases import LeaseTable
+from pdfleet.connector.transfer.nixl_agent import NixlAgent
+from pdfleet.connector.transfer.sidechannel import SideChannelServer, check_bind_host
+
+__all__ = ["KVSource"]
+
+log = logging.getLogger(__name__)
+
+# Heartbeats may name many requests at once, but not unboundedly many.
+MAX_HEARTBEAT_IDS = 4096
+
+
+class KVSource:
+    """Prefill-side transfer endpoint of one worker rank.
+
+    - ``start()``: registers ``regions`` with NIXL and starts the ZMQ side channel.
+    - ``hold(request_id, block_ids) -> expiry`` (unix time): start a lease.
+    - ``poll_released() -> [request_id]``: requests whose blocks may be freed now
+      (every reader's completion notification arrived, or the lease expired).
+    - ``stats() -> dict``: monotonic counters since start.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine_id: str,
+        regions: Sequence[Region],
+        layout: KVLayout,
+        host: str,
+        port: int,
+        compat_hash: str,
+        secret: bytes | None,
+        lease_seconds: float,
+        backends: Sequence[str] = ("UCX",),
+        allow_wildcard_bind: bool = False,
+    ) -> None:
+        if not isinstance(engine_id, str) or not engine_id:
+            raise ValueError("engine_id must be a non-empty string")
+        if not regions:
+            raise ValueError("regions must list at least one registered KV region")
+        if not isinstance(compat_hash, str):
+            raise ValueError("compat_hash must be a string")
+        if type(port) is not int or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+        self.engine_id = engine_id
+        self.regions = list(regions)
+        self.layout = layout
+        self.host = check_bind_host(host, allow_wildcard_bind)
+        self.compat_hash = compat_hash
+        self.instance_id = uuid.uuid4().hex
+        self.agent_name = f"pdfleet-src-{engine_id}-r{layout.tp_rank}-{self.instance_id[:12]}"
+        self._leases = LeaseTable(lease_seconds)
+        self._backends = tuple(backends)
+        self._port_arg = port
+        self._server = SideChannelServer(
+            self.host,
+            port + layout.tp_rank if port else 0,
+            secret=secret,
+            handler=self._handle,
+            allow_wildcard=allow_wildcard_bind,
+        )
+        self._agent: NixlAgent | None = None
+        self._metadata = b""
+        self._lock = threading.Lock()
+        self._counters = {
+            "handshakes": 0.0,
+            "handshakes_rejected": 0.0,
+            "heartbeats": 0.0,
+            "leases_held": 0.0,
+            "leases_completed": 0.0,
+            "leases_expired": 0.0,
+            "notifs_rejected": 0.0,
+        }
+
+    @property
+    def port(self) -> int:
+        """Port the side channel of this rank listens on (after ``start``)."""
+        return self._server.port
+
+    @property
+    def base_port(self) -> int:
+        """The base port readers dial (they add the rank they read)."""
+        return self._server.port - self.layout.tp_rank
+
+    def start(self) -> None:
+        self._agent = NixlAgent(self.agent_name, self._backends)
+        self._agent.register(self.regions)
+        self._metadata = self._agent.metadata()
+        self._server.start()
+        log.info(
+            "KV source %s rank %d: %d regions, side channel %s:%d",
+            self.engine_id, self.layout.tp_rank, len(self.regions), self.host, self.port,
+        )
+
+    # -- side-channel thread -------------------------------------------------
+    def _handle(self, req: object) -> object:
+        if isinstance(req, wire.HeartbeatRequest):
+            if len(req.request_ids) > MAX_HEARTBEAT_IDS:
+                return wire.ErrorReply(id=req.id, reason=f"too many request ids (> {MAX_HEARTBEAT_IDS})")
+            with self._lock:
+                self._counters["heartbeats"] += 1
+            left = self._leases.extend(req.request_ids, time.time())
+            return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left)
+        assert isinstance(req, wire.HandshakeRequest)
+        reason = self._refusal(req)
+        if reason:
+            with self._lock:
+                self._counters["handshakes_rejected"] += 1
+            log.warning("KV source %s refused a handshake from %s: %s", self.engine_id, req.engine_id, reason)
+            return wire.ErrorReply(id=req.id, reason=reason)
+        with self._lock:
+            self._counters["handshakes"] += 1
+        return wire.HandshakeReply(
+            id=req.id,
+            engine_id=self.engine_id,
+            instance_id=self.instance_id,
+            agent_name=self.agent_name,
+            agent_metadata=self._metadata,
+            regions=self.regions,
+            layout=self.layout,
+            compat_hash=self.compat_hash,
+            lease_seconds=self._leases.lease_seconds,
+        )
+
+    def _refusal(self, req: wire.HandshakeRequest) -> str:
+        if req.version != wire.PROTOCOL_VERSION:
+            return f"protocol version {req.version} is not supported (this source speaks {wire.PROTOCOL_VERSION})"
+        if req.compat_hash != self.compat_hash:
+            return (
+                f"compat hash mismatch: decode {req.compat_hash!r}, prefill {self.compat_hash!r}"
+                " (different model/vLLM/cache config)"
+            )
+        try:
+            # The reader's regions are checked on its side; here the layouts must fit.
+            _check_layouts(req.layout, self.layout)
+        except IncompatibleLayout as exc:
+            return f"layout mismatch: {exc}"
+        return ""
+
+    # -- engine thread -------------------------------------------------------
+    def hold(self, request_id: str, block_ids: list[int]) -> float:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        with self._lock:
+            self._counters["leases_held"] += 1
+        return self._leases.hold(request_id, block_ids, time.time())
+
+    def poll_released(self) -> list[str]:
+        if self._agent is not None:
+            for peer, msgs in self._agent.notifs().items():
+                for raw in msgs:
+                    try:
+                        n = wire.decode_notif(raw)
+                    except wire.BadMessage as exc:
+                        with self._lock:
+                            self._counters["notifs_rejected"] += 1
+                        log.warning("KV source %s dropped a notification from %s: %s", self.engine_id, peer, exc)
+                        continue
+                    self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part)
+        return self._leases.collect(time.time())
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            out = dict(self._counters)
+        out["leases_completed"] = float(self._leases.completed)
+        out["leases_expired"] = float(self._leases.expired)
+        out["leases_active"] = float(len(self._leases))
+        out["messages_rejected"] = float(self._server.rejected)
+        out["messages_served"] = float(self._server.served)
+        return out
+
+    def close(self) -> None:
+        self._server.close()
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
+
+
+def _check_layouts(reader: KVLayout, source: KVLayout) -> None:
+    """Layout checks that need no regions (the reader checks regions after the handshake)."""
+    plan_slice(reader, [], source, [])
