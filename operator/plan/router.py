@@ -1,0 +1,107 @@
+"""The P/D router: Deployment, Service and the RBAC to read EndpointSlices (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdfleet.operator.api.types import DisaggregatedInferenceSpec
+from pdfleet.operator.plan import naming
+from pdfleet.operator.plan.meta import Context, metadata
+
+RESTRICTED_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def router_args(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision: str) -> list[str]:
+    return [
+        "router",
+        "--host", "0.0.0.0",
+        "--port", str(spec.router.port),
+        "--kubernetes",
+        "--namespace", ctx.namespace,
+        "--fleet", ctx.fleet,
+        "--revision", serving_revision,
+    ]  # fmt: skip
+
+
+def deployment(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision: str) -> dict[str, Any]:
+    name = naming.router_name(ctx.fleet)
+    labels = naming.role_labels(ctx.fleet, naming.ROUTER)
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3}
+    container = {
+        "name": "router",
+        "image": ctx.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["pdfleet"],
+        "args": router_args(ctx, spec, serving_revision),
+        "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": RESTRICTED_CONTAINER_SECURITY,
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(ctx, name, labels),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": naming.selector(ctx.fleet, naming.ROUTER)},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    name = naming.router_name(ctx.fleet)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(ctx, name, naming.role_labels(ctx.fleet, naming.ROUTER)),
+        "spec": {
+            "type": spec.router.service_type,
+            "selector": naming.selector(ctx.fleet, naming.ROUTER),
+            "ports": [{"name": "http", "port": spec.router.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def service_url(ctx: Context, spec: DisaggregatedInferenceSpec) -> str:
+    return f"http://{naming.router_name(ctx.fleet)}.{ctx.namespace}.svc:{spec.router.port}"
+
+
+def rbac(ctx: Context) -> list[dict[str, Any]]:
+    name = naming.router_name(ctx.fleet)
+    labels = naming.role_labels(ctx.fleet, naming.ROUTER)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(ctx, name, labels)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata(ctx, name, labels),
+            "rules": [
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata(ctx, name, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+        },
+    ]
