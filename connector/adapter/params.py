@@ -1,0 +1,279 @@
+"""The request-level ``kv_transfer_params`` contract, as pure functions (no vLLM, no I/O).
+
+kv_transfer_params arrive in the client's request body, so a decode server can see
+any value at all. ``parse_remote_prefill`` turns a decode-side request's params into a
+``RemotePrefill`` or raises ``InvalidTransferParams`` naming the field and what is
+allowed; the scheduler side of the connector calls it before anything reaches a
+worker, and a rejected request is computed locally (never a crash).
+
+Key names follow vLLM's NixlConnector (``do_remote_prefill``, ``do_remote_decode``,
+``remote_block_ids``, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
+``remote_port``, ``tp_size``) plus pdfleet's ``remote_instance_id`` (restart
+detection) and ``remote_lease_expiry`` (unix time after which prefill may free the
+blocks). ``producer_params`` builds what a prefill server returns.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = [
+    "InvalidTransferParams",
+    "RemotePrefill",
+    "parse_remote_prefill",
+    "wants_remote_prefill",
+    "wants_remote_decode",
+    "num_tokens_to_pull",
+    "producer_params",
+    "MAX_ID_LEN",
+]
+
+MAX_ID_LEN = 256
+# Block ids index a local cache; anything past this is nonsense whatever the cache size.
+MAX_BLOCK_ID = 2**31 - 1
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+class InvalidTransferParams(ValueError):
+    """kv_transfer_params of one request are unusable; the message names the field."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"kv_transfer_params.{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class RemotePrefill:
+    """A validated decode-side request: where its prompt's KV lives and which blocks."""
+
+    remote_engine_id: str
+    remote_request_id: str
+    remote_host: str
+    remote_port: int
+    remote_block_ids: tuple[int, ...]
+    tp_size: int
+    remote_instance_id: str | None = None
+    remote_lease_expiry: float | None = None
+
+
+def _flag(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidTransferParams(key, f"must be true or false, got {type(value).__name__} {value!r}")
+    return value
+
+
+def wants_remote_prefill(params: Any) -> bool:
+    """True when a request asks to pull its prompt KV (do_remote_prefill is true).
+
+    A non-bool flag raises ``InvalidTransferParams``; a non-dict params object too.
+    """
+    if params is None:
+        return False
+    if not isinstance(params, Mapping):
+        raise InvalidTransferParams("(root)", f"must be a JSON object, got {type(params).__name__}")
+    return _flag(params, "do_remote_prefill")
+
+
+def wants_remote_decode(params: Any) -> bool:
+    """True when a prefill request must keep its blocks for a remote decode."""
+    if params is None:
+        return False
+    if not isinstance(params, Mapping):
+        raise InvalidTransferParams("(root)", f"must be a JSON object, got {type(params).__name__}")
+    return _flag(params, "do_remote_decode")
+
+
+def _str(params: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = params.get(key)
+    if value is None:
+        if required:
+            raise InvalidTransferParams(key, "is required (a non-empty string)")
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidTransferParams(key, f"must be a non-empty string, got {type(value).__name__} {value!r}")
+    if len(value) > MAX_ID_LEN:
+        raise InvalidTransferParams(key, f"is {len(value)} characters long; at most {MAX_ID_LEN} are allowed")
+    return value
+
+
+def _int(params: Mapping[str, Any], key: str, lo: int, hi: int, *, default: int | None = None) -> int:
+    value = params.get(key, default)
+    if value is None:
+        raise InvalidTransferParams(key, f"is required (an integer in [{lo}, {hi}])")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTransferParams(key, f"must be an integer in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidTransferParams(key, f"must be an integer in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _host(params: Mapping[str, Any]) -> str:
+    host = _str(params, "remote_host")
+    assert host is not None
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOSTNAME.match(host):
+            raise InvalidTransferParams("remote_host", f"{host!r} is neither an IP address nor a hostname") from None
+        return host
+    if addr.is_unspecified or addr.is_multicast:
+        # 0.0.0.0 / :: would make decode dial itself.
+        raise InvalidTransferParams("remote_host", f"{host!r} is not a routable unicast address")
+    return host
+
+
+def _block_ids(params: Mapping[str, Any]) -> tuple[int, ...]:
+    raw = params.get("remote_block_ids")
+    if raw is None:
+        raise InvalidTransferParams("remote_block_ids", "is required (a list of block ids, or a list of one such list)")
+    if not isinstance(raw, (list, tuple)):
+        raise InvalidTransferParams("remote_block_ids", f"must be a list, got {type(raw).__name__}")
+    # vLLM returns one list per KV-cache group; pdfleet supports exactly one group.
+    if raw and all(isinstance(g, (list, tuple)) for g in raw):
+        if len(raw) != 1:
+            raise InvalidTransferParams(
+                "remote_block_ids", f"has {len(raw)} KV-cache groups; exactly one is supported"
+            )
+        raw = raw[0]
+    out: list[int] = []
+    for pos, value in enumerate(raw):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidTransferParams(
+                f"remote_block_ids[{pos}]", f"must be an integer, got {type(value).__name__} {value!r}"
+            )
+        if not 0 <= value <= MAX_BLOCK_ID:
+            raise InvalidTransferParams(f"remote_block_ids[{pos}]", f"must be in [0, {MAX_BLOCK_ID}], got {value}")
+        out.append(value)
+    if len(set(out)) != len(out):
+        raise InvalidTransferParams("remote_block_ids", "contains duplicate block ids")
+    return tuple(out)
+
+
+def _expiry(params: Mapping[str, Any]) -> float | None:
+    value = params.get("remote_lease_expiry")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidTransferParams("remote_lease_expiry", f"must be a unix time (number), got {value!r}")
+    return float(value)
+
+
+def num_tokens_to_pull(num_prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens a decode pulls: full blocks only.
+
+    A prompt shorter than one block pulls nothing. When the prompt fills its last
+    block exactly, vLLM's scheduler still recomputes the last token locally (it needs
+    its logits), rewriting the same slot.
+    """
+    if num_prompt_tokens <= 0 or block_size <= 0:
+        return 0
+    return (num_prompt_tokens // block_size) * block_size
+
+
+def parse_remote_prefill(
+    params: Any,
+    *,
+    num_prompt_tokens: int,
+    block_size: int,
+    local_tp_size: int,
+    now: float,
+) -> RemotePrefill:
+    """Validate a do_remote_prefill request's params; raise ``InvalidTransferParams``.
+
+    Checks types and ranges of every key, that ``remote_block_ids`` covers the
+    blocks this decode will pull (at least the prompt's full blocks, at most one per
+    started block plus one), that decode TP is a multiple of prefill ``tp_size``, and
+    that the lease has not already expired.
+    """
+    if not wants_remote_prefill(params):
+        raise InvalidTransferParams("do_remote_prefill", "must be true for a remote prefill")
+    assert isinstance(params, Mapping)
+    if _flag(params, "do_remote_decode"):
+        raise InvalidTransferParams("do_remote_decode", "cannot be true together with do_remote_prefill")
+    engine_id = _str(params, "remote_engine_id")
+    request_id = _str(params, "remote_request_id")
+    host = _host(params)
+    port = _int(params, "remote_port", 1, 65535)
+    tp_size = _int(params, "tp_size", 1, 1024, default=1)
+    if local_tp_size % tp_size != 0:
+        raise InvalidTransferParams(
+            "tp_size", f"prefill tp_size {tp_size} must divide decode tp_size {local_tp_size} (decode TP = k x prefill TP)"
+        )
+    instance_id = _str(params, "remote_instance_id", required=False)
+    if instance_id is not None and len(instance_id.split(",")) != tp_size:
+        raise InvalidTransferParams(
+            "remote_instance_id", f"must list one instance id per prefill rank ({tp_size}), comma-separated"
+        )
+    remote_num_tokens = params.get("remote_num_tokens")
+    if remote_num_tokens is not None:
+        _int(params, "remote_num_tokens", 0, 2**31 - 1)
+        if remote_num_tokens < num_tokens_to_pull(num_prompt_tokens, block_size):
+            raise InvalidTransferParams(
+                "remote_num_tokens",
+                f"prefill computed {remote_num_tokens} tokens, fewer than the {num_prompt_tokens}-token prompt"
+                " needs (was the prompt changed between the two legs?)",
+            )
+    block_ids = _block_ids(params)
+    need = num_tokens_to_pull(num_prompt_tokens, block_size) // block_size
+    most = -(-num_prompt_tokens // block_size) + 1
+    if len(block_ids) < need:
+        raise InvalidTransferParams(
+            "remote_block_ids",
+            f"has {len(block_ids)} ids but the {num_prompt_tokens}-token prompt needs at least {need}"
+            f" (one per full block of {block_size} tokens)",
+        )
+    if len(block_ids) > most:
+        raise InvalidTransferParams(
+            "remote_block_ids",
+            f"has {len(block_ids)} ids but a {num_prompt_tokens}-token prompt spans at most {most}",
+        )
+    expiry = _expiry(params)
+    if expiry is not None and expiry <= now:
+        raise InvalidTransferParams("remote_lease_expiry", f"the prefill lease expired {now - expiry:.1f}s ago")
+    assert engine_id is not None and request_id is not None
+    return RemotePrefill(
+        remote_engine_id=engine_id,
+        remote_request_id=request_id,
+        remote_host=host,
+        remote_port=port,
+        remote_block_ids=block_ids,
+        tp_size=tp_size,
+        remote_instance_id=instance_id,
+        remote_lease_expiry=expiry,
+    )
+
+
+def producer_params(
+    *,
+    block_ids: list[int],
+    engine_id: str,
+    request_id: str,
+    host: str,
+    port: int,
+    tp_size: int,
+    instance_id: str | None,
+    lease_expiry: float,
+    num_tokens: int,
+) -> dict[str, Any]:
+    """kv_transfer_params a prefill returns; the router forwards them to decode as-is."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(block_ids)],
+        "remote_engine_id": engine_id,
+        "remote_request_id": request_id,
+        "remote_host": host,
+        "remote_port": port,
+        "tp_size": tp_size,
+        "remote_instance_id": instance_id,
+        "remote_lease_expiry": lease_expiry,
+        "remote_num_tokens": num_tokens,
+    }

@@ -1,0 +1,200 @@
+"""Scheduler side of ``PdfleetConnector``: decides what to pull, what to hold, and validates.
+
+Runs in vLLM's scheduler (engine-core process). Every decode-side request's
+kv_transfer_params go through ``parse_remote_prefill`` here, before anything
+reaches a worker; a request with bad params is computed locally (counted, and the
+reason returned in its output's kv_transfer_params as ``pdfleet_error``).
+
+What travels to the workers each step is a ``PdfleetConnectorMetadata``:
+``pulls`` (decode: read these remote blocks into these local blocks), ``holds``
+(prefill: keep these blocks under a lease for a remote decode) and the number of
+params rejected since the last step (so workers can count it in their stats).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from pdfleet.connector.adapter.config import AdapterConfig
+from pdfleet.connector.adapter.params import (
+    InvalidTransferParams,
+    RemotePrefill,
+    num_tokens_to_pull,
+    parse_remote_prefill,
+    producer_params,
+    wants_remote_decode,
+    wants_remote_prefill,
+)
+
+__all__ = ["PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PullSpec:
+    """One request a decode worker pulls; ``error`` set means: report it failed at once."""
+
+    request_id: str
+    remote: RemotePrefill | None
+    local_block_ids: tuple[int, ...] = ()
+    remote_block_ids: tuple[int, ...] = ()
+    error: str | None = None
+
+
+@dataclass
+class PdfleetConnectorMetadata(KVConnectorMetadata):
+    pulls: dict[str, PullSpec] = field(default_factory=dict)
+    holds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    params_rejected: int = 0
+
+
+@dataclass
+class _Waiting:
+    remote: RemotePrefill
+    local_computed_tokens: int
+
+
+class SchedulerSide:
+    def __init__(
+        self,
+        *,
+        cfg: AdapterConfig,
+        engine_id: str,
+        block_size: int,
+        tp_size: int,
+        is_producer: bool,
+        is_consumer: bool,
+    ) -> None:
+        self.cfg = cfg
+        self.engine_id = engine_id
+        self.block_size = block_size
+        self.tp_size = tp_size
+        self.is_producer = is_producer
+        self.is_consumer = is_consumer
+        self.instance_ids: dict[int, str] = {}
+        self._waiting: dict[str, _Waiting] = {}  # valid remote prefills seen, not yet allocated
+        self._handled: set[str] = set()  # requests whose pull (or skip) was decided
+        self._rejected: dict[str, str] = {}  # request id -> reason
+        self._pulls: dict[str, PullSpec] = {}
+        self._holds: dict[str, tuple[int, ...]] = {}
+        self._rejected_since_meta = 0
+
+    # -- decode ---------------------------------------------------------------
+    def _reject(self, request_id: str, exc: Exception) -> None:
+        if request_id not in self._rejected:
+            self._rejected[request_id] = str(exc)
+            self._rejected_since_meta += 1
+            log.warning("request %s: KV pull refused, computing the prompt locally: %s", request_id, exc)
+
+    def _parse(self, request: Any) -> RemotePrefill | None:
+        """The request's validated remote prefill, or None (not one, or rejected and recorded)."""
+        rid = request.request_id
+        if rid in self._rejected:
+            return None
+        params = request.kv_transfer_params
+        try:
+            if not wants_remote_prefill(params):
+                return None
+            if not self.is_consumer:
+                raise InvalidTransferParams("do_remote_prefill", "this server is a KV producer; it does not pull")
+            return parse_remote_prefill(
+                params,
+                num_prompt_tokens=request.num_prompt_tokens,
+                block_size=self.block_size,
+                local_tp_size=self.tp_size,
+                now=time.time(),
+            )
+        except InvalidTransferParams as exc:
+            self._reject(rid, exc)
+            return None
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        rid = request.request_id
+        if rid in self._handled:
+            return 0, False
+        remote = self._parse(request)
+        if remote is None:
+            return 0, False
+        count = num_tokens_to_pull(request.num_prompt_tokens, self.block_size) - num_computed_tokens
+        # Remember where the local prefix ends; vLLM hands us block-aligned counts.
+        self._waiting[rid] = _Waiting(remote, num_computed_tokens)
+        if count <= 0:
+            return 0, False
+        return count, True
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        rid = request.request_id
+        if rid in self._handled:
+            return
+        waiting = self._waiting.pop(rid, None)
+        if waiting is None:
+            return
+        self._handled.add(rid)
+        if num_external_tokens <= 0:
+            # Nothing to pull (short prompt, or all of it cached locally); the
+            # prefill lease frees the blocks.
+            return
+        local_ids = [b.block_id for b in blocks.blocks[0]] if blocks.blocks else []
+        start = waiting.local_computed_tokens // self.block_size
+        n = num_external_tokens // self.block_size
+        local = tuple(local_ids[start : start + n])
+        remote = tuple(waiting.remote.remote_block_ids[start : start + n])
+        if len(local) != n or len(remote) != n or num_external_tokens % self.block_size:
+            spec = PullSpec(rid, waiting.remote, error=(
+                f"cannot map {num_external_tokens} external tokens onto {len(local_ids)} local and"
+                f" {len(waiting.remote.remote_block_ids)} remote blocks from block {start}"
+            ))
+        else:
+            spec = PullSpec(rid, waiting.remote, local, remote)
+        self._pulls[rid] = spec
+
+    # -- both -----------------------------------------------------------------
+    def build_connector_meta(self, scheduler_output: Any) -> PdfleetConnectorMetadata:
+        meta = PdfleetConnectorMetadata(
+            pulls=self._pulls, holds=self._holds, params_rejected=self._rejected_since_meta
+        )
+        self._pulls, self._holds, self._rejected_since_meta = {}, {}, 0
+        return meta
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        self._waiting.pop(rid, None)
+        self._handled.discard(rid)
+        reason = self._rejected.pop(rid, None)
+        if reason is not None:
+            return False, {"do_remote_prefill": False, "do_remote_decode": False, "pdfleet_error": reason}
+        try:
+            remote_decode = wants_remote_decode(request.kv_transfer_params)
+        except InvalidTransferParams as exc:
+            return False, {"do_remote_prefill": False, "do_remote_decode": False, "pdfleet_error": str(exc)}
+        if not remote_decode or not self.is_producer:
+            return False, None
+        from vllm.v1.request import RequestStatus
+
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return False, None  # aborted or failed: nothing for a decode to read
+        computed_blocks = -(-request.num_computed_tokens // self.block_size)
+        ids = tuple(int(b) for b in block_ids[:computed_blocks])
+        if not ids:
+            return False, None
+        self._holds[rid] = ids
+        instance = None
+        if self.instance_ids and set(self.instance_ids) == set(range(self.tp_size)):
+            instance = ",".join(self.instance_ids[r] for r in range(self.tp_size))
+        return True, producer_params(
+            block_ids=list(ids),
+            engine_id=self.engine_id,
+            request_id=rid,
+            host=self.cfg.side_channel_host,
+            port=self.cfg.side_channel_port,
+            tp_size=self.tp_size,
+            instance_id=instance,
+            lease_expiry=time.time() + self.cfg.lease_seconds,
+            num_tokens=request.num_computed_tokens,
+        )

@@ -1,0 +1,291 @@
+"""Worker side of ``PdfleetConnector``: one ``KVSource`` (prefill) and/or ``KVSink`` (decode) per rank.
+
+Runs in each vLLM worker. ``register_kv_caches`` turns the KV tensors into
+transfer-core regions; each step ``start_load`` posts the pulls and holds the
+scheduler asked for; ``transfer_results`` reports finished sends (released
+leases), finished receives and failed receives (whose local blocks are also
+reported as load errors, so vLLM recomputes them under
+``kv_load_failure_policy=recompute`` or fails the request under ``fail``).
+
+Test-only fault hook: with ``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS=1`` in a decode
+worker's environment, every successfully pulled block is overwritten with noise
+before vLLM sees it. It exists for the negative control of the end-to-end test
+and must never be set in production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from pdfleet.connector.adapter.config import AdapterConfig
+from pdfleet.connector.adapter.regions import regions_from_kv_caches
+from pdfleet.connector.adapter.scheduler import PdfleetConnectorMetadata, PullSpec
+from pdfleet.connector.adapter.stats import counter_deltas
+from pdfleet.connector.transfer.layout import KVLayout, Region
+
+__all__ = ["WorkerSide", "compat_hash", "CORRUPT_ENV", "tensor_parallel_rank"]
+
+log = logging.getLogger(__name__)
+
+CORRUPT_ENV = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
+
+
+def tensor_parallel_rank() -> int:
+    """This worker's TP rank (0 when vLLM's process groups are not set up, as in unit tests)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # groups not initialised
+        return 0
+
+
+def compat_hash(fields: Mapping[str, Any]) -> str:
+    """Hash of what must match for KV from one engine to be valid in another."""
+    blob = json.dumps(dict(fields), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass
+class _Inflight:
+    remote_request_id: str
+    local_block_ids: tuple[int, ...]
+    started: float
+
+
+class WorkerSide:
+    def __init__(
+        self,
+        *,
+        cfg: AdapterConfig,
+        engine_id: str,
+        kv_cache_config: Any,
+        vllm_config: Any,
+        is_producer: bool,
+        is_consumer: bool,
+    ) -> None:
+        self.cfg = cfg
+        self.engine_id = engine_id
+        self.kv_cache_config = kv_cache_config
+        self.vllm_config = vllm_config
+        self.is_producer = is_producer
+        self.is_consumer = is_consumer
+        self.tp_size = vllm_config.parallel_config.tensor_parallel_size
+        self.tp_rank = tensor_parallel_rank()
+        self.source: Any = None
+        self.sink: Any = None
+        self.regions: list[Region] = []
+        self.layout: KVLayout | None = None
+        self.compat: str = ""
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._inflight: dict[str, _Inflight] = {}  # decode request id -> pull
+        self._by_remote: dict[str, str] = {}  # remote (prefill) request id -> decode request id
+        self._immediate_failures: dict[str, str] = {}
+        self._load_errors: set[int] = set()
+        self._own = {"params_rejected": 0.0, "failures": 0.0, "blocks_corrupted_for_test": 0.0}
+        self._last_stats: dict[str, float] = {}
+        self._corrupt = os.environ.get(CORRUPT_ENV) == "1"
+        if self._corrupt:
+            log.warning("%s=1: pulled KV blocks will be CORRUPTED (test-only fault hook)", CORRUPT_ENV)
+
+    # -- registration ---------------------------------------------------------
+    def _layout(self) -> KVLayout:
+        spec = self.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        is_mla = bool(getattr(self.vllm_config.model_config, "use_mla", False)) if self.vllm_config.model_config else False
+        return KVLayout(
+            block_size=int(spec.block_size),
+            dtype=str(spec.dtype).removeprefix("torch."),
+            layout="HND",
+            num_kv_heads=int(spec.num_kv_heads),
+            head_dim=int(spec.head_size),
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+            is_mla=is_mla,
+        )
+
+    def _compat_fields(self, layout: KVLayout) -> dict[str, Any]:
+        import vllm
+
+        mc = self.vllm_config.model_config
+        cc = self.vllm_config.cache_config
+        return {
+            "pdfleet_wire": 1,
+            "vllm": vllm.__version__,
+            "model": getattr(mc, "model", None),
+            "model_dtype": str(getattr(mc, "dtype", "")),
+            "cache_dtype": str(getattr(cc, "cache_dtype", "")),
+            "block_size": layout.block_size,
+            "head_dim": layout.head_dim,
+            "total_kv_heads": layout.num_kv_heads * (1 if layout.is_mla else layout.tp_size),
+            "num_regions_per_rank": len(self.regions),
+            "is_mla": layout.is_mla,
+            "extra": self.cfg.compat_extra,
+        }
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from pdfleet.connector.transfer import KVSink, KVSource
+
+        self._kv_caches = dict(kv_caches)
+        self.regions = regions_from_kv_caches(kv_caches, int(self.kv_cache_config.num_blocks))
+        self.layout = self._layout()
+        # Heads are split across ranks, so ranks of different TP sizes agree on the total.
+        self.compat = compat_hash(self._compat_fields(self.layout))
+        if self.is_producer:
+            self.source = KVSource(
+                engine_id=self.engine_id,
+                regions=self.regions,
+                layout=self.layout,
+                host=self.cfg.side_channel_host,
+                port=self.cfg.side_channel_port,
+                compat_hash=self.compat,
+                secret=self.cfg.secret,
+                lease_seconds=self.cfg.lease_seconds,
+                backends=self.cfg.backends,
+            )
+            self.source.start()
+        if self.is_consumer:
+            self.sink = KVSink(
+                engine_id=self.engine_id,
+                regions=self.regions,
+                layout=self.layout,
+                compat_hash=self.compat,
+                secret=self.cfg.secret,
+                backends=self.cfg.backends,
+                handshake_timeout=self.cfg.handshake_timeout,
+                handshake_retries=max(1, self.cfg.handshake_retries),
+            )
+        log.info(
+            "pdfleet connector rank %d/%d: %d regions, producer=%s consumer=%s compat=%s",
+            self.tp_rank, self.tp_size, len(self.regions), self.is_producer, self.is_consumer, self.compat,
+        )
+
+    # -- per step -------------------------------------------------------------
+    def start_load(self, meta: Any) -> None:
+        if not isinstance(meta, PdfleetConnectorMetadata):
+            return
+        self._own["params_rejected"] += meta.params_rejected
+        for rid, ids in meta.holds.items():
+            if self.source is None:
+                log.warning("hold for %s ignored: this worker is not a KV producer", rid)
+                continue
+            self.source.hold(rid, list(ids))
+        for rid, spec in meta.pulls.items():
+            self._start_pull(rid, spec)
+
+    def _start_pull(self, rid: str, spec: PullSpec) -> None:
+        if spec.error is not None or spec.remote is None or self.sink is None:
+            self._fail_now(rid, spec, spec.error or "this worker is not a KV consumer")
+            return
+        remote = spec.remote
+        if remote.remote_request_id in self._by_remote:
+            self._fail_now(rid, spec, f"remote request {remote.remote_request_id!r} is already being pulled")
+            return
+        k = self.tp_size // remote.tp_size
+        remote_rank = self.tp_rank // k
+        instance = None
+        if remote.remote_instance_id is not None:
+            instance = remote.remote_instance_id.split(",")[remote_rank]
+        self._inflight[rid] = _Inflight(remote.remote_request_id, spec.local_block_ids, time.monotonic())
+        self._by_remote[remote.remote_request_id] = rid
+        try:
+            self.sink.pull(
+                remote.remote_request_id,
+                host=remote.remote_host,
+                port=remote.remote_port,
+                remote_engine_id=remote.remote_engine_id,
+                remote_instance_id=instance,
+                remote_block_ids=list(spec.remote_block_ids),
+                local_block_ids=list(spec.local_block_ids),
+                remote_tp_size=remote.tp_size,
+            )
+        except Exception as exc:  # the core promises not to raise; never let it kill the engine
+            log.exception("KV pull of %s raised", rid)
+            self._inflight.pop(rid, None)
+            self._by_remote.pop(remote.remote_request_id, None)
+            self._fail_now(rid, spec, f"pull raised {type(exc).__name__}: {exc}")
+
+    def _fail_now(self, rid: str, spec: PullSpec, reason: str) -> None:
+        log.warning("KV pull of %s failed: %s", rid, reason)
+        self._immediate_failures[rid] = reason
+        self._own["failures"] += 1
+        self._load_errors.update(spec.local_block_ids)
+
+    def _corrupt_blocks(self, block_ids: tuple[int, ...]) -> None:
+        if not block_ids:
+            return
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        gen = torch.Generator().manual_seed(1234)
+        for t in self._kv_caches.values():
+            axis = 0 if t.shape[0] == self.kv_cache_config.num_blocks else 1
+            view = t.index_select(axis, idx)
+            noise = torch.randn(view.shape, generator=gen, dtype=torch.float32).to(view.dtype) * 4
+            t.index_copy_(axis, idx, noise)
+        self._own["blocks_corrupted_for_test"] += len(block_ids)
+
+    def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
+        """(finished sending, finished receiving incl. failed, failed receiving)."""
+        sending: set[str] = set(self.source.poll_released()) if self.source is not None else set()
+        recving: set[str] = set()
+        failed: set[str] = set(self._immediate_failures)
+        self._immediate_failures = {}
+        if self.sink is not None:
+            done, fails = self.sink.poll()
+            for remote_id in done:
+                rid = self._by_remote.pop(remote_id, None)
+                inflight = self._inflight.pop(rid, None) if rid is not None else None
+                if rid is None or inflight is None:
+                    continue
+                if self._corrupt:
+                    self._corrupt_blocks(inflight.local_block_ids)
+                recving.add(rid)
+            for remote_id, reason in fails.items():
+                rid = self._by_remote.pop(remote_id, None)
+                inflight = self._inflight.pop(rid, None) if rid is not None else None
+                if rid is None or inflight is None:
+                    log.warning("failure for unknown pull %s: %s", remote_id, reason)
+                    continue
+                log.warning("KV pull of %s failed, vLLM will recompute or fail it: %s", rid, reason)
+                self._load_errors.update(inflight.local_block_ids)
+                failed.add(rid)
+        return sending, recving | failed, failed
+
+    def take_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    # -- stats / lifecycle ----------------------------------------------------
+    def cumulative_stats(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self._own)
+        for part in (self.source, self.sink):
+            if part is None:
+                continue
+            for key, value in part.stats().items():
+                out[key] = out.get(key, 0.0) + float(value)
+        return out
+
+    def stats_delta(self) -> dict[str, float]:
+        now = self.cumulative_stats()
+        delta = counter_deltas(now, self._last_stats)
+        self._last_stats = now
+        return delta
+
+    @property
+    def instance_id(self) -> str | None:
+        return None if self.source is None else self.source.instance_id
+
+    def close(self) -> None:
+        for part in (self.sink, self.source):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:
+                    log.exception("closing %s", type(part).__name__)
+        self.sink = self.source = None
