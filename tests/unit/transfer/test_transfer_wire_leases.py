@@ -1,0 +1,160 @@
+"""Codec (msgpack, size limit, HMAC), notifications, lease table, bind-host checks, lease verdicts."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import msgspec
+import pytest
+
+from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.layout import KVLayout, Region
+from pdfleet.connector.transfer.leases import LeaseTable
+from pdfleet.connector.transfer.sidechannel import check_bind_host, zmq_address
+from pdfleet.connector.transfer.sink import lease_verdict
+
+LAYOUT = KVLayout(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
+
+
+def handshake(**kw) -> wire.HandshakeRequest:
+    fields = dict(id=7, version=wire.PROTOCOL_VERSION, engine_id="d", compat_hash="h", layout=LAYOUT)
+    fields.update(kw)
+    return wire.HandshakeRequest(**fields)
+
+
+def test_roundtrip_unsigned_and_signed():
+    for secret in (None, b"s3cret"):
+        codec = wire.request_codec(secret)
+        frames = codec.encode(handshake())
+        assert len(frames) == (2 if secret else 1)
+        assert codec.decode(frames) == handshake()
+
+
+def test_reply_carries_regions_and_layout():
+    codec = wire.reply_codec(None)
+    reply = wire.HandshakeReply(
+        id=1, engine_id="p", instance_id="i", agent_name="a", agent_metadata=b"\x00\x01",
+        regions=[Region(base=4096, num_blocks=2, block_stride=64, block_len=64)], layout=LAYOUT,
+        compat_hash="h", lease_seconds=3.0,
+    )
+    assert codec.decode(codec.encode(reply)) == reply
+
+
+def test_hmac_is_sha256_over_payload():
+    frames = wire.request_codec(b"k").encode(handshake())
+    assert frames[1] == hmac.new(b"k", frames[0], hashlib.sha256).digest()
+
+
+@pytest.mark.parametrize(
+    "frames_of, message",
+    [
+        (lambda f: [f[0]], "unsigned message"),
+        (lambda f: [f[0], b"x" * 32], "wrong HMAC signature"),
+        (lambda f: [f[0], wire.request_codec(b"other").encode(handshake())[1]], "wrong HMAC signature"),
+        (lambda f: [f[0] + b"\x00", f[1]], "wrong HMAC signature"),
+        (lambda f: [], "empty message"),
+    ],
+)
+def test_signed_codec_drops_bad_signatures(frames_of, message):
+    codec = wire.request_codec(b"k")
+    with pytest.raises(wire.BadMessage, match=message):
+        codec.decode(frames_of(codec.encode(handshake())))
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (b"\xff\x00garbage", "malformed message"),
+        (msgspec.msgpack.encode({"type": "nope", "id": 1}), "malformed message"),
+        (msgspec.msgpack.encode({"type": "hs", "id": "x"}), "malformed message"),
+        # a layout whose validation fails on decode (tp_rank out of range)
+        (msgspec.msgpack.encode({"type": "hs", "id": 1, "version": 1, "engine_id": "d", "compat_hash": "h",
+                                 "layout": {**msgspec.to_builtins(LAYOUT), "tp_rank": 5}}), "malformed message"),
+        (b"\x00" * (wire.MAX_REQUEST_BYTES + 1), "oversized message"),
+    ],
+)
+def test_codec_drops_garbage(payload, message):
+    with pytest.raises(wire.BadMessage, match=message):
+        wire.request_codec(None).decode([payload])
+
+
+def test_pickle_payload_is_rejected():
+    import pickle
+
+    with pytest.raises(wire.BadMessage):
+        wire.request_codec(None).decode([pickle.dumps(handshake().__class__)])
+
+
+def test_encode_refuses_oversized():
+    with pytest.raises(ValueError, match="exceeds the limit"):
+        wire.request_codec(None).encode(wire.HeartbeatRequest(id=1, request_ids=["x" * 100] * 1000))
+
+
+def test_notif_roundtrip_and_rejects():
+    n = wire.Notif("req-1", readers=2, reader_index=1, parts=1, part=0)
+    assert wire.decode_notif(wire.encode_notif(n)) == n
+    for bad in (b"junk", wire.encode_notif(wire.Notif("r", 2, 2, 1, 0)), wire.encode_notif(wire.Notif("r", 1, 0, 1, 1)),
+                b"\x00" * 5000):
+        with pytest.raises(wire.BadMessage):
+            wire.decode_notif(bad)
+
+
+def test_lease_expires_without_heartbeat():
+    t = LeaseTable(10.0)
+    assert t.hold("a", [1, 2], now=100.0) == 110.0
+    assert t.collect(now=109.9) == []
+    assert t.collect(now=110.0) == ["a"]
+    assert t.expired == 1 and t.completed == 0
+    assert t.collect(now=200.0) == []
+
+
+def test_heartbeat_extends_but_never_revives():
+    t = LeaseTable(10.0)
+    t.hold("a", [1], now=0.0)
+    assert t.extend(["a", "unknown"], now=8.0) == {"a": 10.0}
+    assert t.collect(now=15.0) == []  # would have expired at 10 without the heartbeat
+    assert t.collect(now=18.0) == ["a"]
+    assert t.extend(["a"], now=18.5) == {}  # expired leases stay expired
+
+
+def test_completion_waits_for_every_reader_and_part():
+    t = LeaseTable(10.0)
+    t.hold("a", [1], now=0.0)
+    assert not t.complete("a", readers=2, reader_index=0, parts=1, part=0)
+    assert not t.complete("a", readers=2, reader_index=0, parts=1, part=0)  # duplicate does not count twice
+    assert t.collect(now=1.0) == []
+    assert t.complete("a", readers=2, reader_index=1, parts=1, part=0)
+    assert t.collect(now=1.0) == ["a"]
+    assert t.completed == 1 and t.expired == 0
+    assert not t.complete("a", readers=1, reader_index=0, parts=1, part=0)  # already released
+
+
+def test_lease_seconds_must_be_positive():
+    with pytest.raises(ValueError, match="lease_seconds must be > 0"):
+        LeaseTable(0)
+
+
+@pytest.mark.parametrize("host", ["", "   ", None])
+def test_bind_host_refuses_empty(host):
+    with pytest.raises(ValueError, match="VLLM_NIXL_SIDE_CHANNEL_HOST"):
+        check_bind_host(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "*"])
+def test_bind_host_refuses_wildcard_unless_asked(host):
+    with pytest.raises(ValueError, match="binds every interface"):
+        check_bind_host(host)
+    assert check_bind_host(host, allow_wildcard=True) == host
+
+
+def test_zmq_address_brackets_ipv6():
+    assert zmq_address("10.0.0.5", 5600) == "tcp://10.0.0.5:5600"
+    assert zmq_address("fd00::5", 5600) == "tcp://[fd00::5]:5600"
+
+
+def test_lease_verdict():
+    assert lease_verdict(5.0, None) == "unknown"
+    assert lease_verdict(5.0, 6.0) == "ok"
+    assert lease_verdict(6.0, 6.0) == "expired"
+    assert lease_verdict(7.0, 6.0) == "expired"
