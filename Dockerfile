@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+#
+# Two images from one build context (the repository root):
+#   docker build --target operator -t ghcr.io/pdfleet/pdfleet-operator:0.1.0 .
+#   docker build --target runtime  -t ghcr.io/pdfleet/pdfleet-runtime:0.1.0 .
+# Base images are pinned by exact version tags; to pin by content as well, append
+# @sha256:<digest> to the FROM lines after resolving the digests you trust.
+
+############################ operator ############################
+# The kopf operator: pdfleet with only its `operator` extra (no vLLM, no NIXL).
+FROM python:3.11.13-slim-bookworm AS operator-build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY connector/ connector/
+RUN python -m venv /opt/pdfleet \
+ && /opt/pdfleet/bin/pip install ".[operator]"
+
+FROM python:3.11.13-slim-bookworm AS operator
+COPY --from=operator-build /opt/pdfleet /opt/pdfleet
+ENV PATH=/opt/pdfleet/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# Numeric, so that the kubelet can verify runAsNonRoot without /etc/passwd.
+USER 65532:65532
+# 8080: kopf liveness (/healthz), 9090: Prometheus metrics.
+EXPOSE 8080 9090
+ENTRYPOINT ["pdfleet"]
+CMD ["operator", "--standalone", "--all-namespaces"]
+
+############################ runtime ############################
+# Prefill/decode/router pods: the vLLM 0.32.0 OpenAI server image plus pdfleet's
+# KV connector and P/D router. vLLM and everything the image already ships stay
+# exactly as they are: the install runs under constraints frozen from the image,
+# so pip may add packages but never replace one (a conflict fails the build).
+FROM vllm/vllm-openai:v0.32.0 AS runtime
+WORKDIR /opt/pdfleet-src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY connector/ connector/
+RUN python3 -c "import importlib.metadata as m; print('\n'.join(sorted({d.metadata['Name'] + '==' + d.version for d in m.distributions()})))" > /opt/pdfleet-src/base-constraints.txt \
+ && python3 -m pip install --no-cache-dir --constraint /opt/pdfleet-src/base-constraints.txt ".[connector]" \
+ && python3 -c "import vllm, pdfleet.connector.adapter.connector as c; assert vllm.__version__.startswith('0.32.0'), vllm.__version__; c.PdfleetConnector"
+WORKDIR /
+# vLLM's own server stays the default command; the operator runs the router
+# with `pdfleet router` from the same image.
+ENTRYPOINT ["vllm", "serve"]
