@@ -1,0 +1,152 @@
+"""kv_transfer_params validation and connector config (pure, no vLLM engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdfleet.connector.adapter.config import ConfigError, parse_adapter_config
+from pdfleet.connector.adapter.params import (
+    InvalidTransferParams,
+    num_tokens_to_pull,
+    parse_remote_prefill,
+    producer_params,
+)
+
+NOW = 1_000_000.0
+BS = 32
+
+
+def good(**over):
+    p = producer_params(
+        block_ids=[4, 5, 6],
+        engine_id="prefill-0",
+        request_id="cmpl-1",
+        host="10.0.0.7",
+        port=5600,
+        tp_size=1,
+        instance_id="abc",
+        lease_expiry=NOW + 30,
+        num_tokens=80,
+    )
+    p.update(over)
+    return p
+
+
+def parse(params, n=80, tp=1):
+    return parse_remote_prefill(params, num_prompt_tokens=n, block_size=BS, local_tp_size=tp, now=NOW)
+
+
+def test_round_trip_of_producer_params():
+    r = parse(good())
+    assert r.remote_block_ids == (4, 5, 6)
+    assert (r.remote_host, r.remote_port, r.remote_engine_id, r.remote_request_id) == ("10.0.0.7", 5600, "prefill-0", "cmpl-1")
+    assert r.remote_instance_id == "abc" and r.remote_lease_expiry == NOW + 30
+
+
+def test_flat_block_list_is_accepted():
+    assert parse(good(remote_block_ids=[1, 2])).remote_block_ids == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ({"do_remote_prefill": "yes"}, "do_remote_prefill"),
+        ({"do_remote_decode": True}, "do_remote_decode"),
+        ({"remote_block_ids": None}, "remote_block_ids"),
+        ({"remote_block_ids": "1,2"}, "remote_block_ids"),
+        ({"remote_block_ids": [[1, 2], [3]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[1]]}, "remote_block_ids"),  # too short: 80 tokens need 2 full blocks
+        ({"remote_block_ids": [list(range(10))]}, "remote_block_ids"),  # too long
+        ({"remote_block_ids": [[1, -2, 3]]}, "remote_block_ids[1]"),
+        ({"remote_block_ids": [[1, 2**40, 3]]}, "remote_block_ids[1]"),
+        ({"remote_block_ids": [[1, "2", 3]]}, "remote_block_ids[1]"),
+        ({"remote_block_ids": [[1, True, 3]]}, "remote_block_ids[1]"),
+        ({"remote_block_ids": [[1, 1, 3]]}, "remote_block_ids"),
+        ({"remote_engine_id": ""}, "remote_engine_id"),
+        ({"remote_engine_id": 7}, "remote_engine_id"),
+        ({"remote_request_id": None}, "remote_request_id"),
+        ({"remote_host": "0.0.0.0"}, "remote_host"),
+        ({"remote_host": "bad host!"}, "remote_host"),
+        ({"remote_host": ["10.0.0.1"]}, "remote_host"),
+        ({"remote_port": 0}, "remote_port"),
+        ({"remote_port": 70000}, "remote_port"),
+        ({"remote_port": "5600"}, "remote_port"),
+        ({"tp_size": 3}, "tp_size"),  # does not divide decode TP 2 (see below)
+        ({"tp_size": 0}, "tp_size"),
+        ({"remote_instance_id": "a,b"}, "remote_instance_id"),
+        ({"remote_lease_expiry": NOW - 1}, "remote_lease_expiry"),
+        ({"remote_lease_expiry": "soon"}, "remote_lease_expiry"),
+        ({"remote_num_tokens": 10}, "remote_num_tokens"),
+    ],
+)
+def test_bad_params_name_the_field(override, field):
+    with pytest.raises(InvalidTransferParams) as exc:
+        parse(good(**override), tp=2)
+    assert exc.value.field == field
+    assert str(exc.value).startswith(f"kv_transfer_params.{field}:")
+
+
+def test_missing_keys_are_named():
+    for key in ("remote_engine_id", "remote_request_id", "remote_host", "remote_port", "remote_block_ids"):
+        p = good()
+        del p[key]
+        with pytest.raises(InvalidTransferParams) as exc:
+            parse(p)
+        assert exc.value.field == key
+
+
+def test_root_must_be_an_object():
+    with pytest.raises(InvalidTransferParams):
+        parse(["do_remote_prefill"])
+
+
+def test_heterogeneous_tp_accepts_multiples():
+    assert parse(good(tp_size=1), tp=2).tp_size == 1
+    assert parse(good(tp_size=2, remote_instance_id="a,b"), tp=4).tp_size == 2
+
+
+@pytest.mark.parametrize("n, pulled", [(0, 0), (1, 0), (31, 0), (32, 32), (33, 32), (64, 64), (95, 64)])
+def test_full_blocks_only(n, pulled):
+    assert num_tokens_to_pull(n, BS) == pulled
+
+
+def test_short_prompt_needs_no_blocks():
+    assert parse(good(remote_block_ids=[[3]]), n=20).remote_block_ids == (3,)
+
+
+def test_config_defaults_and_loopback_fallback(tmp_path):
+    cfg = parse_adapter_config({}, env={})
+    assert cfg.side_channel_host == "127.0.0.1" and cfg.side_channel_port == 5600
+    assert cfg.secret is None and cfg.backends == ("UCX",)
+    secret = tmp_path / "s"
+    secret.write_bytes(b"0123456789abcdef-secret\n")
+    cfg = parse_adapter_config(
+        {"lease_seconds": 5, "auth_secret_file": str(secret), "handshake_timeout": 1.5},
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.1.2.3", "VLLM_NIXL_SIDE_CHANNEL_PORT": "7000"},
+    )
+    assert (cfg.side_channel_host, cfg.side_channel_port, cfg.lease_seconds) == ("10.1.2.3", 7000, 5.0)
+    assert cfg.secret == b"0123456789abcdef-secret" and cfg.handshake_timeout == 1.5
+
+
+@pytest.mark.parametrize(
+    "extra, env, needle",
+    [
+        ({}, {"VLLM_NIXL_SIDE_CHANNEL_HOST": "0.0.0.0"}, "wildcard"),
+        ({}, {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT"),
+        ({"lease_seconds": 0}, {}, "lease_seconds"),
+        ({"backends": []}, {}, "backends"),
+        ({"auth_secret_file": "/nonexistent/secret"}, {}, "auth_secret_file"),
+        ({"secret": "inline"}, {}, "unknown keys"),
+        ({"handshake_retries": -1}, {}, "handshake_retries"),
+    ],
+)
+def test_config_errors(extra, env, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_adapter_config(extra, env=env)
+
+
+def test_short_secret_is_refused(tmp_path):
+    f = tmp_path / "s"
+    f.write_bytes(b"short")
+    with pytest.raises(ConfigError, match="16"):
+        parse_adapter_config({"auth_secret_file": str(f)}, env={})
