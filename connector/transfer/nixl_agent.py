@@ -6,7 +6,9 @@ runs underneath). ``nixl`` is imported lazily so pure modules import without it.
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,12 +24,38 @@ class NixlError(RuntimeError):
     """A NIXL call failed (registration, peer metadata, posting or completing a transfer)."""
 
 
+def _nixl_api() -> Any:
+    """NIXL's python API module.
+
+    ``import nixl`` picks the build (cu12/cu13) from torch's CUDA version and, with a
+    CPU-only torch, ends up importing all of torch (seconds) to learn there is none.
+    When torch is not loaded and its files name no CUDA version, pick the installed
+    build the same way the meta package would (first of cu13, cu12), without torch.
+    """
+    if "nixl._api" in sys.modules or "torch" in sys.modules:
+        return importlib.import_module("nixl._api")
+    try:
+        from nixl_meta_utils import _torch_cuda_version_from_disk
+
+        cuda = _torch_cuda_version_from_disk()
+    except ImportError:
+        cuda = "unknown"
+    if cuda is None:
+        for name in ("nixl_cu13._api", "nixl_cu12._api"):
+            try:
+                return importlib.import_module(name)
+            except ImportError:
+                continue
+    return importlib.import_module("nixl._api")
+
+
 class NixlAgent:
     def __init__(self, name: str, backends: Sequence[str] = ("UCX",)) -> None:
         try:
-            from nixl._api import nixl_agent, nixl_agent_config
+            api = _nixl_api()
         except ImportError as exc:  # pragma: no cover - depends on the image
             raise NixlError(f"NIXL is not installed: {exc}") from exc
+        nixl_agent, nixl_agent_config = api.nixl_agent, api.nixl_agent_config
         backends = list(backends)
         if not backends:
             raise ValueError("backends must name at least one NIXL backend, e.g. ['UCX']")

@@ -409,12 +409,15 @@ class KVSink:
         if not isinstance(reply, wire.HeartbeatReply):
             return f"unexpected heartbeat reply {type(reply).__name__}"
         p.ack_instance = reply.instance_id
-        if p.peer is not None and reply.instance_id != p.peer.instance_id:
+        stale = p.peer is not None and reply.instance_id != p.peer.instance_id
+        if stale:
+            # A new process answers at this address: its agent replaces the cached one.
             self._drop_peer(p.endpoint, "heartbeat answered by another instance")
-            return (f"the source at {p.endpoint[0]}:{p.endpoint[1]} restarted (instance {reply.instance_id}):"
-                    " its NIXL agent was replaced, the request's blocks are gone")
         if p.remote_instance_id is not None and reply.instance_id != p.remote_instance_id:
-            return f"the source restarted (instance {reply.instance_id}, expected {p.remote_instance_id})"
+            return (f"the source at {p.endpoint[0]}:{p.endpoint[1]} restarted (instance {reply.instance_id},"
+                    f" the request was held by {p.remote_instance_id}): its blocks are gone")
+        if stale and p.handles:
+            return "the source restarted while the read was in flight"
         left = reply.remaining.get(p.request_id)
         if left is None:
             self._stats["expired_leases"] += 1
