@@ -82,3 +82,111 @@ def test_prompt_shorter_than_a_block_pulls_nothing(pair):
     assert dreq.status == RequestStatus.RUNNING  # computed locally at once, no transfer wait
     assert dreq.num_computed_tokens == BLOCK - 3 or decode.outputs.get(dreq.request_id) is not None
     assert decode.worker._worker.cumulative_stats().get("transfers", 0) == 0
+
+
+def test_abort_before_transfer_frees_everything(pair):
+    prefill, decode = pair
+    _, params, _ = prefill_request(prefill, 2 * BLOCK + 1, seed=7)
+    dreq = request(2 * BLOCK + 1, dict(params), seed=7)
+    decode.add(dreq)
+    free = decode.free_blocks()
+    decode.scheduler.finish_requests(dreq.request_id, RequestStatus.FINISHED_ABORTED)
+    for _ in range(5):
+        decode.step()
+    assert dreq.request_id not in decode.scheduler.requests
+    assert decode.free_blocks() == free
+    assert decode.worker._worker.cumulative_stats().get("transfers", 0) == 0
+
+
+def test_abort_during_transfer_waits_for_the_read(pair):
+    prefill, decode = pair
+    _, params, _ = prefill_request(prefill, 2 * BLOCK, seed=8)
+    dreq = request(2 * BLOCK, dict(params), seed=8)
+    decode.add(dreq)
+    decode.step(write_kv=False)
+    assert dreq.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    free = decode.free_blocks()
+    decode.scheduler.finish_requests(dreq.request_id, RequestStatus.FINISHED_ABORTED)
+    # Blocks stay allocated while NIXL may still write them; freed once the pull reports.
+    assert decode.free_blocks() == free
+    run_until(decode, lambda: dreq.request_id not in decode.scheduler.requests, write_kv=False)
+    assert decode.free_blocks() > free
+
+
+def test_unreachable_prefill_is_finished_with_load_errors_and_recomputed(pair):
+    prefill, decode = pair
+    _, params, _ = prefill_request(prefill, 2 * BLOCK + 4, seed=9)
+    bad = dict(params, remote_port=free_port(), remote_instance_id=None)
+    dreq = request(2 * BLOCK + 4, bad, max_tokens=2, seed=9)
+    decode.add(dreq)
+    decode.step(write_kv=False)
+    assert dreq.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    seen_errors: set[int] = set()
+    orig = decode.worker.get_block_ids_with_load_errors
+
+    def spy() -> set[int]:
+        got = orig()
+        seen_errors.update(got)
+        return got
+
+    decode.worker.get_block_ids_with_load_errors = spy
+    run_until(decode, lambda: decode.outputs.get(dreq.request_id) is not None
+              and decode.outputs[dreq.request_id].finish_reason is not None, steps=2000)
+    assert seen_errors, "the failed pull's blocks must be reported as load errors"
+    out = decode.outputs[dreq.request_id]
+    assert str(out.finish_reason) == "length"  # recomputed locally, not failed
+    stats = decode.worker._worker.cumulative_stats()
+    assert stats["failures"] >= 1 and stats["handshake_failures"] >= 1
+
+
+def test_load_failure_policy_fail_reports_an_error(tiny_model, monkeypatch):
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    decode = Side(tiny_model, "kv_consumer", policy="fail", extra={"handshake_timeout": 0.5, "handshake_retries": 1})
+    try:
+        params = {"do_remote_prefill": True, "remote_engine_id": "gone", "remote_request_id": "x",
+                  "remote_host": "127.0.0.1", "remote_port": free_port(), "remote_block_ids": [[0, 1]], "tp_size": 1}
+        dreq = request(2 * BLOCK + 1, params, seed=10)
+        decode.add(dreq)
+        run_until(decode, lambda: dreq.request_id in decode.outputs, steps=2000, write_kv=False)
+        assert str(decode.outputs[dreq.request_id].finish_reason) == "error"
+    finally:
+        decode.close()
+
+
+def test_concurrent_loads(pair):
+    prefill, decode = pair
+    sizes = [BLOCK, 2 * BLOCK + 3, 4 * BLOCK, 3 * BLOCK + 31]
+    produced = [prefill_request(prefill, n, seed=20 + i) for i, n in enumerate(sizes)]
+    dreqs = [request(n, dict(p), seed=20 + i) for i, (n, (_, p, _)) in enumerate(zip(sizes, produced))]
+    for r in dreqs:
+        decode.add(r)
+    decode.step(write_kv=False)
+    assert all(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in dreqs)
+    run_until(decode, lambda: all(r.status == RequestStatus.RUNNING for r in dreqs), write_kv=False)
+    for r, n, (_, _, p_blocks) in zip(dreqs, sizes, produced):
+        d_blocks = decode.block_ids(r.request_id)
+        for i in range(n // BLOCK):
+            for name in prefill.kv:
+                assert torch.equal(decode.kv[name][d_blocks[i]], prefill.kv[name][p_blocks[i]])
+    assert decode.worker._worker.cumulative_stats()["transfers"] == len(sizes)
+
+
+def test_corrupt_hook_changes_pulled_blocks(tiny_model, monkeypatch):
+    """The test-only fault hook really corrupts pulled KV (it backs the e2e negative control)."""
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    prefill = Side(tiny_model, "kv_producer")
+    monkeypatch.setenv("PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", "1")
+    decode = Side(tiny_model, "kv_consumer")
+    try:
+        _, params, p_blocks = prefill_request(prefill, 2 * BLOCK, seed=11)
+        dreq = request(2 * BLOCK, dict(params), seed=11)
+        decode.add(dreq)
+        decode.step(write_kv=False)
+        run_until(decode, lambda: dreq.status == RequestStatus.RUNNING, write_kv=False)
+        d_blocks = decode.block_ids(dreq.request_id)
+        name = next(iter(prefill.kv))
+        assert not torch.equal(decode.kv[name][d_blocks[0]], prefill.kv[name][p_blocks[0]])
+        assert decode.worker._worker.cumulative_stats()["blocks_corrupted_for_test"] == 2
+    finally:
+        decode.close()
+        prefill.close()
