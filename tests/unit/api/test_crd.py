@@ -1,0 +1,148 @@
+"""The CRD is generated from the models, structural, and its CEL agrees with the Python rules."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+from pathlib import Path
+from typing import Any, Iterator
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from pdfleet.operator.api import SPEC_RULES, DisaggregatedInferenceSpec
+from pdfleet.operator.api.crd import crd, crd_yaml
+from crd_admission import _apply_defaults, root_schema
+
+ROOT = Path(__file__).resolve().parents[3]
+COMMITTED = ROOT / "crds" / "pdfleet.io_disaggregatedinferences.yaml"
+
+
+def test_committed_crd_equals_generated() -> None:
+    assert COMMITTED.read_text() == crd_yaml(), "crds/ drifted from the API models: run `make crds`"
+
+
+@pytest.mark.parametrize("version", ["1.30.0", "1.33.0"])
+def test_crd_is_a_valid_apiextensions_object(version: str) -> None:
+    kubernetes_validate.validate(crd(), version, strict=True)
+
+
+def _nodes(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.get("properties", {}).items():
+            yield from _nodes(value, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            yield from _nodes(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from _nodes(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _nodes(root_schema()):
+        for forbidden in ("$ref", "title", "$defs", "nullable", "const"):
+            assert forbidden not in node, f"{path} has {forbidden}"
+        assert node.get("additionalProperties") is not False, f"{path}: additionalProperties false"
+        if "anyOf" in node or "oneOf" in node:
+            pytest.fail(f"{path}: unions are not structural")
+        if not node.get("x-kubernetes-int-or-string") and not node.get("x-kubernetes-preserve-unknown-fields"):
+            assert "type" in node, f"{path} has no type"
+
+
+def test_optional_objects_are_not_defaulted() -> None:
+    spec = root_schema()["properties"]["spec"]["properties"]
+    assert "default" not in spec["model"]["properties"]["source"]
+    assert "default" not in spec["kvTransfer"]["properties"]["authSecretRef"]
+    assert spec["prefill"]["default"] == {}
+
+
+def test_status_subresource_columns_and_names() -> None:
+    version = crd()["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert {"Model", "Prefill-Ready", "Prefill", "Decode-Ready", "Decode", "Age"} <= set(columns)
+    names = crd()["spec"]["names"]
+    assert names["shortNames"] == ["dinf"] and names["plural"] == "disaggregatedinferences"
+    conditions = root_schema()["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+# A grid of specs on which every rule is both satisfied and broken somewhere.
+GRID = {
+    "prefill_tp": [1, 2],
+    "decode_tp": [1, 2, 3],
+    "prefill_gpus": [None, 0],
+    "decode_gpus": [None, 0, 1],
+    "buffer": ["cuda", "cpu"],
+    "side_port": [5600, 65535],
+    "engine_port": [8000, 5601],
+    "block": [16, 32],
+    "rdma": [None, {"resourceName": "rdma/ib", "count": 0}, {"count": 0}, {"resourceName": "rdma/ib"}],
+    "source": [None, {"pvc": {"claimName": "m"}, "hf": {}}, {"hf": {}}],
+}
+SAMPLES = random.Random(7).sample(list(itertools.product(*GRID.values())), 200)
+CEL_RULES = [r for r in SPEC_RULES if r.cel]
+
+
+def _spec(prefill_tp, decode_tp, prefill_gpus, decode_gpus, buffer, side_port, engine_port, block, rdma, source):
+    def role(tp: int, gpus: Any) -> dict[str, Any]:
+        return {"tensorParallelSize": tp, **({"resources": {"gpus": gpus}} if gpus is not None else {})}
+
+    spec: dict[str, Any] = {
+        "model": {"name": "m", **({"source": source} if source else {})},
+        "prefill": role(prefill_tp, prefill_gpus),
+        "decode": role(decode_tp, decode_gpus),
+        "kvTransfer": {"bufferDevice": buffer, "sideChannelPort": side_port},
+        "engine": {"blockSize": block, "port": engine_port},
+    }
+    if rdma:
+        spec["network"] = {"rdma": rdma}
+    return spec
+
+
+@pytest.fixture(scope="module")
+def programs() -> list[Any]:
+    env = celpy.Environment()
+    return [env.program(env.compile(r.cel)) for r in CEL_RULES]
+
+
+def _cel_results(programs: list[Any], spec: dict[str, Any]) -> list[bool]:
+    defaulted = {"spec": copy.deepcopy(spec)}
+    _apply_defaults(defaulted, root_schema())
+    activation = {"self": celpy.json_to_cel(defaulted["spec"])}
+    return [bool(p.evaluate(activation)) for p in programs]
+
+
+def _python_results(spec: dict[str, Any]) -> list[bool]:
+    model = DisaggregatedInferenceSpec.model_validate(spec)
+    return [r.check(model) for r in CEL_RULES]
+
+
+def test_cel_rules_agree_with_python_rules(programs: list[Any]) -> None:
+    broken = [0] * len(CEL_RULES)
+    for values in SAMPLES:
+        spec = _spec(*values)
+        python = _python_results(spec)
+        assert _cel_results(programs, spec) == python, f"CEL and Python disagree on {spec}"
+        broken = [b + (not ok) for b, ok in zip(broken, python)]
+    # every rule is broken by some sample and kept by others, so agreement is not vacuous
+    assert all(0 < b < len(SAMPLES) for b in broken), dict(zip((r.field for r in CEL_RULES), broken))
+
+
+def test_cel_comparison_can_fail() -> None:
+    """Negative control: a deliberately wrong CEL rule disagrees with Python somewhere."""
+    env = celpy.Environment()
+    wrong = [env.program(env.compile("self.decode.tensorParallelSize >= self.prefill.tensorParallelSize"))]
+    disagreements = sum(
+        _cel_results(wrong, _spec(*values))[0] != CEL_RULES[0].check(DisaggregatedInferenceSpec.model_validate(_spec(*values)))
+        for values in SAMPLES[:60]
+    )
+    assert disagreements > 0
+
+
+def test_crd_yaml_round_trips() -> None:
+    assert yaml.safe_load(crd_yaml()) == crd()
