@@ -97,3 +97,9 @@ def test_every_default_value_is_described_by_the_schema():
                 keys(value, props[key], f"{pointer}/{key}")
 
     keys(chart().values, schema)
+
+
+def test_install_guide_mentions_every_top_level_value():
+    guide = (CHART.parents[1] / "docs" / "install.md").read_text()
+    undocumented = [key for key in chart().values if f"`{key}" not in guide]
+    assert undocumented == []
