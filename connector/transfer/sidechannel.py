@@ -237,7 +237,7 @@ class SideChannelClient:
             log.info("side channel %s:%s attempt %d/%d: %s", host, port, attempt + 1, attempts, last)
         raise SideChannelError(
             f"side channel {host}:{port}: {last} after {max(1, attempts)} attempt(s)"
-            " (peer down, wrong address, or a secret mismatch: signed requests are dropped silently)"
+            " (peer down, wrong address, or a secret mismatch: messages with a missing or wrong HMAC are dropped)"
         )
 
     def close(self) -> None:

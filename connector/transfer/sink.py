@@ -11,9 +11,12 @@ Life of a pull:
 3. A heartbeat is sent at once: its ack extends the source's lease and tells how
    long the blocks stay held (the sink's deadline, on its own monotonic clock).
 4. Without a cached peer, a handshake is run (timeouts, bounded retries).
-5. The READs are posted (contiguous block runs coalesced) when the peer is known and
-   its instance verified (by ``remote_instance_id`` or by the heartbeat ack), unless
-   the deadline has passed. Each READ carries a completion notification to the source.
+5. The READs are posted (contiguous block runs coalesced) once the peer is known, its
+   instance verified and the lease ack has given a deadline that has not passed. With
+   ``eager_post=True`` they are posted as soon as the instance is verified by
+   ``remote_instance_id`` (saves one side-channel round trip); the request still only
+   completes if the ack then confirms the lease, else it fails and the data is discarded.
+   Each READ carries a completion notification to the source.
 6. ``poll`` reports the request done when every READ is DONE, the ack arrived, and the
    completion was seen before the deadline; otherwise failed with a reason. While it
    waits, heartbeats extend the lease. A transfer or handshake error drops the peer so
@@ -116,6 +119,7 @@ class KVSink:
         handshake_timeout: float = 5.0,
         handshake_retries: int = 3,
         heartbeat_timeout: float = 2.0,
+        eager_post: bool = False,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -133,6 +137,7 @@ class KVSink:
         self._hs_timeout = float(handshake_timeout)
         self._hs_retries = handshake_retries
         self._hb_timeout = float(heartbeat_timeout)
+        self._eager = bool(eager_post)
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         self._agent = NixlAgent(self.agent_name, backends)
         self._agent.register(self.regions)
@@ -366,8 +371,13 @@ class KVSink:
         except InvalidBlockIds as exc:
             self._fail(p, f"invalid pull: {exc}")
             return
-        if p.verified:
+        if self._may_post(p):
             self._post(p, time.monotonic())
+
+    def _may_post(self, p: _Pull) -> bool:
+        # Safe mode waits for the lease ack (its deadline); eager mode posts as soon as
+        # the instance is known and rejects the data afterwards if the ack says expired.
+        return p.verified and (self._eager or p.deadline is not None)
 
     def _post(self, p: _Pull, now: float) -> None:
         peer = p.peer
@@ -438,7 +448,7 @@ class KVSink:
         if p.peer is None:
             return  # waiting for the handshake
         if not p.handles:
-            if p.verified:
+            if self._may_post(p):
                 self._post(p, now)
             return
         if p.completed_at is None:

@@ -240,6 +240,14 @@ class EndpointsStatus(Model):
     prefill: list[PrefillEndpoint] = Field(default_factory=list)
 
 
+class RolloutStatus(Model):
+    """Paired-rollout state, persisted so that an operator restart mid-rollout converges."""
+
+    target_revision: str
+    previous_revision: Optional[str] = None
+    switched_at: Optional[str] = None
+
+
 class DisaggregatedInferenceStatus(Model):
     observed_generation: Optional[int] = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -249,6 +257,7 @@ class DisaggregatedInferenceStatus(Model):
     router: Optional[RoleStatus] = None
     endpoints: Optional[EndpointsStatus] = None
     url: Optional[str] = None
+    rollout: Optional[RolloutStatus] = None
 
 
 class ObjectMeta(Model):

@@ -1,0 +1,114 @@
+"""Leases (expiry, heartbeat extension), dead peers and restarted prefill processes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from conftest import free_port, wait_for
+
+HOST = "127.0.0.1"
+
+
+def pull(sink, src, rid, remote, local, **kw):
+    opts = dict(host=HOST, port=src.base_port, remote_engine_id="prefill-0", remote_instance_id=src.instance_id,
+                remote_block_ids=remote, local_block_ids=local)
+    opts.update(kw)
+    sink.pull(rid, **opts)
+
+
+def test_expired_lease_fails_the_pull_loudly(source_factory, sink_factory, local_kv):
+    src = source_factory(lease=0.4)
+    sink = sink_factory(local_kv)
+    src.hold("warm", [0])
+    pull(sink, src, "warm", [0], [0])  # handshake first, so the next pull could post at once
+    assert wait_for(sink, "warm")[0]
+    src.hold("late", [5, 6])
+    time.sleep(0.8)
+    pull(sink, src, "late", [5, 6], [5, 6])
+    ok, reason = wait_for(sink, "late")
+    assert not ok and "no longer holds the request's blocks" in reason
+    assert not local_kv.block(0, 5).any()  # never read into local blocks
+    assert sink.stats()["expired_leases"] == 1
+    assert sorted(src.released()) == ["late", "warm"]  # warm by notification, late by expiry
+    assert src.stats()["leases_expired"] == 1
+
+
+def test_eager_post_discards_a_read_of_expired_blocks(source_factory, sink_factory, local_kv):
+    src = source_factory(lease=0.4)
+    sink = sink_factory(local_kv, eager_post=True)
+    src.hold("warm", [0])
+    pull(sink, src, "warm", [0], [0])
+    assert wait_for(sink, "warm")[0]
+    src.hold("late", [5, 6])
+    time.sleep(0.8)
+    pull(sink, src, "late", [5, 6], [5, 6])  # posted before the ack: the ack then says expired
+    ok, reason = wait_for(sink, "late")
+    assert not ok and "no longer holds the request's blocks" in reason
+    assert sink.stats()["expired_leases"] == 1 and sink.stats()["transfers"] == 1  # only "warm" counted
+
+
+def test_heartbeats_extend_the_lease(source_factory, sink_factory, local_kv):
+    src = source_factory(lease=0.6)
+    sink = sink_factory(local_kv)
+    src.hold("kept", [1, 2])
+    src.hold("dropped", [3])  # control: same lease, no heartbeat
+    released: list[str] = []
+    end = time.monotonic() + 1.5  # 2.5 leases
+    while time.monotonic() < end:
+        sink.keep_alive(["kept"], host=HOST, port=src.base_port)
+        time.sleep(0.15)
+        released += src.released()
+    assert released == ["dropped"]
+    pull(sink, src, "kept", [1, 2], [1, 2])
+    assert wait_for(sink, "kept") == (True, "")
+    assert np.array_equal(local_kv.block(1, 2), src.expected(1, 2))
+    assert src.stats()["leases_expired"] == 1 and src.stats()["heartbeats"] >= 5
+
+
+def test_dead_peer_gives_clear_error(sink_factory, local_kv):
+    sink = sink_factory(local_kv, handshake_timeout=0.3, handshake_retries=2, heartbeat_timeout=0.3)
+    t0 = time.monotonic()
+    sink.pull("d1", host=HOST, port=free_port(), remote_engine_id="prefill-0", remote_instance_id=None,
+              remote_block_ids=[1], local_block_ids=[1])
+    ok, reason = wait_for(sink, "d1", timeout=10)
+    assert not ok
+    assert "no reply within" in reason and "attempt" in reason
+    assert time.monotonic() - t0 < 5  # bounded retries
+    assert sink.stats()["failures"] == 1
+
+
+def test_restarted_prefill_gets_a_new_handshake(source_factory, sink_factory, local_kv):
+    port = free_port()
+    first = source_factory(port=port, seed=1)
+    sink = sink_factory(local_kv)
+    first.hold("a", [4])
+    pull(sink, first, "a", [4], [0])
+    assert wait_for(sink, "a") == (True, "")
+    first.kill()
+
+    second = source_factory(port=port, seed=2)  # same address, new process, other data
+    assert second.instance_id != first.instance_id
+    second.hold("b", [4])
+    pull(sink, second, "b", [4], [1])  # kv_transfer_params carry the new instance id
+    assert wait_for(sink, "b") == (True, "")
+    assert np.array_equal(local_kv.block(0, 1), second.expected(0, 4))
+    assert not np.array_equal(local_kv.block(0, 1), first.expected(0, 4))
+    stats = sink.stats()
+    assert stats["handshakes"] == 2 and stats["stale_agents_dropped"] == 1
+    second.kill()
+
+    # Without an instance id the heartbeat ack reveals the restart: the stale agent is
+    # dropped and the read goes to the new process.
+    third = source_factory(port=port, seed=3)
+    third.hold("c", [4])
+    pull(sink, third, "c", [4], [2], remote_instance_id=None)
+    assert wait_for(sink, "c") == (True, "")
+    assert np.array_equal(local_kv.block(0, 2), third.expected(0, 4))
+    assert sink.stats()["handshakes"] == 3 and sink.stats()["stale_agents_dropped"] == 2
+
+    # A request held by an instance that is gone fails instead of reading the new one.
+    pull(sink, third, "gone", [4], [3], remote_instance_id=second.instance_id)
+    ok, reason = wait_for(sink, "gone")
+    assert not ok and "restarted" in reason
+    assert not local_kv.block(0, 3).any()
