@@ -1,0 +1,153 @@
+"""The local fleet a DisaggregatedInference describes, as process launches (pure).
+
+The engine command comes from the plan (`pdfleet.operator.plan.engine.vllm_args`),
+the very command the pods run; only the host, the ports, the model path and the
+CPU pinning are local. Nothing here starts a process or opens a port.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from pdfleet.operator.api.rules import FieldError
+from pdfleet.operator.api.types import DisaggregatedInferenceSpec
+from pdfleet.operator.plan.engine import ENGINE_MODULE, engine_env, vllm_args
+
+ROLES = ("prefill", "decode")
+LOOPBACK = "127.0.0.1"
+# KV cache per engine (GiB) unless the spec's env sets one: a local fleet shares one machine.
+DEFAULT_KVCACHE_GIB = "1"
+
+
+@dataclass(frozen=True)
+class EnginePorts:
+    http: int
+    side_channel: int  # TP rank r listens on side_channel + r
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    name: str  # e.g. "prefill-0"
+    role: str
+    index: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # added to the runner's environment
+    ports: EnginePorts
+    cpus: tuple[tuple[int, ...], ...]  # one CPU list per TP rank
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.ports.http}"
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    engines: tuple[EngineLaunch, ...]
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def role(self, role: str) -> tuple[EngineLaunch, ...]:
+        return tuple(e for e in self.engines if e.role == role)
+
+
+def local_errors(spec: DisaggregatedInferenceSpec, *, has_gpu: bool) -> list[FieldError]:
+    """What a valid resource still needs to run as processes on this machine."""
+    errors = []
+    for role in ROLES:
+        if spec.role(role).replicas < 1:
+            errors.append(FieldError(f"spec.{role}.replicas", "a local fleet needs at least 1"))
+    if not has_gpu:
+        if spec.kv_transfer.buffer_device != "cpu":
+            errors.append(FieldError(
+                "spec.kvTransfer.bufferDevice",
+                f"{spec.kv_transfer.buffer_device!r} needs a GPU and this machine has none; set it to 'cpu'",
+            ))
+        if spec.engine.block_size % 32:
+            errors.append(FieldError(
+                "spec.engine.blockSize",
+                f"CPU engines need a multiple of 32, got {spec.engine.block_size}",
+            ))
+    return errors
+
+
+def assign_cpus(cpus: Sequence[int], ranks: Sequence[int]) -> tuple[list[list[list[int]]], list[str]]:
+    """Split the machine's CPUs between engines: `ranks[i]` is engine i's TP size.
+
+    Returns, per engine, one CPU list per rank, and warnings. With at least one CPU
+    per rank every rank gets its own contiguous share (vLLM's OpenMP threads spin,
+    so engines on the same cores slow each other down by orders of magnitude);
+    with fewer, ranks share CPUs round robin and a warning says so.
+    """
+    cpus = sorted(cpus)
+    total = sum(ranks)
+    if not cpus:
+        raise ValueError("no CPUs to pin engines to")
+    warnings: list[str] = []
+    if total <= len(cpus):
+        base, extra = divmod(len(cpus), total)
+        chunks, start = [], 0
+        for k in range(total):
+            size = base + (1 if k < extra else 0)
+            chunks.append(cpus[start:start + size])
+            start += size
+    else:
+        warnings.append(
+            f"{total} engine ranks share {len(cpus)} CPUs: engines on the same CPUs slow each other down a lot;"
+            " lower prefill/decode replicas or tensorParallelSize for a local fleet"
+        )
+        chunks = [[cpus[k % len(cpus)]] for k in range(total)]
+    out, k = [], 0
+    for n in ranks:
+        out.append(chunks[k:k + n])
+        k += n
+    return out, warnings
+
+
+def omp_bind(cpus: Sequence[Sequence[int]]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: one comma list per TP rank, joined by '|'."""
+    return "|".join(",".join(str(c) for c in rank) for rank in cpus)
+
+
+def plan_local(
+    spec: DisaggregatedInferenceSpec,
+    *,
+    revision: str,
+    model_path: Optional[str],
+    cpus: Sequence[int],
+    ports: Mapping[str, Sequence[EnginePorts]],
+    base_env: Mapping[str, str],
+    secret_file: Optional[str] = None,
+    python: str = sys.executable,
+) -> LocalPlan:
+    """Every engine of the fleet: prefill replicas first, then decode.
+
+    `ports[role][i]` are replica i's ports; `base_env` is the runner's environment
+    (only read, to leave a user's VLLM_CPU_KVCACHE_SPACE alone).
+    """
+    order = [(role, i) for role in ROLES for i in range(spec.role(role).replicas)]
+    pinning, warnings = assign_cpus(cpus, [spec.role(role).tensor_parallel_size for role, _ in order])
+    engines = []
+    for (role, i), rank_cpus in zip(order, pinning):
+        p = ports[role][i]
+        args = vllm_args(spec, role, revision, model=model_path, host=LOOPBACK, port=p.http, secret_file=secret_file)
+        env = dict(engine_env(spec, role))
+        if "VLLM_CPU_KVCACHE_SPACE" not in env and "VLLM_CPU_KVCACHE_SPACE" not in base_env:
+            env["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_KVCACHE_GIB
+        env.update({
+            # Local overrides of what the pod gets from the downward API and the spec.
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": LOOPBACK,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(p.side_channel),
+            "VLLM_CPU_OMP_THREADS_BIND": omp_bind(rank_cpus),
+            "PYTHONUNBUFFERED": "1",
+        })
+        engines.append(EngineLaunch(
+            name=f"{role}-{i}",
+            role=role,
+            index=i,
+            argv=(python, "-m", ENGINE_MODULE, *args),
+            env=env,
+            ports=p,
+            cpus=tuple(tuple(r) for r in rank_cpus),
+        ))
+    return LocalPlan(engines=tuple(engines), warnings=tuple(warnings))

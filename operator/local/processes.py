@@ -1,0 +1,198 @@
+"""Child processes of `pdfleet local`: free ports, start, watch, stop (I/O only).
+
+Every engine runs in its own process group (its API server, engine core and
+workers), so stopping it means signalling the group. Three layers make sure no
+process outlives the runner:
+
+1. the runner stops every group on exit, Ctrl-C or SIGTERM (SIGTERM, then SIGKILL);
+2. each engine's API server gets PR_SET_PDEATHSIG, so it dies with the runner;
+3. a watchdog process (watchdog.py) holds the read end of a pipe from the runner
+   and knows every group; when the runner dies in any way (even SIGKILL) the pipe
+   closes and the watchdog kills whatever is left in those groups.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Mapping, Optional, Sequence
+
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 15.0
+
+
+def reserve_ports(count: int, consecutive: int = 1, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct base ports, each followed by `consecutive - 1` free ports.
+
+    The sockets stay bound until all are chosen so no two picks collide; another
+    process may still take one before the engine binds it (small window).
+    """
+    with ExitStack() as stack:
+        held: set[int] = set()
+        bases: list[int] = []
+        for _ in range(count * 50):
+            if len(bases) == count:
+                break
+            s = stack.enter_context(socket.socket())
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+            if base + consecutive - 1 > 65535 or any(base + k in held for k in range(consecutive)):
+                continue
+            ok = True
+            for k in range(1, consecutive):
+                extra = stack.enter_context(socket.socket())
+                try:
+                    extra.bind((host, base + k))
+                except OSError:
+                    ok = False
+                    break
+            if ok:
+                bases.append(base)
+                held.update(base + k for k in range(consecutive))
+        if len(bases) < count:
+            raise RuntimeError(f"could not find {count} free port ranges of {consecutive}")
+        return bases
+
+
+def _parent_death_signal(parent: int):
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the runner died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # started as a session (and group) leader
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def start_child(name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path) -> Child:
+    """Start `argv` in a new session, output to `log_path`, dying with this process."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            env={**os.environ, **env},
+            cwd=cwd,  # never the repository root: its `operator/` folder would shadow the stdlib module
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_parent_death_signal(os.getpid()),
+        )
+    return Child(name, proc, log_path)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_groups(pgids: Sequence[int], procs: Sequence[subprocess.Popen] = (), grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every group, wait up to `grace_s` for all their members, then SIGKILL."""
+    for pgid in pgids:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.poll()  # reap our own children so their groups can empty
+        if not any(group_alive(g) for g in pgids):
+            return
+        time.sleep(0.1)
+    for pgid in pgids:
+        _signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.poll()
+        if not any(group_alive(g) for g in pgids):
+            return
+        time.sleep(0.05)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except OSError as exc:
+        return f"(cannot read {path}: {exc.strerror})"
+
+
+class Watchdog:
+    """The process that kills every registered group once this process is gone."""
+
+    def __init__(self, cwd: Path, python: str = sys.executable) -> None:
+        self.proc = subprocess.Popen(
+            [python, "-m", "pdfleet.operator.local.watchdog", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            cwd=cwd,
+            start_new_session=True,  # a Ctrl-C to the terminal's group must not stop it before the runner
+        )
+        self._pipe: Optional[IO[bytes]] = self.proc.stdin
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"add {pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"del {pgid}\n")
+
+    def _send(self, line: str) -> None:
+        if self._pipe is None:
+            return
+        try:
+            self._pipe.write(line.encode())
+            self._pipe.flush()
+        except BrokenPipeError:
+            self._pipe = None
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the pipe (the watchdog then stops what is left) and wait for it."""
+        if self._pipe is not None:
+            try:
+                self._pipe.close()
+            except BrokenPipeError:
+                pass
+            self._pipe = None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,147 @@
+"""`pdfleet local --smoke`: a few requests through the router, and the KV transfer figures.
+
+A smoke request passes when it answers 200 with text, was served by prefill and
+decode (no `x-pdfleet-fallback` header), and streaming ends with [DONE]. After the
+requests, decode's /metrics must show prompt tokens that came by KV transfer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import aiohttp
+
+FALLBACK_HEADER = "x-pdfleet-fallback"
+TRANSFER_SOURCE_METRIC = "vllm:prompt_tokens_by_source_total"
+# Metric families worth showing from the engines, besides the token sources.
+CONNECTOR_METRIC_PREFIXES = ("pdfleet_", "vllm:nixl", "vllm:kv_transfer")
+
+_LONG = " ".join(f"block {i} of the prefill cache moves to decode over the network." for i in range(12))
+
+
+@dataclass(frozen=True)
+class SmokeRequest:
+    label: str
+    path: str
+    body: dict[str, Any]
+
+
+@dataclass
+class SmokeResult:
+    label: str
+    ok: bool
+    text: str
+    detail: str = ""
+
+
+def smoke_requests(model: str, max_tokens: int = 16) -> list[SmokeRequest]:
+    common = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return [
+        SmokeRequest("completion (short)", "/v1/completions", {**common, "prompt": "The river runs"}),
+        SmokeRequest("completion (several blocks)", "/v1/completions", {**common, "prompt": _LONG}),
+        SmokeRequest("chat", "/v1/chat/completions", {
+            **common, "messages": [{"role": "user", "content": "Which engine holds the cache?"}],
+        }),
+        SmokeRequest("completion (streaming)", "/v1/completions", {
+            **common, "prompt": "Prefill then decode, block by block", "stream": True,
+        }),
+    ]
+
+
+def _text_of(payload: dict[str, Any]) -> str:
+    choice = (payload.get("choices") or [{}])[0]
+    if "text" in choice:
+        return choice.get("text") or ""
+    return ((choice.get("message") or choice.get("delta") or {}).get("content")) or ""
+
+
+async def send(session: aiohttp.ClientSession, base_url: str, req: SmokeRequest) -> SmokeResult:
+    try:
+        async with session.post(base_url + req.path, json=req.body) as resp:
+            fallback = resp.headers.get(FALLBACK_HEADER)
+            if req.body.get("stream"):
+                text, done = [], False
+                async for raw in resp.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        done = True
+                        continue
+                    text.append(_text_of(json.loads(data)))
+                body_text, problem = "".join(text), None if done else "stream ended without [DONE]"
+            else:
+                raw_body = await resp.read()
+                try:
+                    body_text, problem = _text_of(json.loads(raw_body)), None
+                except ValueError:
+                    body_text, problem = "", f"not JSON: {raw_body[:200]!r}"
+            if resp.status != 200:
+                problem = f"HTTP {resp.status}: {body_text or problem}"
+            elif fallback:
+                problem = f"served without P/D (x-pdfleet-fallback: {fallback})"
+            elif not body_text:
+                problem = problem or "empty output"
+            return SmokeResult(req.label, problem is None, body_text, problem or "")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        return SmokeResult(req.label, False, "", f"{type(exc).__name__}: {exc}")
+
+
+def parse_metric_lines(text: str, prefixes: Iterable[str]) -> list[tuple[str, float]]:
+    """(sample with labels, value) for every sample whose name starts with a prefix."""
+    out = []
+    prefixes = tuple(prefixes)
+    for line in text.splitlines():
+        if not line or line.startswith("#") or not line.startswith(prefixes):
+            continue
+        sample, _, value = line.rpartition(" ")
+        try:
+            out.append((sample, float(value)))
+        except ValueError:
+            continue
+    return out
+
+
+def tokens_by_source(metrics_text: str) -> dict[str, float]:
+    """{source: tokens} from vLLM's prompt-token counter (summed over engines' labels)."""
+    out: dict[str, float] = {}
+    for sample, value in parse_metric_lines(metrics_text, (TRANSFER_SOURCE_METRIC,)):
+        marker = 'source="'
+        start = sample.find(marker)
+        if start < 0:
+            continue
+        source = sample[start + len(marker):sample.index('"', start + len(marker))]
+        out[source] = out.get(source, 0.0) + value
+    return out
+
+
+async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> Optional[str]:
+    try:
+        async with session.get(url + "/metrics") as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+def format_transfer_stats(engines: list[tuple[str, str, Optional[str]]], router_metrics: Optional[str]) -> list[str]:
+    """Lines for the report: token sources per engine, connector metrics, router counters."""
+    lines = []
+    for name, role, text in engines:
+        if text is None:
+            lines.append(f"{name}: /metrics unavailable")
+            continue
+        sources = tokens_by_source(text)
+        shown = ", ".join(f"{k}={int(v)}" for k, v in sorted(sources.items()))
+        lines.append(f"{name} prompt tokens by source: {shown or '(none)'}")
+        for sample, value in parse_metric_lines(text, CONNECTOR_METRIC_PREFIXES):
+            if not sample.endswith("_created") and "_created{" not in sample:
+                lines.append(f"{name} {sample} {value:g}")
+    if router_metrics:
+        for sample, value in parse_metric_lines(router_metrics, ("pdfleet_router_requests_total",
+                                                                 "pdfleet_router_fallbacks_total",
+                                                                 "pdfleet_router_retries_total")):
+            lines.append(f"router {sample} {value:g}")
+    return lines

@@ -1,0 +1,124 @@
+"""The local fleet plan (pure): CPU pinning, engine commands from the plan, local-only checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdfleet.operator.api import parse
+from pdfleet.operator.local.fleet import EnginePorts, assign_cpus, local_errors, omp_bind, plan_local
+from pdfleet.operator.plan.engine import ENGINE_MODULE, vllm_args
+
+
+def resource(**spec_overrides):
+    spec = {
+        "model": {"name": "pdfleet/tiny-llama", "dtype": "float32", "maxModelLen": 4096},
+        "engine": {"blockSize": 32},
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 1},
+        "kvTransfer": {"bufferDevice": "cpu"},
+    }
+    for key, value in spec_overrides.items():
+        spec[key] = value
+    return parse({"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
+                  "metadata": {"name": "tiny"}, "spec": spec})
+
+
+def ports_for(spec):
+    out, n = {}, 9000
+    for role in ("prefill", "decode"):
+        out[role] = []
+        for _ in range(spec.role(role).replicas):
+            out[role].append(EnginePorts(n, n + 100))
+            n += 1
+    return out
+
+
+def test_two_engines_on_two_cpus_get_one_each():
+    pinning, warnings = assign_cpus([0, 1], [1, 1])
+    assert pinning == [[[0]], [[1]]]
+    assert warnings == []
+
+
+def test_cpus_split_evenly_and_contiguously():
+    pinning, warnings = assign_cpus(range(8), [1, 1, 2])
+    assert pinning == [[[0, 1]], [[2, 3]], [[4, 5], [6, 7]]]
+    assert warnings == []
+    pinning, _ = assign_cpus([0, 1, 2], [1, 1])
+    assert pinning == [[[0, 1]], [[2]]]
+
+
+def test_more_ranks_than_cpus_share_and_warn():
+    pinning, warnings = assign_cpus([0, 1], [1, 1, 1])
+    assert pinning == [[[0]], [[1]], [[0]]]
+    assert len(warnings) == 1 and "3 engine ranks share 2 CPUs" in warnings[0]
+
+
+def test_omp_bind_joins_ranks_with_bars():
+    assert omp_bind([[0, 1], [2]]) == "0,1|2"
+    assert omp_bind([[3]]) == "3"
+
+
+def test_engine_command_is_the_plans_with_local_host_ports_and_model():
+    spec = resource().spec
+    plan = plan_local(spec, revision="abc", model_path="/cache/tiny", cpus=[0, 1], ports=ports_for(spec),
+                      base_env={}, python="/py")
+    prefill, decode = plan.engines
+    assert prefill.name == "prefill-0" and decode.name == "decode-0"
+    expected = vllm_args(spec, "prefill", "abc", model="/cache/tiny", host="127.0.0.1", port=9000)
+    assert prefill.argv == ("/py", "-m", ENGINE_MODULE, *expected)
+    kv = json.loads(decode.argv[decode.argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_role"] == "kv_consumer" and kv["kv_connector"] == "PdfleetConnector"
+    assert kv["kv_connector_module_path"] == "pdfleet.connector"
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "9100"
+    assert decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "9101"
+    assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert decode.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert prefill.url == "http://127.0.0.1:9000"
+    assert plan.warnings == ()
+
+
+def test_kv_cache_space_defaults_small_but_spec_and_user_win():
+    spec = resource().spec
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    assert plan.engines[0].env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec),
+                      base_env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan.engines[0].env  # inherited from the runner
+    spec = resource(engine={"blockSize": 32, "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "2"}]}).spec
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    assert plan.engines[0].env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_replicas_beyond_the_cpus_warn_and_share():
+    spec = resource(prefill={"replicas": 2}, decode={"replicas": 1}).spec
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    assert [e.name for e in plan.engines] == ["prefill-0", "prefill-1", "decode-0"]
+    assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0", "1", "0"]
+    assert plan.warnings and "share" in plan.warnings[0]
+
+
+def test_tensor_parallel_engine_gets_one_cpu_list_per_rank():
+    spec = resource(decode={"replicas": 1, "tensorParallelSize": 2}).spec
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1, 2, 3], ports=ports_for(spec), base_env={})
+    assert plan.role("prefill")[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert plan.role("decode")[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "2|3"
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"kvTransfer": {"bufferDevice": "cuda"}}, "spec.kvTransfer.bufferDevice"),
+    ({"engine": {"blockSize": 16}}, "spec.engine.blockSize"),
+    ({"decode": {"replicas": 0}}, "spec.decode.replicas"),
+])
+def test_local_errors_name_the_field(overrides, field):
+    errors = local_errors(resource(**overrides).spec, has_gpu=False)
+    assert [e.field for e in errors] == [field]
+
+
+def test_valid_cpu_resource_has_no_local_errors():
+    assert local_errors(resource().spec, has_gpu=False) == []
+    # With a GPU, a cuda buffer and any block size are fine.
+    assert local_errors(resource(kvTransfer={"bufferDevice": "cuda"}, engine={"blockSize": 16}).spec,
+                        has_gpu=True) == []
