@@ -1,0 +1,247 @@
+"""Endpoints from the fleet's EndpointSlices, watched through the Kubernetes API server.
+
+The operator labels each role's headless Service with ``pdfleet.io/fleet``,
+``pdfleet.io/role`` (prefill|decode) and ``pdfleet.io/revision``; Kubernetes
+copies a Service's labels onto its EndpointSlices (plus
+``kubernetes.io/service-name``). The router lists and watches the slices of
+its fleet, turns them into one RevisionEndpoints per revision (pure:
+``groups_from_slices``) and hands them to the router, which picks the revision
+that serves.
+
+Readiness is the slice's ``conditions.ready`` (nil counts as ready, as the API
+documents); ``terminating`` endpoints are never used. The headless Services
+must not set ``publishNotReadyAddresses``: with it every endpoint reads ready.
+
+API access: the in-cluster service account (token re-read on every list, so
+rotated tokens work) or a kubeconfig file (KUBECONFIG), both through the
+``kubernetes`` package's loaders; ``api_server`` overrides the URL (tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from pdfleet.connector.router.config import RouterConfig
+from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, RevisionEndpoints
+
+log = logging.getLogger("pdfleet.router.discovery")
+
+FLEET_LABEL = "pdfleet.io/fleet"
+ROLE_LABEL = "pdfleet.io/role"
+REVISION_LABEL = "pdfleet.io/revision"
+SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # one watch event (a slice holds at most 1000 endpoints)
+WATCH_TIMEOUT_S = 300  # the server ends each watch after this; the router then lists again
+
+_decode_json = msgspec.json.Decoder().decode
+
+
+# ---- pure: slices -> revisions ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SliceView:
+    """What the router needs from one EndpointSlice."""
+
+    role: str
+    revision: str
+    endpoints: tuple[Endpoint, ...]
+    created: float
+
+
+def _timestamp(value: Any) -> float:
+    if not isinstance(value, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView | str:
+    """One EndpointSlice as a SliceView, or the reason it is not used."""
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(FLEET_LABEL) != fleet:
+        return f"label {FLEET_LABEL} is not {fleet!r}"
+    role = labels.get(ROLE_LABEL)
+    if role not in (PREFILL, DECODE):
+        return f"label {ROLE_LABEL} must be prefill or decode, got {role!r}"
+    revision = labels.get(REVISION_LABEL)
+    if not revision:
+        return f"label {REVISION_LABEL} is missing"
+    ports = [p for p in obj.get("ports") or () if isinstance(p, dict) and isinstance(p.get("port"), int)]
+    named = [p for p in ports if p.get("name") == port_name]
+    if named:
+        port = named[0]["port"]
+    elif len(ports) == 1:
+        port = ports[0]["port"]
+    else:
+        return f"no port named {port_name!r} among {[p.get('name') for p in ports]}"
+    ipv6 = obj.get("addressType") == "IPv6"
+    endpoints = []
+    for ep in obj.get("endpoints") or ():
+        addresses = ep.get("addresses") or ()
+        if not addresses or not isinstance(addresses[0], str):
+            continue
+        cond = ep.get("conditions") or {}
+        ready = cond.get("ready") is not False and cond.get("terminating") is not True
+        host = f"[{addresses[0]}]" if ipv6 else addresses[0]
+        endpoints.append(Endpoint(f"http://{host}:{port}", ready))
+    return SliceView(role, revision, tuple(endpoints), _timestamp(meta.get("creationTimestamp")))
+
+
+def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_name: str) -> list[RevisionEndpoints]:
+    """Group the fleet's slices by revision. An address listed by several slices is
+    ready if any says so; a revision's age is its oldest slice's."""
+    roles: dict[str, dict[str, dict[str, bool]]] = {}
+    created: dict[str, float] = {}
+    for obj in slices:
+        view = parse_slice(obj, fleet, port_name)
+        if isinstance(view, str):
+            continue
+        by_role = roles.setdefault(view.revision, {PREFILL: {}, DECODE: {}})
+        for ep in view.endpoints:
+            by_role[view.role][ep.url] = by_role[view.role].get(ep.url, False) or ep.ready
+        seen = created.get(view.revision)
+        created[view.revision] = view.created if seen is None else min(seen, view.created)
+    return [
+        RevisionEndpoints(
+            revision=rev,
+            prefill=tuple(Endpoint(u, r) for u, r in sorted(by_role[PREFILL].items())),
+            decode=tuple(Endpoint(u, r) for u, r in sorted(by_role[DECODE].items())),
+            created=created[rev],
+        )
+        for rev, by_role in sorted(roles.items())
+    ]
+
+
+# ---- I/O: API access, list and watch ------------------------------------------------
+
+
+@dataclass
+class ApiAccess:
+    server: str
+    headers: dict[str, str]
+    ssl: ssl.SSLContext | bool
+
+
+def load_access(config: RouterConfig) -> ApiAccess:
+    """Server URL, auth header and TLS settings, read afresh (tokens rotate)."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    cfg = k8s_client.Configuration()
+    if config.kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_kube_config(config_file=config.kubeconfig, client_configuration=cfg)
+    else:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    headers = {"Accept": "application/json"}
+    token = cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
+    if token:
+        headers["Authorization"] = token
+    server = (config.api_server or cfg.host).rstrip("/")
+    if not server.startswith("https://"):
+        return ApiAccess(server, headers, False)
+    if not cfg.verify_ssl:
+        return ApiAccess(server, headers, False)
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ApiAccess(server, headers, ctx)
+
+
+async def _watch_events(resp: aiohttp.ClientResponse):
+    """Newline-delimited JSON events; oversized or malformed ones are dropped."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line, buf = buf[:nl], buf[nl + 1:]
+            if line.strip():
+                try:
+                    yield _decode_json(line)
+                except msgspec.DecodeError:
+                    log.warning("dropped a malformed watch event (%d bytes)", len(line))
+        if len(buf) > MAX_EVENT_BYTES:
+            log.warning("dropped an oversized watch event (%d bytes)", len(buf))
+            buf = b""
+
+
+def kubernetes_discovery(config: RouterConfig, *, access=load_access, max_backoff_s: float = 30.0):
+    """A Discovery (see app.build_app) that keeps the router's endpoints in line with the slices."""
+    assert config.kubernetes_fleet
+    fleet = config.kubernetes_fleet
+    path = SLICES_PATH.format(namespace=quote(config.kubernetes_namespace, safe=""))
+    selector = quote(f"{FLEET_LABEL}={fleet}", safe="")
+
+    async def run(router) -> None:
+        slices: dict[str, Any] = {}
+
+        def publish() -> None:
+            router.set_endpoints(groups_from_slices(slices.values(), fleet, config.port_name))
+
+        backoff = 0.5
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
+                                        sock_read=WATCH_TIMEOUT_S + 30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                cycle_started = asyncio.get_running_loop().time()
+                try:
+                    api = access(config)
+                    url = api.server + path
+                    async with session.get(f"{url}?labelSelector={selector}", headers=api.headers,
+                                           ssl=api.ssl) as resp:
+                        if resp.status != 200:
+                            raise RuntimeError(f"listing EndpointSlices gave HTTP {resp.status}: "
+                                               f"{(await resp.text())[:200]}")
+                        listing = _decode_json(await resp.read())
+                    slices = {(o.get("metadata") or {}).get("name"): o for o in listing.get("items") or ()}
+                    publish()
+                    backoff = 0.5
+                    rv = (listing.get("metadata") or {}).get("resourceVersion") or ""
+                    watch_url = (f"{url}?labelSelector={selector}&watch=true&allowWatchBookmarks=true"
+                                 f"&timeoutSeconds={WATCH_TIMEOUT_S}&resourceVersion={quote(rv, safe='')}")
+                    async with session.get(watch_url, headers=api.headers, ssl=api.ssl) as resp:
+                        if resp.status != 200:
+                            raise RuntimeError(f"watching EndpointSlices gave HTTP {resp.status}")
+                        async for event in _watch_events(resp):
+                            if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                                continue
+                            kind, obj = event.get("type"), event["object"]
+                            if kind == "ERROR":  # e.g. 410 Gone: resourceVersion too old; list again
+                                log.info("watch ended by the server: %s", obj.get("message"))
+                                break
+                            name = (obj.get("metadata") or {}).get("name")
+                            if kind in ("ADDED", "MODIFIED"):
+                                slices[name] = obj
+                            elif kind == "DELETED":
+                                slices.pop(name, None)
+                            else:  # BOOKMARK
+                                continue
+                            publish()
+                    # a server that ends watches at once must not make us spin
+                    if asyncio.get_running_loop().time() - cycle_started < 1.0:
+                        await asyncio.sleep(1.0)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # keep the last known endpoints and try again
+                    log.warning("EndpointSlice discovery: %s; again in %.1f s", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, max_backoff_s)
+
+    return run

@@ -1,0 +1,219 @@
+"""EndpointSlice discovery through kmock's real HTTP server (list + watch), end to end:
+slices appear, turn ready and vanish; the router follows and never mixes revisions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(60)
+
+NS = "serving"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 3}
+
+
+def endpoint_slice(name, engine, role, revision, *, ready=True, fleet="f1", created="2026-01-01T00:00:00Z"):
+    port = int(engine.url.rsplit(":", 1)[1])
+    return {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created,
+                     "labels": {"pdfleet.io/fleet": fleet, "pdfleet.io/role": role, "pdfleet.io/revision": revision,
+                                "kubernetes.io/service-name": f"{fleet}-{role}-{revision}"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "kv", "port": 1, "protocol": "TCP"}, {"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
+    }
+
+
+@pytest.fixture
+def api(kmock):
+    kmock.resources.load_bundled()
+    return kmock
+
+
+async def apply(fleet, api, obj):
+    async with fleet.session.post(str(api.url).rstrip("/") + SLICES, json=obj) as r:
+        assert r.status in (200, 201), await r.text()
+
+
+async def patch(fleet, api, name, patch_body):
+    async with fleet.session.patch(f"{str(api.url).rstrip('/')}{SLICES}/{name}", json=patch_body,
+                                   headers={"Content-Type": "application/merge-patch+json"}) as r:
+        assert r.status == 200, await r.text()
+
+
+async def delete(fleet, api, name):
+    async with fleet.session.delete(f"{str(api.url).rstrip('/')}{SLICES}/{name}") as r:
+        assert r.status == 200, await r.text()
+
+
+async def wait_health(fleet, url, predicate, what):
+    for _ in range(100):
+        async with fleet.session.get(url + "/health") as r:
+            h = await r.json()
+        if predicate(h):
+            return h
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"router never reached: {what}; last /health: {h}")
+
+
+async def serve(fleet, url, n):
+    served = []
+    for _ in range(n):
+        async with fleet.session.post(url + "/v1/completions", json=COMPLETION) as r:
+            assert r.status == 200
+            body = await r.json()
+        served.append((body["kv_seen"]["remote_engine_id"], body["served_by"]))
+    return served
+
+
+@pytest.fixture
+def kubeconfig(tmp_path, api):
+    cfg = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(api.url).rstrip("/")}}],
+        "users": [{"name": "router", "user": {"token": "router-token"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "router"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+async def test_router_follows_endpointslices_and_never_mixes_revisions(api, kubeconfig, fleet):
+    pa, da = await fleet.engine("pA", "prefill"), await fleet.engine("dA", "decode")
+    pb, db = await fleet.engine("pB", "prefill"), await fleet.engine("dB", "decode")
+    px, dx = await fleet.engine("pX", "prefill"), await fleet.engine("dX", "decode")
+    await apply(fleet, api, endpoint_slice("f1-p-r1", pa, "prefill", "r1"))
+    await apply(fleet, api, endpoint_slice("f1-d-r1", da, "decode", "r1"))
+    # another fleet's newer revision in the same namespace (kmock ignores labelSelector: the router filters too)
+    await apply(fleet, api, endpoint_slice("f2-p", px, "prefill", "r9", fleet="f2", created="2026-09-01T00:00:00Z"))
+    await apply(fleet, api, endpoint_slice("f2-d", dx, "decode", "r9", fleet="f2", created="2026-09-01T00:00:00Z"))
+
+    url = await fleet.router([], [], kubernetes_fleet="f1", kubernetes_namespace=NS, kubeconfig=kubeconfig)
+    await wait_health(fleet, url, lambda h: h["revision"] == "r1", "serving r1")
+    assert await serve(fleet, url, 3) == [("pA", "dA")] * 3
+
+    # a new revision appears with its decode not ready yet: r1 keeps serving
+    await apply(fleet, api, endpoint_slice("f1-p-r2", pb, "prefill", "r2", created="2026-02-01T00:00:00Z"))
+    await apply(fleet, api, endpoint_slice("f1-d-r2", db, "decode", "r2", ready=False,
+                                           created="2026-02-01T00:00:00Z"))
+    await wait_health(fleet, url, lambda h: "r2" in h["revisions"], "seeing r2")
+    assert (await wait_health(fleet, url, lambda h: True, ""))["revision"] == "r1"
+    assert await serve(fleet, url, 3) == [("pA", "dA")] * 3
+
+    # r2's decode turns ready: r2 takes new requests, both legs from r2
+    await patch(fleet, api, "f1-d-r2", {"endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]})
+    await wait_health(fleet, url, lambda h: h["revision"] == "r2", "serving r2")
+    assert await serve(fleet, url, 3) == [("pB", "dB")] * 3
+
+    # r2's prefill slice goes away: back to r1
+    await delete(fleet, api, "f1-p-r2")
+    await wait_health(fleet, url, lambda h: h["revision"] == "r1", "back to r1")
+    assert await serve(fleet, url, 2) == [("pA", "dA")] * 2
+
+    assert px.received == [] and dx.received == []
+    assert len(pa.received) == len(da.received) == 8 and len(pb.received) == len(db.received) == 3
+    api_requests = [r for r in api if "endpointslices" in str(r.url) and r.method == "GET"]
+    assert api_requests, "the router never asked the API server"
+    assert all(r.headers.get("Authorization") == "Bearer router-token" for r in api_requests)
+    assert any(r.params.get("watch") == "true" for r in api_requests)
+    assert all(r.params.get("labelSelector") == "pdfleet.io/fleet=f1" for r in api_requests)
+
+
+async def test_operator_revision_wins_while_serviceable(api, kubeconfig, fleet):
+    pa, da = await fleet.engine("pA", "prefill"), await fleet.engine("dA", "decode")
+    pb, db = await fleet.engine("pB", "prefill"), await fleet.engine("dB", "decode")
+    for name, eng, role, rev, created in [("p1", pa, "prefill", "r1", "2026-01-01T00:00:00Z"),
+                                          ("d1", da, "decode", "r1", "2026-01-01T00:00:00Z"),
+                                          ("p2", pb, "prefill", "r2", "2026-02-01T00:00:00Z"),
+                                          ("d2", db, "decode", "r2", "2026-02-01T00:00:00Z")]:
+        await apply(fleet, api, endpoint_slice(name, eng, role, rev, created=created))
+    url = await fleet.router([], [], kubernetes_fleet="f1", kubernetes_namespace=NS, kubeconfig=kubeconfig,
+                             revision="r1")
+    await wait_health(fleet, url, lambda h: h["revision"] == "r1" and len(h["revisions"]) == 2, "serving r1")
+    assert await serve(fleet, url, 2) == [("pA", "dA")] * 2
+    # r1 loses its only ready decode: the newest serviceable revision takes over
+    await patch(fleet, api, "d1", {"endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": False}}]})
+    await wait_health(fleet, url, lambda h: h["revision"] == "r2", "falling over to r2")
+    assert await serve(fleet, url, 2) == [("pB", "dB")] * 2
+
+
+async def test_list_errors_keep_last_endpoints_and_watch_errors_relist():
+    """Against a scripted API server: a list that fails keeps what the router knew
+    (and is retried, with backoff); a malformed watch line is dropped; an ERROR
+    event (410 Gone) makes the router list again."""
+    from aiohttp import web
+
+    from pdfleet.connector.router.app import Router
+    from pdfleet.connector.router.config import RouterConfig
+    from pdfleet.connector.router.discovery import ApiAccess, kubernetes_discovery
+    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+
+    class Engine:  # only its URL matters here
+        def __init__(self, port):
+            self.url = f"http://127.0.0.1:{port}"
+
+    lists, watches = [], []
+    script = {"list_status": 200}
+    r1 = [endpoint_slice("p1", Engine(1001), "prefill", "r1"), endpoint_slice("d1", Engine(1002), "decode", "r1")]
+    r2p = endpoint_slice("p2", Engine(2001), "prefill", "r2", created="2026-02-01T00:00:00Z")
+    r2d = endpoint_slice("d2", Engine(2002), "decode", "r2", created="2026-02-01T00:00:00Z")
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            lists.append(request.query.get("labelSelector"))
+            if script["list_status"] != 200:
+                return web.json_response({"kind": "Status", "code": 500}, status=script["list_status"])
+            return web.json_response({"metadata": {"resourceVersion": "7"}, "items": r1})
+        watches.append(request.query.get("resourceVersion"))
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"{not json\n")
+        await resp.write(json.dumps({"type": "ADDED", "object": r2p}).encode() + b"\n")
+        await resp.write(json.dumps({"type": "ADDED", "object": r2d}).encode() + b"\n")
+        await asyncio.sleep(0.2)
+        script["list_status"] = 500  # from now on the API server fails
+        await resp.write(json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 410,
+                                                                  "message": "too old"}}).encode() + b"\n")
+        await asyncio.sleep(3600)
+        return resp
+
+    app = web.Application()
+    app.router.add_get(SLICES, handler)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    config = RouterConfig(kubernetes_fleet="f1", kubernetes_namespace=NS)
+    router = Router(config)
+    seen = []
+    original = router.set_endpoints
+
+    def record(groups):
+        groups = list(groups)
+        seen.append(sorted(g.revision for g in groups))
+        original(groups)
+
+    router.set_endpoints = record
+    task = asyncio.create_task(kubernetes_discovery(config, access=lambda c: ApiAccess(server, {}, False))(router))
+    try:
+        for _ in range(100):
+            if len(lists) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert len(lists) >= 3, lists  # listed, relisted after ERROR, retried after the failure
+        assert lists[0] == "pdfleet.io/fleet=f1" and watches[0] == "7"
+        assert seen[:3] == [["r1"], ["r1", "r2"], ["r1", "r2"]]
+        assert len(seen) == 3  # failing lists changed nothing
+        assert router.selection.revision.revision == "r2"
+        assert router.selection.revision.ready("decode") == ("http://127.0.0.1:2002",)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.cleanup()
