@@ -7,9 +7,8 @@ import time
 
 import pytest
 import torch
-from conftest import BLOCK, HEAD_DIM, Side, free_port, request, run_until
+from adapter_harness import BLOCK, Side, free_port, prefill_request, request, run_until
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from test_adapter_flow import prefill_request
 
 from pdfleet.connector import PdfleetConnector
 from pdfleet.connector.adapter import worker as worker_mod

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from conftest import BLOCK, Side, free_port, request, run_until
+from adapter_harness import BLOCK, Side, free_port, prefill_request, request, run_until
 
 from vllm.v1.request import RequestStatus
 
@@ -21,26 +21,6 @@ def pair(tiny_model, monkeypatch):
     yield prefill, decode
     decode.close()
     prefill.close()
-
-
-def prefill_request(prefill: Side, n_tokens: int, seed: int = 0) -> tuple[str, dict, list[int]]:
-    """Run a do_remote_decode request on prefill; return its id, returned params and its blocks."""
-    req = request(n_tokens, {"do_remote_decode": True}, max_tokens=1, seed=seed)
-    prefill.add(req)
-    blocks: list[int] = []
-
-    def finished() -> bool:
-        nonlocal blocks
-        if req.request_id in prefill.scheduler.requests and not blocks:
-            blocks = prefill.block_ids(req.request_id)
-        out = prefill.outputs.get(req.request_id)
-        return out is not None and out.finish_reason is not None
-
-    run_until(prefill, finished)
-    params = prefill.outputs[req.request_id].kv_transfer_params
-    assert params is not None
-    prefill.step()  # delivers the hold to the worker
-    return req.request_id, params, blocks
 
 
 def test_basic_pd_flow(pair):
