@@ -1,0 +1,130 @@
+"""The kopf entry: registers thin handlers that feed the reconciler (crate-operator style).
+
+- the CR: `on.event` keeps the latest body and queues the fleet (create, update and
+  resume are the same level-based reconcile: kopf's listing at start-up is the resume);
+- every owned kind and pods: a label-selected watch (`pdfleet.io/fleet`) feeds a kopf
+  index (what the reconciler diffs and reports status from) and queues the owning fleet.
+  kopf starts event handlers only after every index is filled once, so after a restart
+  the reconciler sees all existing children before its first run and writes nothing;
+- login: KUBECONFIG (read at login time) or the in-cluster service account;
+- start-up/clean-up: the work queue and the metrics server.
+
+No kopf change handlers are used, so kopf writes nothing to the CR (no progress
+annotations, no finalizer): children are removed by the garbage collector through
+their ownerReferences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Callable, Optional
+
+import kopf
+
+from pdfleet.operator import api
+from pdfleet.operator.reconcile import children as ch
+from pdfleet.operator.reconcile.kube import KubeClient, RetryPolicy
+from pdfleet.operator.reconcile.metrics import OperatorMetrics
+from pdfleet.operator.reconcile.reconciler import Reconciler, ReconcileOptions
+
+logger = logging.getLogger("pdfleet.operator")
+
+
+@dataclasses.dataclass
+class OperatorOptions:
+    reconcile: ReconcileOptions = dataclasses.field(default_factory=ReconcileOptions)
+    metrics_port: Optional[int] = None          # None: no metrics server; 0: any free port
+    metrics_host: str = "0.0.0.0"
+    connection: Optional[kopf.ConnectionInfo] = None   # tests: talk to this server, skip login
+    retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
+    watch_server_timeout: Optional[float] = 300.0
+    watch_client_timeout: Optional[float] = 330.0
+    watch_reconnect_backoff: float = 0.5
+    request_timeout: float = 30.0
+    # Filled in when the operator runs (tests and the bench read them).
+    runtime: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def login(**kwargs: Any) -> Optional[kopf.ConnectionInfo]:
+    """KUBECONFIG when set (read now, not at import time), else the in-cluster service account."""
+    if os.environ.get("KUBECONFIG"):
+        info = kopf.login_with_kubeconfig(**kwargs)
+        if info is not None:
+            return info
+    return kopf.login_via_client(**kwargs)
+
+
+def _child_key(body: Any) -> Optional[tuple[str, str]]:
+    meta = body.get("metadata") or {}
+    fleet = (meta.get("labels") or {}).get(ch.FLEET_LABEL)
+    return (meta.get("namespace") or "", fleet) if fleet else None
+
+
+def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    runtime = options.runtime
+    fleet_selector = {ch.FLEET_LABEL: kopf.PRESENT}
+
+    @kopf.on.login(registry=registry)
+    def _login(**kwargs: Any) -> Optional[kopf.ConnectionInfo]:
+        if options.connection is not None:
+            return options.connection
+        return login(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def _startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        settings.posting.enabled = False  # the reconciler posts its own events, nothing from kopf
+        settings.watching.server_timeout = options.watch_server_timeout
+        settings.watching.client_timeout = options.watch_client_timeout
+        settings.watching.reconnect_backoff = options.watch_reconnect_backoff
+        settings.networking.request_timeout = options.request_timeout
+        for kind in (*ch.OWNED_KINDS, ch.POD):
+            settings.watching.label_selectors[kind.group, kind.plural] = ch.FLEET_LABEL
+        indices = {name: idx for name, idx in kwargs.items() if isinstance(idx, kopf.Index)}
+        child_indices = [indices[f"pdfleet_children_{k.plural}"] for k in ch.OWNED_KINDS]
+        pod_index = indices["pdfleet_pods"]
+
+        def snapshot(key: tuple[str, str]) -> tuple[list[ch.ObservedChild], list[ch.ObservedPod]]:
+            children = [v for idx in child_indices for v in idx.get(key, ())]
+            return children, list(pod_index.get(key, ()))
+
+        metrics = OperatorMetrics()
+        client = KubeClient(settings, policy=options.retry, on_request=metrics.record_request)
+        reconciler = Reconciler(client, metrics, options.reconcile, snapshot)
+        reconciler.queue.start()
+        runtime.update(reconciler=reconciler, metrics=metrics, settings=settings)
+        if options.metrics_port is not None:
+            runtime["metrics_port"] = await metrics.serve(options.metrics_port, options.metrics_host)
+
+    @kopf.on.cleanup(registry=registry)
+    async def _cleanup(**_: Any) -> None:
+        reconciler: Optional[Reconciler] = runtime.get("reconciler")
+        if reconciler is not None:
+            await reconciler.queue.stop()
+        metrics: Optional[OperatorMetrics] = runtime.get("metrics")
+        if metrics is not None:
+            await metrics.close()
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
+    async def _fleet_event(event: dict[str, Any], **_: Any) -> None:
+        runtime["reconciler"].on_cr_event(event.get("type"), event["object"])
+
+    def _register_child(kind: ch.Kind, index_id: str, observe: Callable[[Any], Any]) -> None:
+        @kopf.index(kind.group, kind.version, kind.plural, id=index_id, labels=fleet_selector, registry=registry)
+        def _index(body: Any, **_: Any) -> Optional[dict[tuple[str, str], Any]]:
+            key = _child_key(body)
+            return {key: observe(body)} if key else None
+
+        @kopf.on.event(kind.group, kind.version, kind.plural, id=f"{index_id}_event", labels=fleet_selector,
+                       registry=registry)
+        async def _event(event: dict[str, Any], **_: Any) -> None:
+            reconciler: Optional[Reconciler] = runtime.get("reconciler")
+            if reconciler is not None:
+                reconciler.on_child_event(event.get("type"), event["object"])
+
+    for kind in ch.OWNED_KINDS:
+        _register_child(kind, f"pdfleet_children_{kind.plural}", ch.observe_child)
+    _register_child(ch.POD, "pdfleet_pods", ch.observe_pod)
+    return registry

@@ -1,0 +1,133 @@
+"""The operator's writes to the Kubernetes API, and the one place they are retried.
+
+Requests go through kopf's own authenticated aiohttp session (`kopf._cogs.clients.api`),
+so they use the credentials kopf logged in with (kubeconfig or the in-cluster service
+account), re-login on 401, and share kopf's connection pool. That module is private to
+kopf, hence kopf is pinned exactly (kopf==1.45.2) and only this file touches it. kopf's
+own retries are switched off for these calls (`backoffs=()`): the retry policy lives in
+`KubeClient._call` only.
+
+Retried with exponential backoff (bounded): 409 Conflict, 422 (a webhook or the server
+refused a version it may accept shortly), 429 (Retry-After honoured), 5xx, connection
+errors and timeouts. Not retried: 400/403/404 and others, which need a change of input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import random
+from typing import Any, Awaitable, Callable, Mapping, Optional
+
+import aiohttp
+from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import errors as kopf_errors
+
+from pdfleet.operator.reconcile.children import FIELD_MANAGER, ChildRef, Kind, kind_of
+
+logger = logging.getLogger("pdfleet.operator")
+
+RETRIABLE_STATUSES = (409, 422, 429)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def delay(self, attempt: int, retry_after: Optional[float] = None) -> float:
+        backoff = min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+        backoff *= 0.5 + random.random() / 2  # jitter: many fleets must not retry in lockstep
+        return max(backoff, retry_after or 0.0)
+
+
+class ApiFailure(Exception):
+    """A request that failed for good: after the retries, or at once for a non-retriable status."""
+
+    def __init__(self, what: str, status: Optional[int], message: str):
+        self.what, self.status, self.message = what, status, message
+        super().__init__(f"{what}: {status or 'connection error'} {message}".strip())
+
+
+def _retry_after(exc: BaseException) -> Optional[float]:
+    if isinstance(exc, kopf_errors.APIError):
+        value = (exc.headers or {}).get("Retry-After") or (exc.details or {}).get("retryAfterSeconds")
+        try:
+            return float(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _retriable(exc: BaseException) -> bool:
+    if isinstance(exc, kopf_errors.APIError):
+        return exc.status in RETRIABLE_STATUSES or exc.status >= 500
+    return isinstance(exc, (aiohttp.ClientConnectionError, asyncio.TimeoutError, TimeoutError))
+
+
+class KubeClient:
+    """Server-side apply, delete and status patches for the reconciler."""
+
+    def __init__(self, settings: Any, *, policy: RetryPolicy = RetryPolicy(),
+                 on_request: Callable[[str, str, int], None] = lambda verb, kind, status: None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        self._settings = settings
+        self._policy = policy
+        self._on_request = on_request
+        self._sleep = sleep
+
+    async def _call(self, verb: str, kind: str, method: str, url: str, *, payload: Any = None,
+                    headers: Optional[dict[str, str]] = None) -> Any:
+        """THE retry loop: every write of the operator passes here."""
+        what = f"{method.upper()} {url}"
+        for attempt in range(1, self._policy.attempts + 1):
+            try:
+                response = await kopf_api.request(
+                    method, url, payload=payload, headers=headers, settings=self._settings,
+                    logger=logger, backoffs=(),
+                )
+                async with response:
+                    self._on_request(verb, kind, response.status)
+                    text = await response.text()
+                    return json.loads(text) if text else None
+            except (kopf_errors.APIError, aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
+                status = exc.status if isinstance(exc, kopf_errors.APIError) else None
+                self._on_request(verb, kind, status or 0)
+                message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+                if not _retriable(exc) or attempt == self._policy.attempts:
+                    raise ApiFailure(what, status, message) from exc
+                delay = self._policy.delay(attempt, _retry_after(exc))
+                logger.info("retrying %s after %s (attempt %d/%d, %.2fs)", what, status or type(exc).__name__,
+                            attempt, self._policy.attempts, delay)
+                await self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply with field manager `pdfleet`, forcing ownership of the fields it sends."""
+        kind = kind_of(obj)
+        meta = obj["metadata"]
+        url = kind.path(meta.get("namespace"), meta["name"]) + f"?fieldManager={FIELD_MANAGER}&force=true"
+        return await self._call("patch", kind.plural, "patch", url, payload=dict(obj),
+                                headers={"Content-Type": "application/apply-patch+yaml"})
+
+    async def delete(self, ref: ChildRef, kind: Kind, *, uid: Optional[str] = None) -> None:
+        """Delete in the background; a precondition on uid never deletes a same-named successor."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self._call("delete", kind.plural, "delete", kind.path(ref.namespace, ref.name), payload=body)
+        except ApiFailure as exc:
+            if exc.status != 404:  # already gone: the goal is reached
+                raise
+
+    async def patch_status(self, kind: Kind, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace the status with a merge patch on the /status subresource.
+
+        Keys the new status drops are sent as null so that the merge removes them."""
+        return await self._call("patch", f"{kind.plural}/status", "patch",
+                                kind.path(namespace, name, "status"), payload={"status": dict(status)},
+                                headers={"Content-Type": "application/merge-patch+json"})

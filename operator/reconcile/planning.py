@@ -1,0 +1,45 @@
+"""The operator's view of the fleet plan (pure): desired children, revision, ports, URL."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from pdfleet.operator.api import DisaggregatedInference
+from pdfleet.operator.plan import PlanOptions, plan, revision_of
+from pdfleet.operator.plan.engines import HTTP_PORT_NAME, SIDE_CHANNEL_PORT_NAME
+from pdfleet.operator.reconcile.children import ObservedChild
+
+
+def target_revision(cr: DisaggregatedInference, image: str) -> str:
+    return revision_of(cr, PlanOptions(default_image=image))
+
+
+def desired_children(cr: DisaggregatedInference, *, owner: Mapping[str, Any], image: str,
+                     router_revision: Optional[str]) -> list[dict[str, Any]]:
+    options = PlanOptions(default_image=image, owner=dict(owner), serving_revision=router_revision)
+    return plan(cr, options)
+
+
+def revision_ports(children: Iterable[ObservedChild], cr: DisaggregatedInference) -> dict[str, tuple[int, int]]:
+    """revision -> (sideChannelPort, httpPort), read from each prefill StatefulSet's pod template,
+    so that the endpoints of an older revision keep that revision's ports."""
+    out: dict[str, tuple[int, int]] = {}
+    for c in children:
+        if c.ref.kind != "StatefulSet" or c.role != "prefill" or not c.revision:
+            continue
+        ports = dict(c.ports)
+        side = ports.get(SIDE_CHANNEL_PORT_NAME, cr.spec.kv_transfer.side_channel_port)
+        http = ports.get(HTTP_PORT_NAME, cr.spec.engine.port)
+        out[c.revision] = (side, http)
+    return out
+
+
+def router_url(desired: Iterable[Mapping[str, Any]], cr: DisaggregatedInference) -> Optional[str]:
+    """In-cluster URL of the router Service, when the plan has one."""
+    for obj in desired:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if obj.get("kind") == "Service" and labels.get("pdfleet.io/role") == "router":
+            meta = obj["metadata"]
+            port = (obj.get("spec") or {}).get("ports", [{}])[0].get("port", cr.spec.router.port)
+            return f"http://{meta['name']}.{meta['namespace']}.svc:{port}"
+    return None

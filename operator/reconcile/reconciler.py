@@ -1,0 +1,274 @@
+"""One reconcile of one DisaggregatedInference: validate, plan, diff, apply, status.
+
+The reconciler never reads the API: the CR comes from the watch (kopf event handler),
+children and pods from kopf indexes fed by label-selected watches. It writes only what
+differs, gathers the status during the run and writes it once, only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import time
+from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
+
+from pdfleet.operator import api
+from pdfleet.operator.reconcile import children as ch
+from pdfleet.operator.reconcile import rollout, status as st
+from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.reconcile.metrics import OperatorMetrics
+from pdfleet.operator.reconcile.planning import desired_children, revision_ports, router_url, target_revision
+from pdfleet.operator.reconcile.workqueue import WorkQueue
+
+logger = logging.getLogger("pdfleet.operator")
+
+Key = tuple[str, str]  # (namespace, name)
+CR_KIND = ch.Kind(api.API_VERSION, api.KIND, api.PLURAL)
+EVENT_KIND = ch.Kind("v1", "Event", "events")
+
+
+@dataclasses.dataclass
+class ReconcileOptions:
+    default_image: str = "ghcr.io/pdfleet/pdfleet-runtime:latest"
+    drain_seconds: float = 30.0
+    workers: int = 4
+    apply_concurrency: int = 8
+    instance: str = "pdfleet-operator"
+
+
+class ReconcileError(Exception):
+    """Some writes failed (after retries); the status says so and the fleet is retried later."""
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """RFC 7386 patch turning `old` into `new` (lists are replaced whole)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if k not in old or old[k] != v:
+            out[k] = merge_patch(old.get(k), v) if isinstance(v, dict) else v
+    return out
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(tz=datetime.timezone.utc)
+
+
+class Reconciler:
+    def __init__(self, client: KubeClient, metrics: OperatorMetrics, options: ReconcileOptions,
+                 snapshot: Callable[[Key], tuple[list[ch.ObservedChild], list[ch.ObservedPod]]],
+                 *, clock: Callable[[], datetime.datetime] = _utcnow):
+        self.client = client
+        self.metrics = metrics
+        self.options = options
+        self.snapshot = snapshot
+        self.clock = clock
+        self.crs: dict[Key, dict[str, Any]] = {}
+        self.recently_applied: dict[Key, dict[ch.ChildRef, str]] = {}
+        self._reported: dict[Key, tuple[Any, ...]] = {}
+        self.queue = WorkQueue(self.reconcile, workers=options.workers)
+        self._apply_slots = asyncio.Semaphore(options.apply_concurrency)
+        self.runs = 0
+
+    # ------------------------------------------------------------------ watch side
+    def on_cr_event(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        if event_type == "DELETED":
+            self.crs.pop(key, None)
+            self.recently_applied.pop(key, None)
+            self._reported.pop(key, None)
+            self.queue.forget(key)
+            try:
+                self.metrics.children.remove(*key)
+            except KeyError:
+                pass
+        else:
+            self.crs[key] = dict(body)
+            self.queue.add(key)
+        self.metrics.fleets.set(len(self.crs))
+
+    def on_child_event(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        fleet = (meta.get("labels") or {}).get(ch.FLEET_LABEL)
+        if not fleet:
+            return
+        key = (meta.get("namespace") or "", fleet)
+        if event_type == "DELETED" and body.get("kind") != "Pod":
+            self.recently_applied.get(key, {}).pop(ch.ChildRef.of(body), None)
+        if key in self.crs:
+            self.queue.add(key)
+
+    # ------------------------------------------------------------------ the reconcile
+    async def reconcile(self, key: Hashable) -> Optional[float]:
+        assert isinstance(key, tuple)
+        body = self.crs.get(key)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # gone or going: ownerReferences let the garbage collector remove the children
+        started = time.perf_counter()
+        self.runs += 1
+        try:
+            requeue, result = await self._reconcile(key, body)
+        except Exception as exc:
+            self.metrics.reconciles.labels("error").inc()
+            self.metrics.errors.labels(type(exc).__name__).inc()
+            raise
+        finally:
+            self.metrics.duration.observe(time.perf_counter() - started)
+        self.metrics.reconciles.labels(result).inc()
+        return requeue
+
+    async def _reconcile(self, key: Key, body: Mapping[str, Any]) -> tuple[Optional[float], str]:
+        namespace, name = key
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        previous = dict(body.get("status") or {})
+        now = self.clock()
+        log = logging.LoggerAdapter(logger, {"namespace": namespace, "fleet": name})
+
+        try:
+            cr = api.parse({k: v for k, v in body.items() if k != "status"})
+        except api.InvalidResource as exc:
+            problems = [str(e) for e in exc.errors]
+            status = st.build_status(st.StatusInputs(generation, previous, invalid=problems), now=now)
+            await self._write_status(key, body, previous, status)
+            if self._reported.get(key) != ("invalid", generation, tuple(problems)):
+                self._reported[key] = ("invalid", generation, tuple(problems))
+                log.warning("invalid spec of %s/%s: %s", namespace, name, "; ".join(problems))
+                await self._event(body, "Warning", "InvalidSpec", "; ".join(problems))
+            return None, "invalid"
+
+        image = cr.spec.image or self.options.default_image
+        target = target_revision(cr, image)
+        observed, pods = self.snapshot(key)
+        uid = meta.get("uid", "")
+        owned = [c for c in observed if uid in c.owner_uids]
+        pods = [p for p in pods if p.namespace == namespace]
+        present = {c.revision for c in owned if c.revision and c.ref.kind == "StatefulSet" and not c.deleting}
+        roll = previous.get("rollout") or {}
+        state = rollout.RolloutState(serving=previous.get("revision"), previous=roll.get("previousRevision"),
+                                     switched_at=roll.get("switchedAt"))
+        decision = rollout.decide(target, state, pods, present, now=now, drain_seconds=self.options.drain_seconds)
+
+        owner = ch.owner_reference(body)
+        desired = [ch.stamp(obj, owner, namespace)
+                   for obj in desired_children(cr, owner=owner, image=image, router_revision=decision.serving)]
+        self.metrics.children.labels(namespace, name).set(len(desired))
+
+        recent = self.recently_applied.setdefault(key, {})
+        for c in owned:  # the watch caught up with what was applied
+            if recent.get(c.ref) == c.applied_hash:
+                del recent[c.ref]
+        actions = ch.diff(desired, owned, owner_uid=uid, keep_revisions=decision.keep, recently_applied=recent)
+
+        errors: list[str] = []
+        if actions.apply or actions.delete:
+            errors = await self._write_children(key, actions, owned)
+            created = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) not in {c.ref for c in owned}]
+            updated = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) in {c.ref for c in owned}]
+            log.info("%s/%s: created %d, updated %d, deleted %d children (%d unchanged)%s", namespace, name,
+                     len(created), len(updated), len(actions.delete), actions.unchanged,
+                     f"; {len(errors)} failed" if errors else "")
+            if created:
+                await self._event(body, "Normal", "Created", _summary("created", created))
+            if updated:
+                await self._event(body, "Normal", "Updated", _summary("updated", updated))
+            if actions.delete:
+                await self._event(body, "Normal", "Deleted", _summary("deleted", [str(c.ref) for c in actions.delete]))
+        if decision.state.serving != state.serving and state.serving is not None:
+            await self._event(body, "Normal", "RolloutSwitched",
+                              f"router switched from revision {state.serving} to {decision.state.serving}")
+        elif decision.phase == "RollingOut" and roll.get("targetRevision") != target:
+            await self._event(body, "Normal", "RolloutStarted",
+                              f"revision {target} is coming up beside {decision.serving}")
+        if errors:
+            await self._event(body, "Warning", "ApplyFailed", "; ".join(errors)[:1000])
+
+        ports = revision_ports(owned, cr)
+        endpoints = rollout.router_endpoints(pods, decision.serving, ports)
+        status = st.build_status(st.StatusInputs(
+            generation=generation, previous=previous, decision=decision, children=owned, endpoints=endpoints,
+            router_enabled=cr.spec.router.enabled, url=router_url(desired, cr),
+            error="; ".join(errors)[:1000] if errors else None, pending_writes=actions.writes,
+            desired={"prefill": cr.spec.prefill.replicas, "decode": cr.spec.decode.replicas,
+                     "router": cr.spec.router.replicas if cr.spec.router.enabled else 0},
+        ), now=now)
+        await self._write_status(key, body, previous, status)
+        if errors:
+            raise ReconcileError("; ".join(errors))
+        return decision.requeue_after, ("changed" if actions.writes else "unchanged")
+
+    async def _write_children(self, key: Key, actions: ch.Actions, owned: Sequence[ch.ObservedChild]) -> list[str]:
+        recent = self.recently_applied.setdefault(key, {})
+
+        async def apply(obj: Mapping[str, Any]) -> Optional[str]:
+            async with self._apply_slots:
+                try:
+                    await self.client.apply(obj)
+                except ApiFailure as exc:
+                    return f"apply {ch.ChildRef.of(obj)}: {exc.status} {exc.message}"
+            recent[ch.ChildRef.of(obj)] = obj["metadata"]["annotations"][ch.HASH_ANNOTATION]
+            return None
+
+        async def delete(child: ch.ObservedChild) -> Optional[str]:
+            async with self._apply_slots:
+                try:
+                    await self.client.delete(child.ref, ch.kind_of({"apiVersion": child.ref.api_version,
+                                                                    "kind": child.ref.kind}), uid=child.uid)
+                except ApiFailure as exc:
+                    return f"delete {child.ref}: {exc.status} {exc.message}"
+            recent.pop(child.ref, None)
+            return None
+
+        # Service accounts, roles and configs first: pods that start need them.
+        first = [o for o in actions.apply if o["kind"] not in ("StatefulSet", "Deployment")]
+        then = [o for o in actions.apply if o["kind"] in ("StatefulSet", "Deployment")]
+        results = list(await asyncio.gather(*(apply(o) for o in first)))
+        results += await asyncio.gather(*(apply(o) for o in then))
+        results += await asyncio.gather(*(delete(c) for c in actions.delete))
+        return [r for r in results if r]
+
+    async def _write_status(self, key: Key, body: Mapping[str, Any], previous: Mapping[str, Any],
+                            status: Mapping[str, Any]) -> None:
+        if st.status_equal(previous, status):
+            return
+        namespace, name = key
+        try:
+            updated = await self.client.patch_status(CR_KIND, namespace, name, merge_patch(dict(previous), dict(status)))
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return  # the CR is gone
+            raise
+        if isinstance(updated, dict) and key in self.crs:
+            self.crs[key] = updated  # our own write; the watch event confirms it shortly
+
+    async def _event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        now = ch_time(self.clock())
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace")},
+            "involvedObject": {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "name": meta["name"],
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": "pdfleet-operator"},
+            "reportingComponent": "pdfleet.io/operator", "reportingInstance": self.options.instance,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.client._call("create", "events", "post", EVENT_KIND.path(meta.get("namespace")), payload=event)
+        except ApiFailure as exc:  # events are best effort: never fail a reconcile for one
+            logger.warning("could not post event %s for %s/%s: %s", reason, meta.get("namespace"), meta["name"], exc)
+
+
+def ch_time(when: datetime.datetime) -> str:
+    return rollout.format_time(when)
+
+
+def _summary(verb: str, names: Sequence[str]) -> str:
+    shown = ", ".join(sorted(names)[:8])
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return f"{verb} {len(names)}: {shown}{more}"

@@ -1,0 +1,147 @@
+"""Paired rollouts (pure): which revision the router serves, which revisions stay.
+
+Prefill and decode of one revision agree on everything the KV exchange needs (the
+plan's revision hash), so the router must never pair a prefill of one revision with a
+decode of another. When the spec's revision changes:
+
+1. the new prefill and decode StatefulSets (revision-suffixed names) come up beside
+   the old pair; the router keeps serving the old pair;
+2. once the new revision has at least one ready prefill pod and one ready decode pod,
+   the router is switched to the new pair (status.revision changes);
+3. the old pair is kept for `drain_seconds` after the switch so in-flight requests
+   finish, then deleted.
+
+A revision that was never served (the spec changed again mid-rollout) is dropped at
+once. If the serving revision has no pods at all, there is nothing to protect: switch.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional
+
+from pdfleet.operator.reconcile.children import ObservedPod
+
+PAIRED_ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """What the CR status remembers between reconciles (status.rollout + status.revision)."""
+
+    serving: Optional[str] = None          # revision the router points at
+    previous: Optional[str] = None         # revision being drained after a switch
+    switched_at: Optional[str] = None      # RFC 3339 time of the switch
+
+
+@dataclass(frozen=True)
+class Decision:
+    serving: str                  # render the router for this revision
+    target: str                   # the spec's revision
+    keep: frozenset[str]          # revisions whose objects must not be pruned
+    state: RolloutState           # to persist
+    phase: str                    # Stable | RollingOut | Draining
+    requeue_after: Optional[float] = None   # wake up when the drain period ends
+
+    @property
+    def in_progress(self) -> bool:
+        return self.phase != "Stable"
+
+
+def parse_time(value: Optional[str]) -> Optional[datetime.datetime]:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def format_time(when: datetime.datetime) -> str:
+    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ready_pairs(pods: Iterable[ObservedPod]) -> dict[str, set[str]]:
+    """revision -> roles with at least one ready, not terminating pod."""
+    out: dict[str, set[str]] = {}
+    for pod in pods:
+        if pod.revision and pod.role in PAIRED_ROLES and pod.ready and not pod.deleting and pod.ip:
+            out.setdefault(pod.revision, set()).add(pod.role)
+    return out
+
+
+def decide(
+    target: str,
+    state: RolloutState,
+    pods: Iterable[ObservedPod],
+    present_revisions: Iterable[str],
+    *,
+    now: datetime.datetime,
+    drain_seconds: float,
+) -> Decision:
+    """The rollout step for this reconcile."""
+    pods = list(pods)
+    ready = ready_pairs(pods)
+    present = set(present_revisions)
+    serving = state.serving
+
+    # Draining after an earlier switch: keep the previous pair until the deadline.
+    def draining(new_state: RolloutState) -> Decision:
+        switched = parse_time(new_state.switched_at) or now
+        left = drain_seconds - (now - switched).total_seconds()
+        if new_state.previous and new_state.previous != target and left > 0 and new_state.previous in present:
+            return Decision(target, target, frozenset({target, new_state.previous}), new_state, "Draining", left)
+        return Decision(target, target, frozenset({target}), RolloutState(serving=target), "Stable")
+
+    if serving is None or serving == target:
+        return draining(RolloutState(serving=target, previous=state.previous, switched_at=state.switched_at))
+
+    new_pair_ready = set(PAIRED_ROLES) <= ready.get(target, set())
+    old_has_pods = serving in present or any(p.revision == serving and not p.deleting for p in pods)
+    if new_pair_ready or not old_has_pods:
+        switched = RolloutState(serving=target, previous=serving, switched_at=format_time(now))
+        return draining(switched)
+    return Decision(serving, target, frozenset({serving, target}),
+                    RolloutState(serving=serving, previous=state.previous, switched_at=state.switched_at),
+                    "RollingOut")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    pod: str
+    ip: str
+    side_channel_port: int
+    http_port: int
+    revision: str
+
+    def as_status(self) -> dict[str, object]:
+        return {"pod": self.pod, "ip": self.ip, "sideChannelPort": self.side_channel_port,
+                "httpPort": self.http_port, "revision": self.revision}
+
+
+def router_endpoints(
+    pods: Iterable[ObservedPod],
+    serving: str,
+    ports: Mapping[str, tuple[int, int]],
+    role: str = "prefill",
+) -> list[Endpoint]:
+    """Ready pods of one role at the serving revision only: the set handed to the router.
+
+    `ports` maps revision -> (sideChannelPort, httpPort). The result never mixes revisions,
+    whatever the input holds (pods of other revisions, not ready, terminating, no IP).
+    """
+    if serving not in ports:
+        return []
+    side, http = ports[serving]
+    chosen = [
+        Endpoint(p.name, p.ip, side, http, serving)
+        for p in pods
+        if p.role == role and p.revision == serving and p.ready and not p.deleting and p.ip
+    ]
+    return sorted(chosen, key=lambda e: _ordinal_key(e.pod))
+
+
+def _ordinal_key(name: str) -> tuple[str, int]:
+    base, _, ordinal = name.rpartition("-")
+    return (base, int(ordinal)) if ordinal.isdigit() else (name, -1)

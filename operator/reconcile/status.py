@@ -1,0 +1,177 @@
+"""The CR status, computed from what the operator observed (pure).
+
+kstatus-compatible: `observedGeneration` plus a `Ready` condition (and Progressing /
+Degraded). A condition's `lastTransitionTime` changes only when its status flips, so
+an unchanged world produces an identical status and the operator writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from pdfleet.operator.reconcile.children import ObservedChild, ObservedPod
+from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
+
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]] | None,
+    wanted: Iterable[Cond],
+    *,
+    now: datetime.datetime,
+    generation: Optional[int],
+) -> list[dict[str, Any]]:
+    """New conditions; keep the previous lastTransitionTime unless the status flipped."""
+    before = {c.get("type"): c for c in previous or []}
+    out = []
+    for cond in wanted:
+        status = "True" if cond.status else "False"
+        old = before.get(cond.type)
+        ltt = old.get("lastTransitionTime") if old and old.get("status") == status else None
+        out.append({
+            "type": cond.type,
+            "status": status,
+            "reason": cond.reason,
+            "message": cond.message,
+            "lastTransitionTime": ltt or format_time(now),
+            "observedGeneration": generation,
+        })
+    return out
+
+
+@dataclass(frozen=True)
+class RoleCounts:
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    desired: int = 0
+    settled: bool = True   # every workload observed its latest generation
+
+    def as_status(self) -> dict[str, int]:
+        return {"replicas": self.replicas, "readyReplicas": self.ready, "updatedReplicas": self.updated}
+
+
+def role_counts(children: Iterable[ObservedChild], role: str, revision: Optional[str]) -> RoleCounts:
+    """Sum a role's workloads; with a revision, only that revision's."""
+    replicas = ready = updated = desired = 0
+    settled = True
+    for c in children:
+        if c.role != role or c.ref.kind not in ("StatefulSet", "Deployment") or c.deleting:
+            continue
+        if revision is not None and c.revision not in (None, revision):
+            continue
+        replicas += c.status_replicas
+        ready += c.ready_replicas
+        updated += c.updated_replicas
+        desired += c.replicas
+        settled = settled and c.observed_generation >= c.generation
+    return RoleCounts(replicas, ready, updated, desired, settled)
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    generation: Optional[int]
+    previous: Mapping[str, Any]
+    decision: Optional[Decision] = None
+    children: Sequence[ObservedChild] = ()
+    endpoints: Sequence[Endpoint] = ()
+    router_enabled: bool = True
+    url: Optional[str] = None
+    invalid: Sequence[str] = ()      # "field: message" of an operator-only rule
+    error: Optional[str] = None      # last apply failure
+    pending_writes: int = 0          # children written in this reconcile
+    desired: Mapping[str, int] = field(default_factory=dict)   # replicas the spec asks for, per role
+
+
+def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]:
+    prev = dict(inp.previous or {})
+    if inp.invalid:
+        message = "; ".join(inp.invalid)
+        out = {k: v for k, v in prev.items() if k not in ("conditions", "observedGeneration")}
+        out["observedGeneration"] = inp.generation
+        out["conditions"] = merge_conditions(prev.get("conditions"), [
+            Cond("Ready", False, "InvalidSpec", message),
+            Cond("Progressing", False, "InvalidSpec", "no child is changed until the spec is fixed"),
+            Cond("Degraded", True, "InvalidSpec", message),
+        ], now=now, generation=inp.generation)
+        return out
+
+    d = inp.decision
+    assert d is not None
+    serving = d.serving
+    want = dict(inp.desired)
+    roles = {r: role_counts(inp.children, r, serving) for r in ("prefill", "decode")}
+    target_roles = {r: role_counts(inp.children, r, d.target) for r in ("prefill", "decode")}
+    router = role_counts(inp.children, "router", None)
+    router_want = want.get("router", 0) if inp.router_enabled else 0
+
+    pairs_ready = all(roles[r].ready > 0 for r in roles if want.get(r, 0) > 0)
+    have_prefill_endpoint = bool(inp.endpoints) or want.get("prefill", 0) == 0
+    router_ready = router_want == 0 or router.ready > 0
+    complete = (not d.in_progress and inp.pending_writes == 0 and
+                all(t.settled and t.desired == want.get(r, 0) and t.ready == t.desired and t.updated == t.desired
+                    for r, t in target_roles.items()) and
+                (router_want == 0 or (router.settled and router.desired == router_want and router.ready == router_want)))
+
+    conds: list[Cond] = []
+    if inp.error:
+        conds.append(Cond("Ready", False, "ApplyFailed", inp.error))
+    elif pairs_ready and have_prefill_endpoint and router_ready:
+        conds.append(Cond("Ready", True, "Ready" if complete else "Serving",
+                          f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"))
+    else:
+        missing = [r for r in ("prefill", "decode") if roles[r].ready == 0 and want.get(r, 0) > 0]
+        if not router_ready:
+            missing.append("router")
+        conds.append(Cond("Ready", False, "Waiting", "waiting for ready pods: " + ", ".join(missing or ["children"])))
+
+    if d.phase == "RollingOut":
+        conds.append(Cond("Progressing", True, "RollingOut",
+                          f"revision {d.target} coming up beside {serving}; router stays on {serving}"))
+    elif d.phase == "Draining":
+        conds.append(Cond("Progressing", True, "Draining",
+                          f"router switched to {serving}; draining revision {d.state.previous}"))
+    elif not complete and not inp.error:
+        conds.append(Cond("Progressing", True, "Reconciling", "children are being created or updated"))
+    else:
+        conds.append(Cond("Progressing", False, "Complete" if complete else "Stalled", ""))
+
+    if inp.error:
+        conds.append(Cond("Degraded", True, "ApplyFailed", inp.error))
+    else:
+        conds.append(Cond("Degraded", False, "AsExpected", ""))
+
+    out: dict[str, Any] = {
+        "observedGeneration": inp.generation,
+        "conditions": merge_conditions(prev.get("conditions"), conds, now=now, generation=inp.generation),
+        "revision": serving,
+        "prefill": roles["prefill"].as_status(),
+        "decode": roles["decode"].as_status(),
+        "endpoints": {"prefill": [e.as_status() for e in inp.endpoints]},
+    }
+    if inp.router_enabled:
+        out["router"] = router.as_status()
+    if inp.url:
+        out["url"] = inp.url
+    rollout = {"targetRevision": d.target}
+    if d.state.previous:
+        rollout["previousRevision"] = d.state.previous
+    if d.state.switched_at:
+        rollout["switchedAt"] = d.state.switched_at
+    out["rollout"] = rollout
+    return out
+
+
+def status_equal(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    return dict(a or {}) == dict(b or {})
