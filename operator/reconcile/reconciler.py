@@ -18,6 +18,7 @@ from pdfleet.operator import api
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.reconcile.logs import fleet_extra
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 from pdfleet.operator.reconcile.planning import desired_children, revision_ports, router_url, target_revision
 from pdfleet.operator.reconcile.workqueue import WorkQueue
@@ -127,7 +128,7 @@ class Reconciler:
         generation = meta.get("generation")
         previous = dict(body.get("status") or {})
         now = self.clock()
-        log = logging.LoggerAdapter(logger, {"namespace": namespace, "fleet": name})
+        log = logging.LoggerAdapter(logger, fleet_extra(namespace, name))
 
         try:
             cr = api.parse({k: v for k, v in body.items() if k != "status"})
@@ -137,7 +138,7 @@ class Reconciler:
             await self._write_status(key, body, previous, status)
             if self._reported.get(key) != ("invalid", generation, tuple(problems)):
                 self._reported[key] = ("invalid", generation, tuple(problems))
-                log.warning("invalid spec of %s/%s: %s", namespace, name, "; ".join(problems))
+                log.warning("invalid spec: %s", "; ".join(problems))
                 await self._event(body, "Warning", "InvalidSpec", "; ".join(problems))
             return None, "invalid"
 
@@ -169,7 +170,7 @@ class Reconciler:
             errors = await self._write_children(key, actions, owned)
             created = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) not in {c.ref for c in owned}]
             updated = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) in {c.ref for c in owned}]
-            log.info("%s/%s: created %d, updated %d, deleted %d children (%d unchanged)%s", namespace, name,
+            log.info("created %d, updated %d, deleted %d children (%d unchanged)%s",
                      len(created), len(updated), len(actions.delete), actions.unchanged,
                      f"; {len(errors)} failed" if errors else "")
             if created:

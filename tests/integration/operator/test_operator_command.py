@@ -1,0 +1,67 @@
+"""`pdfleet operator` as a process: KUBECONFIG login, namespace scope, liveness and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+
+import aiohttp
+import pytest
+from conftest import NAMESPACE, FakeDriver
+from kube_fixture import eventually, write_kubeconfig
+from operator_scenarios import STS, fleet
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_operator_command_serves_a_namespace(kube, tmp_path):
+    kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), str(kube.url).rstrip("/"), NAMESPACE)
+    live, metrics = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "PDFLEET_DEFAULT_IMAGE": "registry.example/runtime:cmd"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pdfleet.operator.cli", "operator", "--namespace", NAMESPACE, "--standalone",
+        f"--liveness=http://127.0.0.1:{live}/healthz", f"--metrics-port={metrics}", "--log-format=json",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        await FakeDriver(kube).create_cr(fleet())
+        await eventually(lambda: len(kube.list(STS, NAMESPACE, {"pdfleet.io/fleet": "llama"})) == 2,
+                         timeout=30, what="StatefulSets from the operator process")
+        sts = kube.list(STS, NAMESPACE, {"pdfleet.io/fleet": "llama"})[0]
+        assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/runtime:cmd"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{live}/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(f"http://127.0.0.1:{metrics}/metrics") as resp:
+                text = await resp.text()
+        assert 'pdfleet_reconciles_total{result="changed"}' in text
+        assert 'pdfleet_children{name="llama",namespace="team-a"} 13.0' in text
+        assert "pdfleet_reconcile_duration_seconds_bucket" in text
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 20)
+        except asyncio.TimeoutError:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = await proc.communicate()
+    lines = out.decode(errors="replace").splitlines()
+    assert any('"namespace": "team-a", "name": "llama"' in line and "created" in line for line in lines), \
+        "\n".join(lines[-30:])
+    assert proc.returncode in (0, -signal.SIGTERM), proc.returncode
+
+
+async def test_operator_command_refuses_bad_arguments():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pdfleet.operator.cli", "operator", "--standalone",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 2 and b"--namespace" in err and b"--all-namespaces" in err
