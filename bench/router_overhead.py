@@ -1,0 +1,264 @@
+"""What the P/D router adds: latency and throughput, router vs direct calls to the engine.
+
+Starts (all as separate processes, loopback only, free ports):
+  - a fake prefill and a fake decode engine: a minimal HTTP/1.1 server on raw
+    asyncio that answers /v1/completions with canned JSON (prefill: with
+    kv_transfer_params), so that the engines cost next to nothing;
+  - the router: ``python -m pdfleet.operator.cli router`` in front of them.
+Then measures, with ``wrk`` when installed (else a pooled aiohttp client):
+  - latency at concurrency 1: direct to the decode fake (baseline: one HTTP
+    exchange) vs through the router (two legs); the difference is what the
+    router adds;
+  - throughput at higher concurrency, direct vs router.
+
+Run under the CPU lock on a shared machine:
+    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/router_overhead.py
+Options: --seconds, --concurrency, --event-loop (router's loop: uvloop|asyncio|both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+BODY = json.dumps({"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog. " * 4,
+                   "max_tokens": 16, "temperature": 0}).encode()
+
+PREFILL_ANSWER = json.dumps({
+    "id": "cmpl-p", "object": "text_completion", "model": "tiny",
+    "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+    "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p0",
+                           "remote_block_ids": [[1, 2, 3, 4]], "remote_host": "127.0.0.1", "remote_port": 5600,
+                           "remote_request_id": "r", "remote_blocks_expiry_time": 4102444800.0},
+}).encode()
+DECODE_ANSWER = json.dumps({
+    "id": "cmpl-d", "object": "text_completion", "model": "tiny",
+    "choices": [{"index": 0, "text": " a b c d e f g h i j k l m n o p", "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 40, "completion_tokens": 16, "total_tokens": 56},
+}).encode()
+
+
+# ---- fake engine: raw asyncio HTTP/1.1, keep-alive, Content-Length bodies only ----
+
+class _FakeHTTP(asyncio.Protocol):
+    def __init__(self, answer: bytes) -> None:
+        self.reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                      + str(len(answer)).encode() + b"\r\n\r\n" + answer)
+        self.buf = b""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", self.buf[:end + 2])
+            total = end + 4 + (int(m.group(1)) if m else 0)
+            if len(self.buf) < total:
+                return
+            self.buf = self.buf[total:]
+            self.transport.write(self.reply)
+
+
+def serve_fake(role: str) -> None:
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    answer = PREFILL_ANSWER if role == "prefill" else DECODE_ANSWER
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _FakeHTTP(answer), "127.0.0.1", 0, backlog=1024)
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# ---- load generation ----------------------------------------------------------------
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def run_wrk(url: str, concurrency: int, seconds: float) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                f"wrk.body = {json.dumps(BODY.decode())}\n")
+        script = f.name
+    try:
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{concurrency}", f"-d{int(seconds)}s", "--latency", "-s", script, url],
+            capture_output=True, text=True, check=True, timeout=seconds + 30).stdout
+    finally:
+        os.unlink(script)
+    pct = {int(p): _seconds(v) for p, v in re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M)}
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock_err = re.search(r"Socket errors: (.*)", out)
+    return {"rps": rate, "p50": pct[50], "p99": pct[99], "errors": int(errors.group(1)) if errors else 0,
+            "socket_errors": sock_err.group(1) if sock_err else ""}
+
+
+def run_aiohttp(url: str, concurrency: int, seconds: float) -> dict:
+    import aiohttp
+
+    async def main() -> dict:
+        lat: list[float] = []
+        errors = 0
+        deadline = time.perf_counter() + seconds
+        conn = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=conn) as s:
+            async def worker() -> None:
+                nonlocal errors
+                while time.perf_counter() < deadline:
+                    t = time.perf_counter()
+                    async with s.post(url, data=BODY, headers={"Content-Type": "application/json"}) as r:
+                        await r.read()
+                        if r.status != 200:
+                            errors += 1
+                    lat.append(time.perf_counter() - t)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - started
+        lat.sort()
+        return {"rps": len(lat) / elapsed, "p50": lat[len(lat) // 2], "p99": lat[int(len(lat) * 0.99)],
+                "errors": errors, "socket_errors": ""}
+
+    return asyncio.run(main())
+
+
+# ---- orchestration ------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], **kw) -> subprocess.Popen:
+    return subprocess.Popen(cmd, start_new_session=True, **kw)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_http(url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fake-server", choices=["prefill", "decode"], help=argparse.SUPPRESS)
+    ap.add_argument("--seconds", type=float, default=5.0, help="per measurement; default %(default)s")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64], help="throughput runs; default %(default)s")
+    ap.add_argument("--event-loop", choices=["uvloop", "asyncio", "both"], default="both")
+    ap.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto")
+    args = ap.parse_args()
+    if args.fake_server:
+        serve_fake(args.fake_server)
+        return 0
+
+    client = args.client
+    if client == "auto":
+        client = "wrk" if shutil.which("wrk") else "aiohttp"
+    load = run_wrk if client == "wrk" else run_aiohttp
+    me = str(Path(__file__).resolve())
+    procs: list[subprocess.Popen] = []
+    try:
+        ports = {}
+        for role in ("prefill", "decode"):
+            p = start([sys.executable, me, "--fake-server", role], stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            ports[role] = int(p.stdout.readline())
+        direct = f"http://127.0.0.1:{ports['decode']}/v1/completions"
+        loops = ["uvloop", "asyncio"] if args.event_loop == "both" else [args.event_loop]
+        print(f"client: {client}; {os.cpu_count()} CPUs shared by client, router and two fake engines; "
+              f"{args.seconds:.0f} s per run; body {len(BODY)} B")
+        rows = []
+        base = load(direct, 1, args.seconds)
+        rows.append(("direct (1 exchange)", 1, base))
+        for c in args.concurrency:
+            rows.append(("direct (1 exchange)", c, load(direct, c, args.seconds)))
+        results = {}
+        for loop in loops:
+            port = free_port()
+            router = start([sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port),
+                            "--prefill", f"http://127.0.0.1:{ports['prefill']}",
+                            "--decode", f"http://127.0.0.1:{ports['decode']}",
+                            "--log-level", "WARNING", "--event-loop", loop])
+            procs.append(router)
+            wait_http(f"http://127.0.0.1:{port}/health")
+            via = f"http://127.0.0.1:{port}/v1/completions"
+            load(via, 4, 1)  # warm the router's connection pool
+            one = load(via, 1, args.seconds)
+            rows.append((f"router[{loop}] (2 legs)", 1, one))
+            best = None
+            for c in args.concurrency:
+                r = load(via, c, args.seconds)
+                rows.append((f"router[{loop}] (2 legs)", c, r))
+                best = r if best is None or r["rps"] > best["rps"] else best
+            results[loop] = (one, best)
+            stop(router)
+
+        print(f"{'path':<26}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}")
+        for name, c, r in rows:
+            print(f"{name:<26}{c:>5}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['errors']:>9}"
+                  + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""))
+        for loop, (one, best) in results.items():
+            add50 = (one["p50"] - base["p50"]) * 1e3
+            add99 = (one["p99"] - base["p99"]) * 1e3
+            print(f"router[{loop}]: added latency p50 {add50:.3f} ms, p99 {add99:.3f} ms "
+                  f"(goal p50 <= 1 ms: {'met' if add50 <= 1.0 else 'NOT met'}); "
+                  f"highest rate {best['rps']:.0f} req/s (goal >= 2000: "
+                  f"{'met' if best['rps'] >= 2000 else 'NOT met'}); "
+                  f"router rate / direct rate at best concurrency: "
+                  f"{best['rps'] / max(r['rps'] for n, _, r in rows if n.startswith('direct')):.2f}")
+    finally:
+        for p in procs:
+            stop(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""`pdfleet router`: run the P/D router (static endpoints or the fleet's EndpointSlices)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from pdfleet.connector.router.config import RouterConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = RouterConfig.__dataclass_fields__
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (in a pod: the pod IP or 0.0.0.0); default %(default)s")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on; default %(default)s")
+    src = parser.add_argument_group("endpoints: static lists, or the fleet's EndpointSlices")
+    src.add_argument("--prefill", action="append", default=[], metavar="URL",
+                     help="prefill engine base URL, e.g. http://10.0.0.7:8000 (repeat for several)")
+    src.add_argument("--decode", action="append", default=[], metavar="URL", help="decode engine base URL (repeat)")
+    src.add_argument("--kubernetes-fleet", default=os.environ.get("PDFLEET_FLEET"), metavar="NAME",
+                     help="watch EndpointSlices labelled pdfleet.io/fleet=NAME (env PDFLEET_FLEET)")
+    src.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                     help="namespace of the fleet (env POD_NAMESPACE); default %(default)s")
+    src.add_argument("--kubeconfig", default=None,
+                     help="kubeconfig file; default: in-cluster service account, else KUBECONFIG")
+    src.add_argument("--port-name", default=d["port_name"].default,
+                     help="EndpointSlice port serving the OpenAI API; default %(default)s")
+    src.add_argument("--revision", default=os.environ.get("PDFLEET_ACTIVE_REVISION"),
+                     help="revision the operator wants served while it is serviceable "
+                          "(env PDFLEET_ACTIVE_REVISION); default: newest serviceable")
+    lim = parser.add_argument_group("limits and timeouts")
+    for name, kind, help_text in [
+        ("max_body_bytes", int, "largest request body; bigger gets 413"),
+        ("prefill_attempts", int, "prefill endpoints tried before decode serves alone"),
+        ("decode_attempts", int, "decode endpoints tried before 502"),
+        ("lease_margin_s", float, "reuse prefill's KV on a decode retry only with this much lease left"),
+        ("connect_timeout_s", float, "TCP connect timeout per leg"),
+        ("prefill_timeout_s", float, "whole prefill leg"),
+        ("decode_first_byte_timeout_s", float, "until decode's response headers"),
+        ("decode_idle_timeout_s", float, "between two chunks of decode's response"),
+        ("eject_s", float, "how long a failed endpoint is avoided"),
+    ]:
+        lim.add_argument("--" + name.replace("_", "-"), type=kind, default=d[name].default,
+                         help=f"{help_text}; default %(default)s")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
+                        help="auto: uvloop when installed; default %(default)s")
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    return RouterConfig(
+        prefill=tuple(args.prefill), decode=tuple(args.decode),
+        kubernetes_fleet=args.kubernetes_fleet, kubernetes_namespace=args.namespace,
+        kubeconfig=args.kubeconfig, port_name=args.port_name, revision=args.revision or None,
+        max_body_bytes=args.max_body_bytes, prefill_attempts=args.prefill_attempts,
+        decode_attempts=args.decode_attempts, lease_margin_s=args.lease_margin_s,
+        connect_timeout_s=args.connect_timeout_s, prefill_timeout_s=args.prefill_timeout_s,
+        decode_first_byte_timeout_s=args.decode_first_byte_timeout_s,
+        decode_idle_timeout_s=args.decode_idle_timeout_s, eject_s=args.eject_s,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"pdfleet router: {exc}", file=sys.stderr)
+        return 2
+    from aiohttp import web
+
+    from pdfleet.connector.router.app import build_app
+
+    loop = None
+    if args.event_loop != "asyncio":
+        try:  # uvloop cuts the router's own CPU time per request (see bench/router_overhead.py)
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        except ImportError:
+            if args.event_loop == "uvloop":
+                print("pdfleet router: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
+                return 2
+    web.run_app(build_app(config), host=args.host, port=args.port, handler_cancellation=True, loop=loop,
+                access_log=None, print=lambda msg: logging.getLogger("pdfleet.router").info(msg))
+    return 0
