@@ -19,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--prefill", action="append", default=[], metavar="URL",
                      help="prefill engine base URL, e.g. http://10.0.0.7:8000 (repeat for several)")
     src.add_argument("--decode", action="append", default=[], metavar="URL", help="decode engine base URL (repeat)")
-    src.add_argument("--kubernetes-fleet", default=os.environ.get("PDFLEET_FLEET"), metavar="NAME",
-                     help="watch EndpointSlices labelled pdfleet.io/fleet=NAME (env PDFLEET_FLEET)")
+    src.add_argument("--kubernetes", action="store_true",
+                     help="take endpoints from the fleet's EndpointSlices instead of --prefill/--decode")
+    src.add_argument("--fleet", default=os.environ.get("PDFLEET_FLEET"), metavar="NAME",
+                     help="with --kubernetes: the fleet (CR name), label pdfleet.io/fleet (env PDFLEET_FLEET)")
     src.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"),
                      help="namespace of the fleet (env POD_NAMESPACE); default %(default)s")
     src.add_argument("--kubeconfig", default=None,
@@ -50,9 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    if args.kubernetes and not args.fleet:
+        raise ValueError("--kubernetes needs --fleet NAME (or env PDFLEET_FLEET)")
+    if args.kubernetes and (args.prefill or args.decode):
+        raise ValueError("--kubernetes and --prefill/--decode exclude each other")
     return RouterConfig(
         prefill=tuple(args.prefill), decode=tuple(args.decode),
-        kubernetes_fleet=args.kubernetes_fleet, kubernetes_namespace=args.namespace,
+        kubernetes_fleet=args.fleet if args.kubernetes else None, kubernetes_namespace=args.namespace,
         kubeconfig=args.kubeconfig, port_name=args.port_name, revision=args.revision or None,
         max_body_bytes=args.max_body_bytes, prefill_attempts=args.prefill_attempts,
         decode_attempts=args.decode_attempts, lease_margin_s=args.lease_margin_s,

@@ -8,9 +8,9 @@ its fleet, turns them into one RevisionEndpoints per revision (pure:
 ``groups_from_slices``) and hands them to the router, which picks the revision
 that serves.
 
-Readiness is the slice's ``conditions.ready`` (nil counts as ready, as the API
-documents); ``terminating`` endpoints are never used. The headless Services
-must not set ``publishNotReadyAddresses``: with it every endpoint reads ready.
+Readiness is ``conditions.serving`` (the pod's Ready condition, true to it even
+under ``publishNotReadyAddresses``), else ``conditions.ready``; terminating
+endpoints take no new requests (see ``endpoint_usable``).
 
 API access: the in-cluster service account (token re-read on every list, so
 rotated tokens work) or a kubeconfig file (KUBECONFIG), both through the
@@ -69,6 +69,23 @@ def _timestamp(value: Any) -> float:
         return 0.0
 
 
+def endpoint_usable(conditions: Mapping[str, Any]) -> bool:
+    """Whether new requests may go to this endpoint.
+
+    ``serving`` is the pod's own readiness even when the Service sets
+    ``publishNotReadyAddresses`` (which forces ``ready`` to true, as pdfleet's
+    headless engine Services do so that handshake DNS works early); nil defers
+    to ``ready``, nil ready counts as true (API docs). Terminating endpoints
+    get no new requests, so they can drain.
+    """
+    if conditions.get("terminating") is True:
+        return False
+    serving = conditions.get("serving")
+    if serving is not None:
+        return serving is True
+    return conditions.get("ready") is not False
+
+
 def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView | str:
     """One EndpointSlice as a SliceView, or the reason it is not used."""
     meta = obj.get("metadata") or {}
@@ -95,8 +112,7 @@ def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView
         addresses = ep.get("addresses") or ()
         if not addresses or not isinstance(addresses[0], str):
             continue
-        cond = ep.get("conditions") or {}
-        ready = cond.get("ready") is not False and cond.get("terminating") is not True
+        ready = endpoint_usable(ep.get("conditions") or {})
         host = f"[{addresses[0]}]" if ipv6 else addresses[0]
         endpoints.append(Endpoint(f"http://{host}:{port}", ready))
     return SliceView(role, revision, tuple(endpoints), _timestamp(meta.get("creationTimestamp")))

@@ -25,7 +25,7 @@ def parse(argv):
 def test_flags_become_config(monkeypatch):
     monkeypatch.setenv("PDFLEET_ACTIVE_REVISION", "abc123")
     monkeypatch.setenv("POD_NAMESPACE", "serving")
-    args = parse(["--kubernetes-fleet", "f1", "--max-body-bytes", "10", "--prefill-attempts", "3",
+    args = parse(["--kubernetes", "--fleet", "f1", "--max-body-bytes", "10", "--prefill-attempts", "3",
                   "--decode-idle-timeout-s", "7.5"])
     cfg = command.config_from_args(args)
     assert (cfg.kubernetes_fleet, cfg.kubernetes_namespace, cfg.revision) == ("f1", "serving", "abc123")
@@ -34,9 +34,16 @@ def test_flags_become_config(monkeypatch):
     assert cfg.prefill == ("http://a:1", "http://b:2") and cfg.decode == ("http://c:3",)
 
 
-def test_bad_flags_exit_2_naming_the_field(capsys):
-    assert command.run(parse(["--prefill", "a:1", "--decode", "http://c:3"])) == 2
-    assert "must start with http://" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, needle", [
+    (["--prefill", "a:1", "--decode", "http://c:3"], "must start with http://"),
+    (["--kubernetes"], "--kubernetes needs --fleet"),
+    (["--kubernetes", "--fleet", "f", "--prefill", "http://a:1"], "exclude each other"),
+    (["--prefill", "http://a:1"], "prefill/decode"),
+])
+def test_bad_flags_exit_2_naming_the_field(capsys, monkeypatch, argv, needle):
+    monkeypatch.delenv("PDFLEET_FLEET", raising=False)
+    assert command.run(parse(argv)) == 2
+    assert needle in capsys.readouterr().err
 
 
 async def test_router_process_serves_and_stops_on_sigterm(fleet):
@@ -69,3 +76,14 @@ async def test_router_process_serves_and_stops_on_sigterm(fleet):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_operator_plan_arguments_parse():
+    """The argument shape operator/plan/router.py gives the router container."""
+    from pdfleet.operator.cli import build_parser
+
+    argv = ["router", "--host", "0.0.0.0", "--port", "8000", "--kubernetes", "--namespace", "serving",
+            "--fleet", "f1", "--revision", "abcdef0123"]
+    parser, module = build_parser(argv)
+    cfg = module.config_from_args(parser.parse_args(argv))
+    assert (cfg.kubernetes_fleet, cfg.kubernetes_namespace, cfg.revision) == ("f1", "serving", "abcdef0123")

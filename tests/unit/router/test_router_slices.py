@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.discovery import groups_from_slices, parse_slice
+from pdfleet.connector.router.discovery import endpoint_usable, groups_from_slices, parse_slice
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, select_revision
 
 
@@ -40,6 +40,24 @@ def test_parse_slice_endpoints(obj, expected):
     view = parse_slice(obj, "f1", "http")
     assert not isinstance(view, str), view
     assert list(view.endpoints) == expected
+
+
+@pytest.mark.parametrize(
+    "conditions, usable",
+    [
+        ({}, True),  # all nil: ready
+        ({"ready": True}, True),
+        ({"ready": False}, False),
+        # publishNotReadyAddresses forces ready=true; serving still tells the pod's readiness
+        ({"ready": True, "serving": False, "terminating": False}, False),
+        ({"ready": True, "serving": True, "terminating": False}, True),
+        ({"ready": False, "serving": True, "terminating": True}, False),  # draining
+        ({"ready": True, "terminating": True}, False),
+        ({"ready": False, "serving": None}, False),  # nil serving defers to ready
+    ],
+)
+def test_endpoint_usable(conditions, usable):
+    assert endpoint_usable(conditions) is usable
 
 
 @pytest.mark.parametrize(
