@@ -98,6 +98,7 @@ class Router:
         self._groups: dict[str, RevisionEndpoints] = {}
         self.selection = Selection(None, "no endpoints known yet")
         self._ejected: dict[str, float] = {}
+        self._gauge_keys: set[tuple[str, str]] = set()
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         self._session: aiohttp.ClientSession | None = None
         self._prefill_timeout = aiohttp.ClientTimeout(
@@ -119,6 +120,7 @@ class Router:
         new = self.selection.revision
         if (new.revision if new else None) != old:
             log.info("serving revision %s (%s)", new.revision if new else None, self.selection.reason)
+        self._forget_gone_endpoints()
         self.metrics.revision.clear()
         self.metrics.endpoints.clear()
         if new is not None:
@@ -127,6 +129,15 @@ class Router:
                 ready = sum(e.ready for e in eps)
                 self.metrics.endpoints.labels(role, "true").set(ready)
                 self.metrics.endpoints.labels(role, "false").set(len(eps) - ready)
+
+    def _forget_gone_endpoints(self) -> None:
+        """Drop the in-flight series of endpoints that left every revision (pod IPs churn)."""
+        known = {(role, e.url) for g in self._groups.values()
+                 for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode)) for e in eps}
+        for key in list(self._gauge_keys):
+            if key not in known and not self.outstanding.counts.get(key[1]):
+                self._gauge_keys.discard(key)
+                self.metrics.in_flight.remove(*key)
 
     @property
     def groups(self) -> dict[str, RevisionEndpoints]:
@@ -147,6 +158,7 @@ class Router:
 
     def _acquire(self, role: str, url: str) -> None:
         self.outstanding.acquire(url)
+        self._gauge_keys.add((role, url))
         self.metrics.in_flight.labels(role, url).inc()
 
     def _release(self, role: str, url: str) -> None:

@@ -359,3 +359,19 @@ async def test_metrics_exposed(fleet):
     assert metric_value(text, 'pdfleet_router_in_flight{endpoint="%s",role="prefill"}' % p.url) == 0
     assert metric_value(text, 'pdfleet_router_endpoints{ready="true",role="decode"}') == 1
     assert metric_value(text, 'pdfleet_router_serving_revision{revision="static"}') == 1
+
+
+async def test_in_flight_series_of_vanished_endpoints_are_dropped(fleet):
+    from pdfleet.connector.router.app import ROUTER_KEY
+    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode")
+    url = await fleet.router([p], [d])
+    assert (await post(fleet, url, COMPLETION))[0] == 200
+    router = fleet.runners[-1].app[ROUTER_KEY]
+    assert 'endpoint="%s"' % p.url in await metrics(fleet, url)
+    router.set_endpoints([RevisionEndpoints("r2", (Endpoint("http://127.0.0.1:1"),), (Endpoint(d.url),))])
+    text = await metrics(fleet, url)
+    assert 'endpoint="%s"' % p.url not in text  # gone from every revision: series dropped
+    assert 'endpoint="%s"' % d.url in text  # still known: kept
