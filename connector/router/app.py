@@ -168,7 +168,7 @@ class Router:
     # ---- lifecycle -------------------------------------------------------
 
     async def open(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.config.upstream_keepalive_s)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._decode_timeout, auto_decompress=False,
             skip_auto_headers=("User-Agent",),

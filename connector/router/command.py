@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("decode_first_byte_timeout_s", float, "until decode's response headers"),
         ("decode_idle_timeout_s", float, "between two chunks of decode's response"),
         ("eject_s", float, "how long a failed endpoint is avoided"),
+        ("upstream_keepalive_s", float, "idle upstream connections closed after this (below the engines' own)"),
     ]:
         lim.add_argument("--" + name.replace("_", "-"), type=kind, default=d[name].default,
                          help=f"{help_text}; default %(default)s")
@@ -65,6 +66,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         connect_timeout_s=args.connect_timeout_s, prefill_timeout_s=args.prefill_timeout_s,
         decode_first_byte_timeout_s=args.decode_first_byte_timeout_s,
         decode_idle_timeout_s=args.decode_idle_timeout_s, eject_s=args.eject_s,
+        upstream_keepalive_s=args.upstream_keepalive_s,
     )
 
 

@@ -38,6 +38,10 @@ class RouterConfig:
     decode_idle_timeout_s: float = 120.0  # between two chunks of decode's response
     models_timeout_s: float = 10.0
     eject_s: float = 5.0  # an endpoint that failed is avoided this long
+    # Idle upstream connections are closed before vLLM's own keep-alive (5 s,
+    # VLLM_HTTP_TIMEOUT_KEEP_ALIVE) closes them, so that a POST never goes out
+    # on a connection the engine is closing (it would count as a failed leg).
+    upstream_keepalive_s: float = 4.0
 
     # request headers passed on to both legs
     forward_headers: tuple[str, ...] = field(
