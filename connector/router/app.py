@@ -70,6 +70,7 @@ STATIC_REVISION = "static"
 _MAX_REQUEST_ID_LEN = 256
 # 408/429 mean "this endpoint cannot take it now", not "the request is wrong".
 _RETRYABLE_4XX = frozenset((408, 429))
+_WHOLE_BODY_MAX = 1024 * 1024
 
 _json_decoder = msgspec.json.Decoder()
 _json_encode = msgspec.json.Encoder().encode
@@ -98,7 +99,10 @@ class Router:
         self._groups: dict[str, RevisionEndpoints] = {}
         self.selection = Selection(None, "no endpoints known yet")
         self._ejected: dict[str, float] = {}
-        self._gauge_keys: set[tuple[str, str]] = set()
+        # prometheus children resolved once: labels() costs more than the update itself
+        self._in_flight: dict[tuple[str, str], Any] = {}
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._latency = {leg: self.metrics.leg_latency.labels(leg) for leg in (PREFILL, DECODE, "decode_first_byte")}
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         self._session: aiohttp.ClientSession | None = None
         self._prefill_timeout = aiohttp.ClientTimeout(
@@ -134,9 +138,9 @@ class Router:
         """Drop the in-flight series of endpoints that left every revision (pod IPs churn)."""
         known = {(role, e.url) for g in self._groups.values()
                  for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode)) for e in eps}
-        for key in list(self._gauge_keys):
+        for key in list(self._in_flight):
             if key not in known and not self.outstanding.counts.get(key[1]):
-                self._gauge_keys.discard(key)
+                del self._in_flight[key]
                 self.metrics.in_flight.remove(*key)
 
     @property
@@ -158,12 +162,14 @@ class Router:
 
     def _acquire(self, role: str, url: str) -> None:
         self.outstanding.acquire(url)
-        self._gauge_keys.add((role, url))
-        self.metrics.in_flight.labels(role, url).inc()
+        gauge = self._in_flight.get((role, url))
+        if gauge is None:
+            gauge = self._in_flight[(role, url)] = self.metrics.in_flight.labels(role, url)
+        gauge.inc()
 
     def _release(self, role: str, url: str) -> None:
         self.outstanding.release(url)
-        self.metrics.in_flight.labels(role, url).dec()
+        self._in_flight[(role, url)].dec()
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -204,7 +210,10 @@ class Router:
             self.metrics.client_disconnects.inc()
             raise
         finally:
-            self.metrics.requests.labels(path, str(status)).inc()
+            counter = self._requests.get((path, status))
+            if counter is None:
+                counter = self._requests[(path, status)] = self.metrics.requests.labels(path, str(status))
+            counter.inc()
             self.metrics.request_latency.labels(path).observe(time.perf_counter() - started)
 
     async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
@@ -327,7 +336,7 @@ class Router:
             return "protocol"
         finally:
             self._release(PREFILL, url)
-            self.metrics.leg_latency.labels(PREFILL).observe(time.perf_counter() - started)
+            self._latency[PREFILL].observe(time.perf_counter() - started)
         try:
             params = _json_decoder.decode(data).get("kv_transfer_params")
         except (msgspec.DecodeError, AttributeError):
@@ -372,7 +381,7 @@ class Router:
                 except aiohttp.ClientError:
                     reason = "protocol"
                 else:
-                    self.metrics.leg_latency.labels("decode_first_byte").observe(time.perf_counter() - started)
+                    self._latency["decode_first_byte"].observe(time.perf_counter() - started)
                     if resp.status < 500 and resp.status not in _RETRYABLE_4XX:
                         return await self._relay(request, resp, reply_headers)
                     reason = f"http_{resp.status}"
@@ -383,21 +392,35 @@ class Router:
                 if resp is not None:
                     resp.release()
                 self._release(DECODE, url)
-                self.metrics.leg_latency.labels(DECODE).observe(time.perf_counter() - started)
+                self._latency[DECODE].observe(time.perf_counter() - started)
         self.metrics.errors.labels("decode_failed").inc()
         return error_response(502, f"decode failed on {len(tried)} endpoint(s) of revision {group.revision}",
                               headers=reply_headers)
 
     async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse,
                      reply_headers: dict[str, str]) -> web.StreamResponse:
-        out = web.StreamResponse(status=resp.status, headers=reply_headers)
         for name in ("Content-Type", "Content-Encoding", "Cache-Control"):
             value = resp.headers.get(name)
             if value is not None:
-                out.headers[name] = value
-        if resp.content_length is not None:
-            out.content_length = resp.content_length
-        await out.prepare(request)
+                reply_headers[name] = value
+        length = resp.content_length
+        if length is not None and length <= _WHOLE_BODY_MAX and not resp.content_type.endswith("event-stream"):
+            # A sized, non-streamed answer arrives in one piece anyway: relay it as one write.
+            try:
+                async with asyncio.timeout(self.config.decode_idle_timeout_s):
+                    data = await resp.read()
+            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                self.metrics.errors.labels("decode_midstream").inc()
+                log.warning("decode answer broke before its end: %r", exc)
+                return error_response(502, "decode answer broke before its end", headers=reply_headers)
+            return web.Response(status=resp.status, body=data, headers=reply_headers)
+        out = web.StreamResponse(status=resp.status, headers=reply_headers)
+        if length is not None:
+            out.content_length = length
+        try:
+            await out.prepare(request)
+        except ConnectionError:
+            return self._client_gone(resp, out)
         idle = self.config.decode_idle_timeout_s
         while True:
             try:
@@ -417,11 +440,17 @@ class Router:
             try:
                 await out.write(chunk)
             except ConnectionError:
-                # The client went away: dropping the upstream connection makes decode abort.
-                self.metrics.client_disconnects.inc()
-                resp.close()
-                return out
-        await out.write_eof()
+                return self._client_gone(resp, out)
+        try:
+            await out.write_eof()
+        except ConnectionError:
+            return self._client_gone(resp, out)
+        return out
+
+    def _client_gone(self, resp: aiohttp.ClientResponse, out: web.StreamResponse) -> web.StreamResponse:
+        # Dropping the upstream connection makes decode abort the request.
+        self.metrics.client_disconnects.inc()
+        resp.close()
         return out
 
     async def handle_models(self, request: web.Request) -> web.Response:
