@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import signal
 import socket
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -43,21 +44,30 @@ class SourceProc:
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=HERE
         )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
         ready = self._read(timeout=60)
         self.port: int = ready["port"]
         self.base_port: int = ready["base_port"]
         self.instance_id: str = ready["instance_id"]
 
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
     def _read(self, timeout: float = 20) -> dict:
         assert self.proc.stdout is not None
+        # a reader thread feeds a queue: select() on a buffered pipe can miss lines
         deadline = time.monotonic() + timeout
         while True:
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise TimeoutError("source process did not answer")
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"source process exited with {self.proc.wait(5)}")
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError("child process did not answer") from None
+            if line is None:
+                raise RuntimeError(f"child process exited with {self.proc.wait(5)}")
             if line.startswith(MARK):  # NIXL/UCX may print to stdout too
                 return json.loads(line[len(MARK):])
 
