@@ -127,15 +127,25 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def stop_groups(pgids: Sequence[int], procs: Sequence[subprocess.Popen] = (), grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM every group, wait up to `grace_s` for all their members, then SIGKILL."""
+    """Stop whole process groups whose leader is the group id (as start_child makes them).
+
+    A live leader gets SIGTERM alone first, so vLLM's API server shuts its engine core and
+    workers down in order; after `grace_s` (or at once for a group whose leader is gone)
+    everything left in the group gets SIGKILL.
+    """
+    for p in procs:
+        p.poll()  # reap exited children so a dead leader is seen as dead
     for pgid in pgids:
-        _signal_group(pgid, signal.SIGTERM)
+        _signal_leader(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         for p in procs:
-            p.poll()  # reap our own children so their groups can empty
+            p.poll()
         if not any(group_alive(g) for g in pgids):
             return
+        for pgid in pgids:
+            if not _leader_alive(pgid):
+                _signal_group(pgid, signal.SIGKILL)  # orphans of a dead leader: nobody will stop them
         time.sleep(0.1)
     for pgid in pgids:
         _signal_group(pgid, signal.SIGKILL)
@@ -146,6 +156,23 @@ def stop_groups(pgids: Sequence[int], procs: Sequence[subprocess.Popen] = (), gr
         if not any(group_alive(g) for g in pgids):
             return
         time.sleep(0.05)
+
+
+def _leader_alive(pgid: int) -> bool:
+    try:
+        with open(f"/proc/{pgid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid  # state, pgrp: still our group's leader
+
+
+def _signal_leader(pgid: int, sig: int) -> None:
+    if _leader_alive(pgid):
+        try:
+            os.kill(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

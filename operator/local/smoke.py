@@ -16,7 +16,7 @@ import aiohttp
 FALLBACK_HEADER = "x-pdfleet-fallback"
 TRANSFER_SOURCE_METRIC = "vllm:prompt_tokens_by_source_total"
 # Metric families worth showing from the engines, besides the token sources.
-CONNECTOR_METRIC_PREFIXES = ("pdfleet_", "vllm:nixl", "vllm:kv_transfer")
+CONNECTOR_METRIC_PREFIXES = ("vllm:pdfleet_", "pdfleet_", "vllm:nixl")
 
 _LONG = " ".join(f"block {i} of the prefill cache moves to decode over the network." for i in range(12))
 

@@ -1,0 +1,130 @@
+"""`pdfleet local` end to end on CPU: 1 prefill + 1 decode (pdfleet's connector) behind the router,
+token-identical to a single vLLM server, under concurrency, through a prefill crash, and no
+process left behind after SIGTERM. One fleet for the whole module; the reference server ran
+before it (never beside it: engines on shared cores slow each other down)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+
+from local_fleet import Answer, Req, ask, ask_all, local_fleet, transferred_tokens
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, reference):  # `reference` first: its server is gone before the fleet starts
+    with local_fleet(tmp_path_factory.mktemp("fleet")) as f:
+        yield f
+
+
+def differences(reqs: list[Req], answers: list[Answer], reference: dict[str, Answer], *, pd_only: bool = True):
+    """Human-readable problems: HTTP errors, fallbacks (when P/D is required), token mismatches."""
+    problems = []
+    for req, got in zip(reqs, answers):
+        ref = reference[req.label]
+        if got.status != 200 or got.error:
+            problems.append(f"{req.label}: HTTP {got.status} {got.error or got.text[:200]}")
+        elif pd_only and got.fallback:
+            problems.append(f"{req.label}: served without P/D ({got.fallback})")
+        elif got.token_ids != ref.token_ids or got.text != ref.text:
+            problems.append(f"{req.label}: {got.token_ids} != reference {ref.token_ids}")
+    return problems
+
+
+def test_router_line_is_printed_once(fleet):
+    assert [l for l in fleet.stdout_lines if l.startswith("router:")] == [f"router: {fleet.router}"]
+    assert fleet.router.startswith("http://127.0.0.1:")
+    state = fleet.state()
+    assert state["healthy"] and state["router"] == fleet.router
+    assert {e["role"] for e in state["engines"]} == {"prefill", "decode"}
+    # Each engine pinned to its own CPUs.
+    cpus = [set(c for rank in e["cpus"] for c in rank) for e in state["engines"]]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not cpus[0] & cpus[1]
+
+
+async def test_prompts_are_token_identical_to_a_single_server(fleet, prompts, reference):
+    decode = fleet.engine("decode")["url"]
+    before = transferred_tokens(decode)
+    answers = await ask_all(fleet.router, prompts.identity, concurrency=1)
+    assert len(prompts.identity) >= 20
+    assert differences(prompts.identity, answers, reference) == []
+    # The KV cache really moved: the 1000-token prompt alone brings 31 full blocks.
+    assert transferred_tokens(decode) - before >= 31 * 32
+
+
+async def test_32_concurrent_requests_are_all_correct(fleet, prompts, reference):
+    answers = await ask_all(fleet.router, prompts.concurrent, concurrency=32)
+    assert len(prompts.concurrent) == 32
+    assert differences(prompts.concurrent, answers, reference) == []
+
+
+async def test_prefill_killed_mid_run_loses_no_request(fleet, prompts, reference):
+    prefill = fleet.engine("prefill")
+    done = 0
+    killed_after = None
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+        sem = asyncio.Semaphore(4)
+
+        async def one(req: Req) -> Answer:
+            nonlocal done, killed_after
+            async with sem:
+                answer = await ask(client, fleet.router, req)
+            done += 1
+            if done == 8 and killed_after is None:
+                killed_after = done
+                os.killpg(prefill["pgid"], signal.SIGKILL)  # the pod dies: API server, engine core, workers
+            return answer
+
+        answers = await asyncio.gather(*(one(r) for r in prompts.kill))
+    assert killed_after == 8 < len(prompts.kill)
+    # Every request answered, and answered right (P/D where prefill was alive, decode alone after).
+    assert differences(prompts.kill, answers, reference, pd_only=False) == []
+    assert any(a.fallback for a in answers), "prefill was dead for the later requests: expected fallbacks"
+
+    # The runner restarts prefill (like a StatefulSet); decode must hand-shake with the new
+    # instance instead of reading from the dead one's stale agent.
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        state = fleet.state()
+        engine = next(e for e in state["engines"] if e["role"] == "prefill")
+        if engine["restarts"] == 1 and state["healthy"]:
+            break
+        await asyncio.sleep(1)
+    else:
+        pytest.fail(f"prefill not restarted and healthy; runner stderr:\n{fleet.stderr()[-3000:]}")
+    assert engine["pid"] != prefill["pid"]
+    decode = fleet.engine("decode")["url"]
+    before = transferred_tokens(decode)
+    answers = await ask_all(fleet.router, prompts.after_restart, concurrency=1)
+    assert differences(prompts.after_restart, answers, reference) == []
+    assert transferred_tokens(decode) - before >= 9 * 32  # 300 tokens: 9 full blocks came from the new prefill
+
+
+def test_sigterm_stops_every_child(fleet):
+    runner = psutil.Process(fleet.proc.pid)
+    family = runner.children(recursive=True)
+    groups = {e["pgid"] for e in fleet.state()["engines"]}
+    # API servers, engine cores, workers and the watchdog at least.
+    assert len(family) >= 5, [p.cmdline()[:3] for p in family]
+    fleet.proc.send_signal(signal.SIGTERM)
+    assert fleet.proc.wait(120) == 0
+    gone, alive = psutil.wait_procs(family, timeout=30)
+    assert alive == [], [(p.pid, p.cmdline()[:4]) for p in alive]
+    leftover = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) in groups:
+                leftover.append(p.pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert leftover == []
