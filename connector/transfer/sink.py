@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 
 Endpoint = tuple[str, int]
 
+# How long a failed pull waits for NIXL to cancel or finish its READs before it is
+# reported anyway (so that a read can no longer land in blocks vLLM reuses).
+RELEASE_GRACE_SECONDS = 10.0
+
 
 def lease_verdict(now: float, deadline: float | None) -> str:
     """'unknown' before any ack, 'ok' while the lease holds, 'expired' once it ran out."""
@@ -89,6 +93,8 @@ class _Pull:
     deadline: float | None = None  # monotonic; from heartbeat acks
     hb: Future | None = None
     hb_sent: float = 0.0
+    hb_interval: float = 1.0
+    failed_at: float | None = None
     handles: list[Any] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
     posted_at: float | None = None
@@ -222,18 +228,28 @@ class KVSink:
         """Extend the source's leases of requests this rank will pull later (fire and forget)."""
         try:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
-        except IncompatibleLayout as exc:
-            log.warning("keep_alive: %s", exc)
+            if type(port) is not int or not 0 < port + rank <= 65535:
+                raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids])
+            self._pool.submit(self._client.call, host, port + rank, req, timeout=self._hb_timeout, attempts=1)
+        except (IncompatibleLayout, ValueError, TypeError) as exc:
+            log.warning("keep_alive ignored: %s", exc)
             return
-        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids])
         self._stats["heartbeats"] += 1
-        self._pool.submit(self._client.call, host, port + rank, req, timeout=self._hb_timeout, attempts=1)
 
     def poll(self) -> tuple[list[str], dict[str, str]]:
         now = time.monotonic()
         self._collect_handshakes()
         for p in list(self._pulls.values()):
-            self._advance(p, now)
+            try:
+                self._advance(p, now)
+            except Exception as exc:  # a bug here must fail one request, not the engine
+                log.exception("KV pull %s: internal error", p.request_id)
+                if p.request_id in self._pulls:
+                    self._orphans.extend(p.handles)
+                    p.handles = []
+                    del self._pulls[p.request_id]
+                    self._fail_now(p.request_id, f"internal error in the transfer core: {exc!r}")
         self._orphans = [h for h in self._orphans if not self._agent.release(h)]
         done, self._done = self._done, []
         failed, self._failed = self._failed, {}
@@ -264,14 +280,21 @@ class KVSink:
         self._stats["failures"] += 1
 
     def _fail(self, p: _Pull, reason: str) -> None:
-        """Fail a pull; reported once no READ of it can still write local blocks."""
+        """Fail a pull; reported once no READ of it can still write local blocks.
+
+        A READ that NIXL can neither cancel nor finish is given up on after
+        ``RELEASE_GRACE_SECONDS`` (its handle is kept and released later).
+        """
+        now = time.monotonic()
         if p.failure is None:
-            p.failure = reason
-        still = []
-        for h in p.handles:
-            if not self._agent.release(h):
-                still.append(h)
+            p.failure, p.failed_at = reason, now
+        still = [h for h in p.handles if not self._agent.release(h)]
         p.handles = still
+        if still and now - (p.failed_at or now) > RELEASE_GRACE_SECONDS:
+            log.error("KV pull %s: %d READ(s) could not be cancelled; reporting the failure anyway",
+                      p.request_id, len(still))
+            self._orphans.extend(still)
+            p.handles = still = []
         if not still:
             del self._pulls[p.request_id]
             self._fail_now(p.request_id, p.failure)
@@ -317,7 +340,7 @@ class KVSink:
             del self._handshakes[endpoint]
             try:
                 peer = self._make_peer(endpoint, fut.result())
-            except (SideChannelError, IncompatibleLayout, NixlError, ValueError) as exc:
+            except Exception as exc:  # any failure fails the waiting pulls, never the engine
                 self._stats["handshake_failures"] += 1
                 for p in list(self._pulls.values()):
                     if p.endpoint == endpoint and p.peer is None:
@@ -387,6 +410,7 @@ class KVSink:
             self._fail(p, "the source's lease on the blocks expired before the read was posted")
             return
         t0 = time.perf_counter()
+        p.posted_at = time.monotonic()  # UCX may copy inside the post call (cma): count it as transfer too
         groups = build_descriptors(self.regions, peer.regions, peer.plan, p.local_ids, p.remote_ids)
         try:
             for j, (lmem, rmem, loc, rem) in enumerate(groups):
@@ -401,7 +425,6 @@ class KVSink:
             self._drop_peer(p.endpoint, f"READ failed: {exc}")
             self._fail(p, f"NIXL READ from {peer.agent_name} failed: {exc}")
             return
-        p.posted_at = time.monotonic()
         self._stats["post_seconds"] += time.perf_counter() - t0
 
     def _take_heartbeat(self, p: _Pull) -> str | None:
@@ -412,7 +435,7 @@ class KVSink:
         p.hb = None
         try:
             reply = fut.result()
-        except SideChannelError as exc:
+        except Exception as exc:
             return f"lease heartbeat to {p.endpoint[0]}:{p.endpoint[1]} failed: {exc}"
         if isinstance(reply, wire.ErrorReply):
             return f"lease heartbeat refused: {reply.reason}"
@@ -433,6 +456,7 @@ class KVSink:
             self._stats["expired_leases"] += 1
             return "the source no longer holds the request's blocks (lease expired, or unknown request)"
         p.deadline = p.hb_sent + float(left)
+        p.hb_interval = max(0.05, float(left) / 3)
         if p.peer is not None:
             p.verified = True
         return None
@@ -445,6 +469,15 @@ class KVSink:
         if reason:
             self._fail(p, reason)
             return
+        if p.completed_at is None:
+            # Waiting (handshake, ack or transfer): keep the lease alive, give up once it ran out.
+            if lease_verdict(now, p.deadline) == "expired":
+                self._stats["expired_leases"] += 1
+                where = "while the read was in flight" if p.handles else "before the read was posted"
+                self._fail(p, f"the source's lease on the blocks expired {where}")
+                return
+            if p.hb is None and p.deadline is not None and now - p.hb_sent > p.hb_interval:
+                self._heartbeat(p, now)
         if p.peer is None:
             return  # waiting for the handshake
         if not p.handles:
@@ -460,7 +493,7 @@ class KVSink:
                 self._fail(p, f"NIXL READ from {p.peer.agent_name} failed (transfer state ERR)")
                 return
             if all(s == "DONE" for s in p.states):
-                p.completed_at = now
+                p.completed_at = time.monotonic()  # observed now, so no earlier than the real end
         if p.completed_at is not None:
             verdict = lease_verdict(p.completed_at, p.deadline)
             if verdict == "unknown":
@@ -478,11 +511,3 @@ class KVSink:
             self._stats["transfers"] += 1
             self._stats["transfer_seconds"] += p.completed_at - (p.posted_at or p.completed_at)
             self._done.append(p.request_id)
-            return
-        # Still transferring: keep the lease alive, give up once it ran out.
-        if lease_verdict(now, p.deadline) == "expired":
-            self._stats["expired_leases"] += 1
-            self._fail(p, "the source's lease expired while the read was in flight")
-            return
-        if p.hb is None and p.deadline is not None and now - p.hb_sent > p.peer.lease_seconds / 3:
-            self._heartbeat(p, now)

@@ -78,6 +78,15 @@ def test_dead_peer_gives_clear_error(sink_factory, local_kv):
     assert sink.stats()["failures"] == 1
 
 
+def test_unusable_host_fails_cleanly(sink_factory, local_kv):
+    sink = sink_factory(local_kv, handshake_timeout=0.3, handshake_retries=1, heartbeat_timeout=0.3)
+    sink.pull("h1", host="not a host name", port=5600, remote_engine_id="prefill-0", remote_instance_id=None,
+              remote_block_ids=[1], local_block_ids=[1])
+    ok, reason = wait_for(sink, "h1", timeout=10)
+    assert not ok and "not a host name" in reason
+    sink.keep_alive(["h1"], host=HOST, port="5600")  # ignored with a warning, never raises
+
+
 def test_restarted_prefill_gets_a_new_handshake(source_factory, sink_factory, local_kv):
     port = free_port()
     first = source_factory(port=port, seed=1)
