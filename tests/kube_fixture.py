@@ -213,6 +213,18 @@ class FakeKube(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: Any) -> Any:
         # kmock 0.8 cannot parse the path of the namespace collection (/api/v1/namespaces):
         # serve it here. Namespaces exist implicitly: those of stored objects plus `self.namespaces`.
+        if re.fullmatch(r"/api/v1/namespaces/?", raw_request.path) and raw_request.method == "POST":
+            body = await raw_request.json()
+            self.namespaces.add(body["metadata"]["name"])
+            return aiohttp.web.json_response({**body, "status": {"phase": "Active"}}, status=201)
+        if (m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/?", raw_request.path)) and raw_request.method == "DELETE":
+            await raw_request.read()
+            self.namespaces.discard(m.group(1))
+            async with self._lock:
+                for key, obj in list(self._objects.items()):
+                    if key[1] == m.group(1) and not obj.deleted:
+                        await self._finalize(key)
+            return aiohttp.web.json_response({"kind": "Namespace", "metadata": {"name": m.group(1)}})
         if re.fullmatch(r"/api/v1/namespaces/?", raw_request.path) and raw_request.method == "GET":
             await raw_request.read()
             watching = raw_request.query.get("watch") in ("true", "1")
@@ -305,6 +317,8 @@ class FakeKube(kmock.KubernetesEmulator):
         meta["creationTimestamp"] = _now()
         if self._has_status_subresource(resource):
             obj.pop("status", None)
+        if resource.plural == "customresourcedefinitions":  # the apiextensions controller's part
+            obj["status"] = {"conditions": [{"type": "Established", "status": "True"}]}
         return obj
 
     async def _store_new(self, key: Any, obj: dict[str, Any]) -> None:

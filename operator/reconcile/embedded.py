@@ -48,6 +48,7 @@ class EmbeddedOperator:
             self.error = exc
 
     def start(self, timeout: float = 20.0) -> "EmbeddedOperator":
+        self._stop, self._ready, self.error = threading.Event(), threading.Event(), None  # restartable
         self._thread = threading.Thread(target=self._main, name="pdfleet-operator", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
