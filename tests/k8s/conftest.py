@@ -22,10 +22,12 @@ import pytest
 import yaml
 
 TESTS = pathlib.Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
+for path in (TESTS, pathlib.Path(__file__).resolve().parent):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-from operator_scenarios import IMAGE, KIND_RESOURCES  # noqa: E402
+from k8s_env import K8sDriver, _session  # noqa: E402
+from operator_scenarios import IMAGE  # noqa: E402
 
 from pdfleet.operator import api  # noqa: E402
 from pdfleet.operator.reconcile.embedded import EmbeddedOperator  # noqa: E402
@@ -33,90 +35,6 @@ from pdfleet.operator.reconcile.handlers import OperatorOptions  # noqa: E402
 from pdfleet.operator.reconcile.reconciler import ReconcileOptions  # noqa: E402
 
 CRD_FILE = TESTS.parent / "crds" / "pdfleet.io_disaggregatedinferences.yaml"
-
-
-def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
-    context: Any = None
-    if info.server.startswith("https"):
-        context = ssl.create_default_context(cafile=info.ca_path) if info.ca_path else ssl.create_default_context()
-        if info.ca_data:
-            import base64
-            context.load_verify_locations(cadata=base64.b64decode(info.ca_data).decode())
-        if info.insecure:
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        if info.certificate_path or info.certificate_data:
-            import base64
-            import tempfile
-            cert, key = info.certificate_path, info.private_key_path
-            if info.certificate_data:
-                f = tempfile.NamedTemporaryFile(delete=False)
-                f.write(base64.b64decode(info.certificate_data))
-                f.close()
-                cert = f.name
-            if info.private_key_data:
-                f = tempfile.NamedTemporaryFile(delete=False)
-                f.write(base64.b64decode(info.private_key_data))
-                f.close()
-                key = f.name
-            context.load_cert_chain(cert, key)
-    headers = {"User-Agent": "pdfleet-k8s-tests"}
-    if info.token:
-        headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-    auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
-    return aiohttp.ClientSession(base_url=info.server.rstrip("/") + "/", headers=headers, auth=auth,
-                                 connector=aiohttp.TCPConnector(ssl=context) if context else None)
-
-
-def _path(resource: str, namespace: Optional[str], name: Optional[str] = None) -> str:
-    parts = resource.split("/")
-    group_version, plural = "/".join(parts[:-1]), parts[-1]
-    root = f"api/{group_version}" if group_version == "v1" else f"apis/{group_version}"
-    out = f"{root}/namespaces/{namespace}/{plural}" if namespace else f"{root}/{plural}"
-    return f"{out}/{name}" if name else out
-
-
-class K8sDriver:
-    def __init__(self, http: aiohttp.ClientSession, namespace: str):
-        self.http = http
-        self.namespace = namespace
-        self.operator: Optional[EmbeddedOperator] = None
-
-    async def _json(self, resp: aiohttp.ClientResponse, ok: tuple[int, ...] = (200, 201)) -> Any:
-        async with resp:
-            if resp.status not in ok:
-                raise AssertionError(f"{resp.method} {resp.url}: {resp.status} {await resp.text()}")
-            return await resp.json()
-
-    async def create_cr(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._json(await self.http.post(_path(f"{api.GROUP}/{api.VERSION}/{api.PLURAL}", self.namespace),
-                                                     json=body))
-
-    async def patch_cr(self, name: str, patch: dict[str, Any]) -> None:
-        await self._json(await self.http.patch(_path(f"{api.GROUP}/{api.VERSION}/{api.PLURAL}", self.namespace, name),
-                                               json=patch, headers={"Content-Type": "application/merge-patch+json"}))
-
-    async def delete_cr(self, name: str) -> None:
-        await self._json(await self.http.delete(_path(f"{api.GROUP}/{api.VERSION}/{api.PLURAL}", self.namespace, name)),
-                         ok=(200, 202))
-
-    async def get(self, resource: str, name: str) -> Optional[dict[str, Any]]:
-        async with self.http.get(_path(resource, self.namespace, name)) as resp:
-            return None if resp.status == 404 else await self._json(resp)
-
-    async def list(self, resource: str, labels: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
-        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())} if labels else {}
-        data = await self._json(await self.http.get(_path(resource, self.namespace), params=params))
-        return data["items"]
-
-    async def make_ready(self, kind: str, name: str, ready: Optional[int] = None) -> None:
-        pytest.skip("pods of a fleet need a real model image to become ready; covered by the kmock tests")
-
-    def operator_writes(self) -> float:
-        metrics = self.operator.runtime["metrics"] if self.operator else None
-        return metrics.count("pdfleet_api_writes_total") if metrics else 0.0
-
-    def operator_runs(self) -> int:
-        return int(self.operator.runtime["reconciler"].runs) if self.operator else 0
 
 
 @pytest.fixture
@@ -165,4 +83,3 @@ async def k8s_driver(k8s_http: aiohttp.ClientSession, k8s_namespace: str) -> Asy
         assert driver.operator.error is None, driver.operator.error
 
 
-__all__ = ["K8sDriver", "KIND_RESOURCES"]

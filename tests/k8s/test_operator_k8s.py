@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import K8sDriver
+from k8s_env import K8sDriver
 from operator_scenarios import (
     scenario_create,
     scenario_delete,

@@ -16,10 +16,12 @@ import kopf
 import pytest
 
 TESTS = pathlib.Path(__file__).resolve().parents[2]
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
+for path in (TESTS, pathlib.Path(__file__).resolve().parent):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 from kube_fixture import FakeKube, fake_kube  # noqa: E402
+from fake_env import NAMESPACE, FakeDriver  # noqa: E402
 from operator_scenarios import CR_RESOURCE, IMAGE  # noqa: E402
 
 from pdfleet.operator import api  # noqa: E402
@@ -31,7 +33,6 @@ from pdfleet.operator.reconcile.reconciler import ReconcileOptions  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 RECORD_FILE = HERE / "recorded_api_calls.json"
 CRD = (api.GROUP, api.VERSION, api.PLURAL, api.KIND)
-NAMESPACE = "team-a"
 
 _recorded: set[tuple[str, str, str, bool]] = set()
 _state = {"collected": 0, "passed": 0}
@@ -100,48 +101,6 @@ async def start_operator(kube: FakeKube) -> AsyncIterator[Callable[..., Awaitabl
             assert op.error is None, f"the operator crashed: {op.error!r}"
 
 
-class FakeDriver:
-    """The scenarios' view of FakeKube: the test writes over HTTP like kubectl would."""
-
-    namespace = NAMESPACE
-
-    def __init__(self, kube: FakeKube):
-        self.kube = kube
-        self.operator: Optional[EmbeddedOperator] = None
-
-    async def create_cr(self, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await self.kube.post(f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{NAMESPACE}/{api.PLURAL}", json=body)
-        assert resp.status == 201, await resp.text()
-        return await resp.json()
-
-    async def patch_cr(self, name: str, patch: dict[str, Any]) -> None:
-        resp = await self.kube.patch(f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{NAMESPACE}/{api.PLURAL}/{name}",
-                                     json=patch, headers={"Content-Type": "application/merge-patch+json"})
-        assert resp.status == 200, await resp.text()
-
-    async def delete_cr(self, name: str) -> None:
-        resp = await self.kube.delete(f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{NAMESPACE}/{api.PLURAL}/{name}")
-        assert resp.status == 200, await resp.text()
-
-    async def get(self, resource: str, name: str) -> Optional[dict[str, Any]]:
-        return self.kube.get(resource, NAMESPACE, name)
-
-    async def list(self, resource: str, labels: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
-        return self.kube.list(resource, NAMESPACE, labels)
-
-    async def make_ready(self, kind: str, name: str, ready: Optional[int] = None) -> None:
-        if kind == "StatefulSet":
-            await self.kube.simulate_statefulset(NAMESPACE, name, ready=ready)
-        else:
-            await self.kube.simulate_deployment(NAMESPACE, name, ready=ready)
-
-    def operator_writes(self) -> float:
-        return float(len(self.kube.writes()))
-
-    def operator_runs(self) -> int:
-        return int(self.operator.runtime["reconciler"].runs) if self.operator else 0
-
-
 @pytest.fixture
 async def driver(kube: FakeKube, start_operator: Callable[..., Awaitable[EmbeddedOperator]]) -> FakeDriver:
     d = FakeDriver(kube)
@@ -149,4 +108,3 @@ async def driver(kube: FakeKube, start_operator: Callable[..., Awaitable[Embedde
     return d
 
 
-__all__ = ["CR_RESOURCE", "FakeDriver", "NAMESPACE"]

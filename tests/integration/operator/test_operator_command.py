@@ -10,7 +10,7 @@ import sys
 
 import aiohttp
 import pytest
-from conftest import NAMESPACE, FakeDriver
+from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import eventually, write_kubeconfig
 from operator_scenarios import STS, fleet
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import NAMESPACE, FakeDriver
+from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import Fault, eventually
 from operator_scenarios import (
     CR_RESOURCE,
