@@ -60,8 +60,10 @@ def fleet(reference, tiny_model_dir):
 
 def test_pd_output_is_token_identical_to_a_single_server(reference, fleet):
     for p, want in zip(PROMPTS, reference):
-        got, _ = relay(fleet["prefill"].url, fleet["decode"].url, p, max_tokens=MAX_TOKENS)
+        got, params = relay(fleet["prefill"].url, fleet["decode"].url, p, max_tokens=MAX_TOKENS)
         assert got == want, f"{len(p)}-token prompt: P/D {got!r} != single server {want!r}"
+        assert params["remote_host"] == "127.0.0.1" and params["remote_port"] == fleet["prefill"].side_channel_port
+        assert params["remote_instance_id"], params  # the worker's instance id reached the scheduler
     metrics = httpx.get(f"{fleet['decode'].url}/metrics", timeout=10).text
     pulled = [line for line in metrics.splitlines() if line.startswith("vllm:pdfleet_transfers_total")]
     assert pulled and float(pulled[0].split()[-1]) >= sum(1 for n in LENGTHS if n >= BLOCK), pulled

@@ -42,7 +42,7 @@ class Server:
             "--model", model, "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--block-size", str(BLOCK), "--max-model-len", "4096", "--max-num-seqs", "8",
-            "--dtype", "float32", "--seed", "0", "--disable-log-stats",
+            "--dtype", "float32", "--seed", "0",
         ]
         if kv_config is not None:
             argv += ["--kv-transfer-config", json.dumps(kv_config)]
@@ -112,7 +112,7 @@ def complete(url: str, prompt: list[int], *, max_tokens: int, kv: Any = None, re
     return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=timeout)
 
 
-def relay(prefill_url: str, decode_url: str, prompt: list[int], *, max_tokens: int) -> tuple[list[int] | str, dict]:
+def relay(prefill_url: str, decode_url: str, prompt: list[int], *, max_tokens: int) -> tuple[str, dict]:
     """The minimal P/D relay: prefill with max_tokens=1, then decode with the returned params."""
     rid = f"pd-{uuid.uuid4().hex}"
     r = complete(prefill_url, prompt, max_tokens=1, kv={"do_remote_decode": True}, request_id=rid)
@@ -121,7 +121,7 @@ def relay(prefill_url: str, decode_url: str, prompt: list[int], *, max_tokens: i
     assert params and params.get("do_remote_prefill") is True, params
     d = complete(decode_url, prompt, max_tokens=max_tokens, kv=params, request_id=rid)
     d.raise_for_status()
-    return d.json()["choices"][0]["text"], d.json()
+    return d.json()["choices"][0]["text"], params
 
 
 def pdfleet_kv(role: str, **extra: Any) -> dict:
