@@ -18,11 +18,13 @@ from pdfleet.operator.reconcile.handlers import OperatorOptions, build_registry
 
 class EmbeddedOperator:
     def __init__(self, options: OperatorOptions, *, namespaces: Iterable[str] = (), clusterwide: bool = False,
-                 standalone: bool = True, liveness_endpoint: Optional[str] = None):
+                 standalone: bool = True, peering_name: Optional[str] = None,
+                 liveness_endpoint: Optional[str] = None):
         self.options = options
         self.namespaces = list(namespaces)
         self.clusterwide = clusterwide or not self.namespaces
         self.standalone = standalone
+        self.peering_name = peering_name
         self.liveness_endpoint = liveness_endpoint
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -39,7 +41,8 @@ class EmbeddedOperator:
                 registry=build_registry(self.options),
                 clusterwide=self.clusterwide,
                 namespaces=[] if self.clusterwide else self.namespaces,
-                standalone=self.standalone,
+                standalone=None if self.peering_name else self.standalone,
+                peering_name=self.peering_name,
                 liveness_endpoint=self.liveness_endpoint,
                 stop_flag=self._stop,
                 ready_flag=self._ready,

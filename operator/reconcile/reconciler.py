@@ -42,6 +42,8 @@ class ReconcileOptions:
 class ReconcileError(Exception):
     """Some writes failed (after retries); the status says so and the fleet is retried later."""
 
+    expected = True  # logged without a traceback: the API said no, the code did not break
+
 
 def merge_patch(old: Any, new: Any) -> Any:
     """RFC 7386 patch turning `old` into `new` (lists are replaced whole)."""

@@ -96,11 +96,12 @@ class WorkQueue:
                 self._failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # nothing crashes the operator: log, back off, try again
+            except Exception as exc:  # nothing crashes the operator: log, back off, try again
                 n = self._failures.get(key, 0) + 1
                 self._failures[key] = n
                 requeue = min(self._backoff_max, self._backoff_base * 2 ** (n - 1))
-                logger.exception("reconcile of %s failed (%d in a row); again in %.1fs", key, n, requeue)
+                logger.error("reconcile of %s failed (%d in a row); again in %.1fs: %s", key, n, requeue, exc,
+                             exc_info=not getattr(exc, "expected", False))
             finally:
                 self._running.discard(key)
             if key in self._dirty:

@@ -85,9 +85,10 @@ def operator_options(server_url: str, **overrides: Any) -> OperatorOptions:
 async def start_operator(kube: FakeKube) -> AsyncIterator[Callable[..., Awaitable[EmbeddedOperator]]]:
     started: list[EmbeddedOperator] = []
 
-    async def start(clusterwide: bool = False, **overrides: Any) -> EmbeddedOperator:
+    async def start(clusterwide: bool = False, peering_name: Optional[str] = None, **overrides: Any) -> EmbeddedOperator:
         op = EmbeddedOperator(operator_options(str(kube.url).rstrip("/"), **overrides),
-                              namespaces=[] if clusterwide else [NAMESPACE], clusterwide=clusterwide)
+                              namespaces=[] if clusterwide else [NAMESPACE], clusterwide=clusterwide,
+                              peering_name=peering_name)
         await op.astart()
         started.append(op)
         return op

@@ -174,3 +174,17 @@ async def test_all_namespaces_mode_and_label_selected_watches(kube, start_operat
     assert ("pods", None, "pdfleet.io/fleet") in watches
     assert ("statefulsets", None, "pdfleet.io/fleet") in watches
     assert op.runtime["metrics"].count("pdfleet_fleets") == 2
+
+
+async def test_peering_mode_reconciles_while_it_holds_the_peering(kube, start_operator):
+    # kopf's peering CRD (the chart ships it) and the chart's KopfPeering object in the namespace.
+    kube.resources["kopf.dev/v1/kopfpeerings"] = kube.ResourceInfo(
+        kind="KopfPeering", singular="kopfpeering", namespaced=True,
+        verbs={"get", "list", "watch", "patch", "create", "delete"})
+    await kube.put("kopf.dev/v1/kopfpeerings", NAMESPACE,
+                   {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "pdfleet"}})
+    d = FakeDriver(kube)
+    d.operator = await start_operator(peering_name="pdfleet")
+    await scenario_create(d)
+    peering = kube.get("kopf.dev/v1/kopfpeerings", NAMESPACE, "pdfleet")
+    assert peering.get("status"), "the operator did not announce itself in the peering object"
