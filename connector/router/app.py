@@ -399,10 +399,11 @@ class Router:
 
     async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse,
                      reply_headers: dict[str, str]) -> web.StreamResponse:
+        headers = dict(reply_headers)
         for name in ("Content-Type", "Content-Encoding", "Cache-Control"):
             value = resp.headers.get(name)
             if value is not None:
-                reply_headers[name] = value
+                headers[name] = value
         length = resp.content_length
         if length is not None and length <= _WHOLE_BODY_MAX and not resp.content_type.endswith("event-stream"):
             # A sized, non-streamed answer arrives in one piece anyway: relay it as one write.
@@ -413,8 +414,8 @@ class Router:
                 self.metrics.errors.labels("decode_midstream").inc()
                 log.warning("decode answer broke before its end: %r", exc)
                 return error_response(502, "decode answer broke before its end", headers=reply_headers)
-            return web.Response(status=resp.status, body=data, headers=reply_headers)
-        out = web.StreamResponse(status=resp.status, headers=reply_headers)
+            return web.Response(status=resp.status, body=data, headers=headers)
+        out = web.StreamResponse(status=resp.status, headers=headers)
         if length is not None:
             out.content_length = length
         try:

@@ -27,7 +27,7 @@ class Received:
 class FakeEngine:
     name: str
     role: str  # "prefill" or "decode"
-    mode: str = "ok"  # ok | http500 | http400 | hang | no_kv | drop_midstream
+    mode: str = "ok"  # ok | http500 | http400 | hang | no_kv | drop_midstream | short_body
     lease_s: float = 30.0
     chunks: int = 3
     received: list[Received] = field(default_factory=list)
@@ -92,6 +92,13 @@ class FakeEngine:
 
     async def _decode_answer(self, request: web.Request, body: dict) -> web.StreamResponse:
         kv = body.get("kv_transfer_params")
+        if self.mode == "short_body":  # announces 100 bytes, sends 10, hangs up
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = 100
+            await resp.prepare(request)
+            await resp.write(b'{"id": "cm')
+            request.transport.close()
+            return resp
         if not body.get("stream"):
             return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, "text": "hello world"}],
                                       "served_by": self.name, "kv_seen": kv})

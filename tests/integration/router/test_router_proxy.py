@@ -278,6 +278,15 @@ async def test_decode_breaking_midstream_is_not_a_clean_end(fleet):
             await resp.read()
 
 
+async def test_sized_answer_cut_short_is_a_502_not_a_truncated_200(fleet):
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode", mode="short_body")
+    url = await fleet.router([p], [d])
+    status, _, raw = await post(fleet, url, COMPLETION)
+    assert status == 502
+    assert_openai_error(raw, 502, "broke before its end")
+
+
 async def test_request_size_limit(fleet):
     p = await fleet.engine("p0", "prefill")
     d = await fleet.engine("d0", "decode")
