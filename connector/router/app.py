@@ -83,6 +83,10 @@ class _TooLarge(Exception):
     pass
 
 
+class _BrokeBeforeFirstByte(Exception):
+    """Decode's answer broke while the router still held all of it back."""
+
+
 @dataclass
 class _PrefillResult:
     kv_transfer_params: dict[str, Any] | None = None
@@ -383,8 +387,12 @@ class Router:
                 else:
                     self._latency["decode_first_byte"].observe(time.perf_counter() - started)
                     if resp.status < 500 and resp.status not in _RETRYABLE_4XX:
-                        return await self._relay(request, resp, reply_headers)
-                    reason = f"http_{resp.status}"
+                        try:
+                            return await self._relay(request, resp, reply_headers)
+                        except _BrokeBeforeFirstByte:
+                            reason = "broken_answer"  # nothing reached the client: another decode may serve
+                    else:
+                        reason = f"http_{resp.status}"
                 self.metrics.leg_failures.labels(DECODE, reason).inc()
                 self._eject(url)
                 log.warning("decode leg to %s failed (%s), request %s", url, reason, headers[REQUEST_ID_HEADER])
@@ -411,9 +419,7 @@ class Router:
                 async with asyncio.timeout(self.config.decode_idle_timeout_s):
                     data = await resp.read()
             except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-                self.metrics.errors.labels("decode_midstream").inc()
-                log.warning("decode answer broke before its end: %r", exc)
-                return error_response(502, "decode answer broke before its end", headers=reply_headers)
+                raise _BrokeBeforeFirstByte from exc
             return web.Response(status=resp.status, body=data, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         if length is not None:

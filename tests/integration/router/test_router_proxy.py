@@ -278,13 +278,21 @@ async def test_decode_breaking_midstream_is_not_a_clean_end(fleet):
             await resp.read()
 
 
-async def test_sized_answer_cut_short_is_a_502_not_a_truncated_200(fleet):
+async def test_sized_answer_cut_short_goes_to_another_decode_never_a_truncated_200(fleet):
     p = await fleet.engine("p0", "prefill")
-    d = await fleet.engine("d0", "decode", mode="short_body")
-    url = await fleet.router([p], [d])
+    broken = await fleet.engine("broken", "decode", mode="short_body")
+    url = await fleet.router([p], [broken])
     status, _, raw = await post(fleet, url, COMPLETION)
     assert status == 502
-    assert_openai_error(raw, 502, "broke before its end")
+    assert_openai_error(raw, 502, "decode failed")
+    good = await fleet.engine("good", "decode")
+    url = await fleet.router([p], [broken, good], decode_attempts=2)
+    for _ in range(2):  # one of them starts on the broken decode
+        status, headers, raw = await post(fleet, url, COMPLETION)
+        assert status == 200 and json.loads(raw)["served_by"] == "good"
+        assert json.loads(raw)["kv_seen"]["remote_engine_id"] == "p0"  # lease still valid: KV reused
+    text = await metrics(fleet, url)
+    assert metric_value(text, 'pdfleet_router_leg_failures_total{leg="decode",reason="broken_answer"}') >= 1
 
 
 async def test_request_size_limit(fleet):
