@@ -110,6 +110,19 @@ async def wait_children(d: Driver, name: str, want: dict[str, set[str]], timeout
         await asyncio.sleep(0.05)
 
 
+async def settle(d: Driver, quiet: float = 0.5, timeout: float = 15.0) -> None:
+    """Wait until the operator has written nothing for `quiet` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last, since = d.operator_writes(), asyncio.get_running_loop().time()
+    while asyncio.get_running_loop().time() - since < quiet:
+        await asyncio.sleep(0.05)
+        now = d.operator_writes()
+        if now != last:
+            last, since = now, asyncio.get_running_loop().time()
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("the operator keeps writing")
+
+
 async def make_fleet_ready(d: Driver, name: str) -> None:
     for sts in await d.list(STS, {"pdfleet.io/fleet": name}):
         await d.make_ready("StatefulSet", sts["metadata"]["name"])
@@ -184,6 +197,7 @@ async def scenario_scale(d: Driver) -> None:
 
 async def scenario_invalid_spec(d: Driver) -> None:
     cr = await scenario_create(d)
+    await settle(d)
     before = await fleet_children(d, "llama")
     sts_before = await d.get(STS, f"llama-decode-{(await status_of(d, 'llama'))['revision']}")
     writes = d.operator_writes()
@@ -207,6 +221,7 @@ async def scenario_invalid_spec(d: Driver) -> None:
 
 async def scenario_delete(d: Driver) -> None:
     await scenario_create(d)
+    await settle(d)
     await d.delete_cr("llama")
     await wait_children(d, "llama", {})
     writes = d.operator_writes()
