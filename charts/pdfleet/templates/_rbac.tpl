@@ -7,46 +7,46 @@ Rules on namespaced resources: granted by the ClusterRole when the operator
 watches every namespace, by a Role in each watched namespace otherwise.
 */}}
 {{- define "pdfleet.namespacedRules" -}}
-# The custom resource, its status and finalizers.
+# The custom resource: watched, and its status written.
 - apiGroups: ["pdfleet.io"]
   resources: ["disaggregatedinferences"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["list", "watch"]
 - apiGroups: ["pdfleet.io"]
   resources: ["disaggregatedinferences/status"]
-  verbs: ["get", "patch", "update"]
-# Not an API call: setting ownerReferences with blockOwnerDeletion on children
-# needs update on the owner's finalizers where OwnerReferencesPermissionEnforcement is on.
+  verbs: ["patch"]
+# Not an API call: children's ownerReferences set blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin checks against this.
 - apiGroups: ["pdfleet.io"]
   resources: ["disaggregatedinferences/finalizers"]
   verbs: ["update"]
-# Children, server-side applied.
+# Children: watched, server-side applied (a PATCH that creates is also authorized
+# as create), and pruned when the plan drops them.
 - apiGroups: ["apps"]
   resources: ["statefulsets", "deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Observed only: prefill pods' IPs and readiness for the handshake endpoints.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Fleet pods: readiness and the prefill pods' IPs for the handshake endpoints.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
+# Never called by the operator: the router's Role grants it, and RBAC lets the
+# operator grant only what it holds itself.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
-# Events about the custom resources.
+# Events about the fleets.
 - apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
-- apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
@@ -62,7 +62,7 @@ watches every namespace, by a Role in each watched namespace otherwise.
 # kopf discovers and follows the custom resource definition.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- if not .Values.watchNamespaces }}
 # kopf follows namespaces when it serves all of them.
 - apiGroups: [""]
