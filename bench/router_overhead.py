@@ -114,8 +114,11 @@ def run_wrk(url: str, concurrency: int, seconds: float) -> dict:
             capture_output=True, text=True, check=True, timeout=seconds + 30).stdout
     finally:
         os.unlink(script)
-    pct = {int(p): _seconds(v) for p, v in re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M)}
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    pct = {int(p): _seconds(v) for p, v in re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, re.M)}
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if rate is None or set(pct) != {50, 99}:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    rate = float(rate.group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     sock_err = re.search(r"Socket errors: (.*)", out)
     return {"rps": rate, "p50": pct[50], "p99": pct[99], "errors": int(errors.group(1)) if errors else 0,
