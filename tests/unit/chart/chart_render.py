@@ -30,6 +30,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "securityContext": {"runAsUser": 10001, "runAsGroup": 10001},
         "serviceAccount": {"create": False, "name": "existing-operator"},
         "extraEnv": [{"name": "PDFLEET_LOG_LEVEL", "value": "debug"}],
+        "logFormat": "json",
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "infra", "effect": "NoSchedule"}],
         "podAnnotations": {"example.com/team": "ml"},

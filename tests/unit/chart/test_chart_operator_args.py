@@ -47,6 +47,7 @@ def test_rendered_args_parse(scenario, monkeypatch):
     assert args.metrics_port == ports["metrics"]
     assert args.liveness == f"http://0.0.0.0:{ports['healthz']}/healthz"
     assert args.default_image == env_value(container, "PDFLEET_DEFAULT_IMAGE")
+    assert args.log_format == values.get("logFormat", "plain")
 
 
 def test_a_wrong_flag_is_refused(monkeypatch):

@@ -27,6 +27,7 @@ BAD_VALUES = {
     "unknown resource name": ({"resources": {"limits": {"nvidia.com/gpu": 1}}}, "/resources/limits", "nvidia.com/gpu"),
     "bad pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy", "must be one of"),
     "bad port": ({"metrics": {"port": 70000}}, "/metrics/port", "maximum"),
+    "unknown log format": ({"logFormat": "yaml"}, "/logFormat", "must be one of"),
     "non-string annotation": ({"podAnnotations": {"a": 1}}, "/podAnnotations/a", "want string"),
 }
 
