@@ -41,8 +41,12 @@ async def test_operator_command_serves_a_namespace(kube, tmp_path):
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{live}/healthz") as resp:
                 assert resp.status == 200
-            async with http.get(f"http://127.0.0.1:{metrics}/metrics") as resp:
-                text = await resp.text()
+            for _ in range(200):  # the counter moves when the reconcile (status write included) ends
+                async with http.get(f"http://127.0.0.1:{metrics}/metrics") as resp:
+                    text = await resp.text()
+                if 'pdfleet_reconciles_total{result="changed"}' in text:
+                    break
+                await asyncio.sleep(0.05)
         assert 'pdfleet_reconciles_total{result="changed"}' in text
         assert 'pdfleet_children{name="llama",namespace="team-a"} 13.0' in text
         assert "pdfleet_reconcile_duration_seconds_bucket" in text

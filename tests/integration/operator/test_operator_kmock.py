@@ -155,6 +155,7 @@ async def test_two_fleets_are_independent(driver: FakeDriver, kube):
         await wait_children(driver, name, names_by_kind(expected_children(cr, NAMESPACE)))
     await driver.delete_cr("alpha")
     await wait_children(driver, "alpha", {})
+    await wait_status(driver, "beta", lambda s: s.get("revision"), "beta's status")
     beta = kube.get(CR_RESOURCE, NAMESPACE, "beta")
     assert await fleet_children(driver, "beta") == names_by_kind(expected_children(beta, NAMESPACE))
     assert kube.get(STS, NAMESPACE, f"beta-prefill-{beta['status']['revision']}")["spec"]["replicas"] == 2
