@@ -225,3 +225,14 @@ def test_more_replicas_without_peering_fail_even_without_the_schema(tmp_path):
             unchecked.render({"replicaCount": 2}, name="pdfleet", namespace=NAMESPACE)
         with pytest.raises(helm_python.HelmError, match="latest"):
             unchecked.render({"image": {"tag": "latest"}}, name="pdfleet", namespace=NAMESPACE)
+
+
+def test_versions_agree_across_chart_package_and_operator():
+    import tomllib
+
+    from pdfleet.operator.plan import DEFAULT_IMAGE
+
+    app_version = chart().metadata["appVersion"]
+    assert app_version == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    # With no values, the operator gets the same runtime image it would pick without the chart.
+    assert env_value(operator_container(render_docs({})), "PDFLEET_DEFAULT_IMAGE") == DEFAULT_IMAGE
