@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import celpy
+import kubernetes_validate
 import lupa.lua51
 import pytest
 import yaml
@@ -140,6 +141,7 @@ def test_docs_show_the_chart_script_verbatim():
     (cm,) = [b for b in yaml_blocks(GITOPS_DOC) if b.get("kind") == "ConfigMap"]
     assert cm["metadata"] == {"name": "argocd-cm", "namespace": "argocd", "labels": cm["metadata"]["labels"]}
     assert cm["data"][ARGO_KEY] == SCRIPT
+    kubernetes_validate.validate(cm, "1.33.0", strict=True)
 
 
 def flux_exprs():
