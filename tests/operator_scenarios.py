@@ -146,6 +146,9 @@ async def scenario_create(d: Driver) -> dict[str, Any]:
                            "observedGeneration")
     assert condition(st, "Ready")["status"] == "False", st
     assert st["url"] == f"http://llama-router.{d.namespace}.svc:8000"
+    created = [e for e in await d.list("v1/events") if e.get("reason") == "Created"
+               and e["involvedObject"]["uid"] == uid]
+    assert created and created[0]["type"] == "Normal" and created[0]["message"].startswith("created ")
     return cr
 
 

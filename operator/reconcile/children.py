@@ -222,6 +222,14 @@ class Actions:
         return len(self.apply) + len(self.delete)
 
 
+def _replicas_drifted(desired: Mapping[str, Any], have: ObservedChild) -> bool:
+    """The one field people change by hand on workloads: put it back even though the hash matches."""
+    if desired.get("kind") not in ("StatefulSet", "Deployment") or have.deleting:
+        return False
+    want = (desired.get("spec") or {}).get("replicas")
+    return want is not None and have.replicas != int(want)
+
+
 def diff(
     desired: Iterable[Mapping[str, Any]],
     observed: Iterable[ObservedChild],
@@ -247,8 +255,10 @@ def diff(
         wanted.add(ref)
         want = (obj.get("metadata") or {}).get("annotations", {}).get(HASH_ANNOTATION)
         have = seen.get(ref)
-        if have is not None and not have.deleting and (have.applied_hash == want or
-                                                       (recently_applied.get(ref) == want and have.applied_hash is not None)):
+        if have is not None and _replicas_drifted(obj, have) and recently_applied.get(ref) != want:
+            to_apply.append(dict(obj))  # scaled by hand or by an autoscaler: the spec wins
+        elif have is not None and not have.deleting and (have.applied_hash == want or
+                                                         (recently_applied.get(ref) == want and have.applied_hash is not None)):
             unchanged += 1
         elif have is None and recently_applied.get(ref) == want:
             unchanged += 1  # applied a moment ago; its ADDED event is on its way

@@ -189,3 +189,13 @@ async def test_peering_mode_reconciles_while_it_holds_the_peering(kube, start_op
     await scenario_create(d)
     peering = kube.get("kopf.dev/v1/kopfpeerings", NAMESPACE, "pdfleet")
     assert peering.get("status"), "the operator did not announce itself in the peering object"
+
+
+async def test_replicas_scaled_by_hand_are_restored(driver: FakeDriver, kube):
+    await scenario_create(driver)
+    rev = (await status_of(driver, "llama"))["revision"]
+    resp = await kube.patch(f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/llama-decode-{rev}",
+                            json={"spec": {"replicas": 5}}, headers={"Content-Type": "application/merge-patch+json"})
+    assert resp.status == 200
+    await eventually(lambda: kube.get(STS, NAMESPACE, f"llama-decode-{rev}")["spec"]["replicas"] == 1,
+                     what="replicas restored to the spec's")

@@ -75,3 +75,13 @@ def test_recently_applied_covers_the_watch_lag():
     recent = {ChildRef.of(o): o["metadata"]["annotations"][HASH_ANNOTATION] for o in want}
     assert diff(want, [], owner_uid="uid-1", recently_applied=recent).writes == 0
     assert diff(want, [], owner_uid="uid-1").writes == len(want)  # negative control
+
+
+def test_replicas_changed_by_hand_are_put_back():
+    want = desired()
+    observed = as_observed(want)
+    sts = next(i for i, o in enumerate(want) if o["kind"] == "StatefulSet")
+    drifted = want[sts] | {"spec": {**want[sts]["spec"], "replicas": 7}}
+    observed[sts] = as_observed([drifted])[0]  # same hash annotation, other replicas
+    actions = diff(want, observed, owner_uid="uid-1")
+    assert [ChildRef.of(o) for o in actions.apply] == [ChildRef.of(want[sts])]
