@@ -7,9 +7,12 @@ collects released ones). Time is passed in so the logic is testable without slee
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 __all__ = ["LeaseTable"]
+
+RECENT_LIMIT = 65536
 
 
 @dataclass
@@ -27,36 +30,65 @@ class LeaseTable:
         self._lock = threading.Lock()
         self._leases: dict[str, _Lease] = {}
         self._released: list[str] = []
+        # Recently finished ids (bounded), so a heartbeat can tell "gone" from "not yet
+        # held", and completions that arrive before the hold.
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._early: OrderedDict[str, tuple[int, set[tuple[int, int]]]] = OrderedDict()
         self.expired = 0
         self.completed = 0
 
     def hold(self, request_id: str, block_ids: list[int], now: float) -> float:
         with self._lock:
             expires = now + self.lease_seconds
-            self._leases[request_id] = _Lease(list(block_ids), expires)
+            self._gone.pop(request_id, None)
+            needed, done = self._early.pop(request_id, (0, set()))
+            if needed and len(done) >= needed:  # every reader finished before the hold
+                self._forget(request_id)
+                self._released.append(request_id)
+                self.completed += 1
+            else:
+                self._leases[request_id] = _Lease(list(block_ids), expires, done)
             return expires
 
-    def extend(self, request_ids: list[str], now: float) -> dict[str, float]:
-        """Extend live leases; return seconds left for each held request (absent if not held)."""
+    def extend(self, request_ids: list[str], now: float) -> tuple[dict[str, float], list[str]]:
+        """Extend live leases.
+
+        Returns (seconds left for each held request, ids that are gone: released or
+        expired). Ids in neither are unknown (perhaps not held *yet*).
+        """
         out: dict[str, float] = {}
+        gone: list[str] = []
         with self._lock:
             for rid in request_ids:
                 lease = self._leases.get(rid)
                 if lease is None or lease.expires_at <= now:
-                    continue  # expired leases are not revived: the blocks may be reused
+                    # expired leases are not revived: the blocks may be reused
+                    if lease is not None or rid in self._gone:
+                        gone.append(rid)
+                    continue
                 lease.expires_at = max(lease.expires_at, now + self.lease_seconds)
                 out[rid] = lease.expires_at - now
-        return out
+        return out, gone
+
+    def _forget(self, request_id: str) -> None:
+        self._gone[request_id] = None
+        while len(self._gone) > RECENT_LIMIT:
+            self._gone.popitem(last=False)
 
     def complete(self, request_id: str, readers: int, reader_index: int, parts: int, part: int) -> bool:
         """Record one reader's completed read; True when the request is released by it."""
         with self._lock:
             lease = self._leases.get(request_id)
             if lease is None:
+                if request_id not in self._gone:  # arrived before the hold: keep it for then
+                    self._early.setdefault(request_id, (readers * parts, set()))[1].add((reader_index, part))
+                    while len(self._early) > RECENT_LIMIT:
+                        self._early.popitem(last=False)
                 return False
             lease.done.add((reader_index, part))
             if len(lease.done) >= readers * parts:
                 del self._leases[request_id]
+                self._forget(request_id)
                 self._released.append(request_id)
                 self.completed += 1
                 return True
@@ -67,6 +99,7 @@ class LeaseTable:
         with self._lock:
             for rid in [r for r, lease in self._leases.items() if lease.expires_at <= now]:
                 del self._leases[rid]
+                self._forget(rid)
                 self._released.append(rid)
                 self.expired += 1
             out, self._released = self._released, []

@@ -56,6 +56,8 @@ Endpoint = tuple[str, int]
 # How long a failed pull waits for NIXL to cancel or finish its READs before it is
 # reported anyway (so that a read can no longer land in blocks vLLM reuses).
 RELEASE_GRACE_SECONDS = 10.0
+# How often to ask again about a request the source does not know yet.
+UNKNOWN_RETRY_SECONDS = 0.02
 
 
 def lease_verdict(now: float, deadline: float | None) -> str:
@@ -94,6 +96,7 @@ class _Pull:
     hb: Future | None = None
     hb_sent: float = 0.0
     hb_interval: float = 1.0
+    hb_retry: bool = False  # the source did not know the request yet: ask again soon
     failed_at: float | None = None
     handles: list[Any] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
@@ -126,6 +129,7 @@ class KVSink:
         handshake_retries: int = 3,
         heartbeat_timeout: float = 2.0,
         eager_post: bool = False,
+        unknown_grace: float = 2.0,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -133,6 +137,8 @@ class KVSink:
             raise ValueError("regions must list at least one registered KV region")
         if not handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
+        if not unknown_grace >= 0:
+            raise ValueError("unknown_grace must be >= 0 seconds")
         if type(handshake_retries) is not int or handshake_retries < 1:
             raise ValueError("handshake_retries must be an int >= 1")
         self.engine_id = engine_id
@@ -144,6 +150,7 @@ class KVSink:
         self._hs_retries = handshake_retries
         self._hb_timeout = float(heartbeat_timeout)
         self._eager = bool(eager_post)
+        self._unknown_grace = float(unknown_grace)
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         self._agent = NixlAgent(self.agent_name, backends)
         self._agent.register(self.regions)
@@ -453,8 +460,16 @@ class KVSink:
             return "the source restarted while the read was in flight"
         left = reply.remaining.get(p.request_id)
         if left is None:
-            self._stats["expired_leases"] += 1
-            return "the source no longer holds the request's blocks (lease expired, or unknown request)"
+            if p.request_id in reply.gone:
+                self._stats["expired_leases"] += 1
+                return "the source no longer holds the request's blocks (lease expired or already released)"
+            # Unknown: the source may not have processed its hold yet (the prefill response
+            # can overtake it); ask again for a short while.
+            if time.monotonic() - p.started < self._unknown_grace:
+                p.hb_retry = True
+                return None
+            return (f"the source does not know request {p.request_id!r} (never held, or held"
+                    f" longer ago than it remembers) after {self._unknown_grace:.3g}s")
         p.deadline = p.hb_sent + float(left)
         p.hb_interval = max(0.05, float(left) / 3)
         if p.peer is not None:
@@ -476,7 +491,10 @@ class KVSink:
                 where = "while the read was in flight" if p.handles else "before the read was posted"
                 self._fail(p, f"the source's lease on the blocks expired {where}")
                 return
-            if p.hb is None and p.deadline is not None and now - p.hb_sent > p.hb_interval:
+            if p.hb is None and p.hb_retry and now - p.hb_sent > UNKNOWN_RETRY_SECONDS:
+                p.hb_retry = False
+                self._heartbeat(p, now)
+            elif p.hb is None and p.deadline is not None and now - p.hb_sent > p.hb_interval:
                 self._heartbeat(p, now)
         if p.peer is None:
             return  # waiting for the handshake

@@ -115,8 +115,8 @@ class KVSource:
                 return wire.ErrorReply(id=req.id, reason=f"too many request ids (> {MAX_HEARTBEAT_IDS})")
             with self._lock:
                 self._counters["heartbeats"] += 1
-            left = self._leases.extend(req.request_ids, time.time())
-            return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left)
+            left, gone = self._leases.extend(req.request_ids, time.time())
+            return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone)
         assert isinstance(req, wire.HandshakeRequest)
         reason = self._refusal(req)
         if reason:

@@ -75,8 +75,11 @@ class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
     id: int
     instance_id: str
     # Seconds left on each lease after extension; requests the source does not hold
-    # (unknown, expired, already released) are absent.
+    # are absent from it.
     remaining: dict[str, float]
+    # Requests whose lease ended (released or expired): their blocks may be reused.
+    # Ids in neither field are unknown (possibly not held yet).
+    gone: list[str] = []
 
 
 class ErrorReply(msgspec.Struct, tag="err", frozen=True):

@@ -48,6 +48,24 @@ def test_eager_post_discards_a_read_of_expired_blocks(source_factory, sink_facto
     assert sink.stats()["expired_leases"] == 1 and sink.stats()["transfers"] == 1  # only "warm" counted
 
 
+def test_pull_may_overtake_the_hold_but_not_forever(source_factory, sink_factory, local_kv):
+    src = source_factory(lease=30.0)
+    sink = sink_factory(local_kv, unknown_grace=1.0)
+    # the prefill response can reach decode before the source processed its hold
+    pull(sink, src, "racy", [7], [7])
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        done, failed = sink.poll()
+        assert not done and not failed
+    src.hold("racy", [7])
+    assert wait_for(sink, "racy") == (True, "")
+    assert np.array_equal(local_kv.block(0, 7), src.expected(0, 7))
+    # never held: fails once the grace period is over
+    pull(sink, src, "never", [8], [8])
+    ok, reason = wait_for(sink, "never")
+    assert not ok and "does not know request 'never'" in reason
+
+
 def test_heartbeats_extend_the_lease(source_factory, sink_factory, local_kv):
     src = source_factory(lease=0.6)
     sink = sink_factory(local_kv)

@@ -112,10 +112,26 @@ def test_lease_expires_without_heartbeat():
 def test_heartbeat_extends_but_never_revives():
     t = LeaseTable(10.0)
     t.hold("a", [1], now=0.0)
-    assert t.extend(["a", "unknown"], now=8.0) == {"a": 10.0}
+    assert t.extend(["a", "unknown"], now=8.0) == ({"a": 10.0}, [])
     assert t.collect(now=15.0) == []  # would have expired at 10 without the heartbeat
-    assert t.collect(now=18.0) == ["a"]
-    assert t.extend(["a"], now=18.5) == {}  # expired leases stay expired
+    assert t.extend(["a"], now=18.5) == ({}, ["a"])  # expired (not yet collected) stays expired
+    assert t.collect(now=18.5) == ["a"]
+    assert t.extend(["a", "later"], now=19.0) == ({}, ["a"])  # gone, not unknown
+    t.hold("later", [2], now=19.0)
+    assert t.extend(["later"], now=19.5) == ({"later": 10.0}, [])
+
+
+def test_completion_before_hold_is_kept():
+    t = LeaseTable(10.0)
+    assert not t.complete("early", readers=1, reader_index=0, parts=1, part=0)
+    t.hold("early", [1], now=0.0)
+    assert t.collect(now=0.1) == ["early"]
+    assert t.completed == 1 and t.expired == 0
+    # partial early completion: the hold still waits for the rest
+    t.complete("half", readers=2, reader_index=0, parts=1, part=0)
+    t.hold("half", [1], now=0.0)
+    assert t.collect(now=0.1) == []
+    assert t.complete("half", readers=2, reader_index=1, parts=1, part=0)
 
 
 def test_completion_waits_for_every_reader_and_part():
