@@ -74,12 +74,24 @@ async def metric(http: aiohttp.ClientSession, port: int, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
+def children_per_fleet(kube) -> dict[str, int]:
+    """One pass over the server's objects (the check runs in the server's loop: keep it cheap)."""
+    counts: dict[str, int] = {}
+    for (_res, ns, _), obj in kube.objects.items():
+        if ns == NS and not obj.deleted:
+            fleet_name = (obj.last.raw["metadata"].get("labels") or {}).get("pdfleet.io/fleet")
+            if fleet_name:
+                counts[fleet_name] = counts.get(fleet_name, 0) + 1
+    return counts
+
+
 def applied(kube, name: str, n_children: int) -> bool:
-    children = 0
-    for (res, ns, _), obj in kube.objects.items():
-        if ns == NS and not obj.deleted and (obj.raw["metadata"].get("labels") or {}).get("pdfleet.io/fleet") == name:
-            children += 1
-    return children >= n_children
+    return children_per_fleet(kube).get(name, 0) >= n_children
+
+
+def all_applied(kube, names: list[str], n_children: int) -> bool:
+    counts = children_per_fleet(kube)
+    return all(counts.get(n, 0) >= n_children for n in names)
 
 
 async def wait_until(check, timeout: float, interval: float = 0.002) -> None:
@@ -107,7 +119,7 @@ async def stop_operator(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-async def wait_metrics(http: aiohttp.ClientSession, port: int, timeout: float = 30) -> None:
+async def wait_metrics(http: aiohttp.ClientSession, port: int, timeout: float = 60) -> None:
     deadline = time.perf_counter() + timeout
     while True:
         try:
@@ -173,7 +185,7 @@ async def main(n_single: int, n_many: int) -> None:
                 t0 = time.perf_counter()
                 await asyncio.gather(*(kube.post(CR_PATH, json=fleet(f"many-{i}")) for i in range(n_many)))
                 names = [f"many-{i}" for i in range(n_many)]
-                await wait_until(lambda: all(applied(kube, n, n_children) for n in names), 300, 0.05)
+                await wait_until(lambda: all_applied(kube, names, n_children), 300, 0.05)
                 t_children = time.perf_counter() - t0
                 await wait_until(lambda: all((kube.get(f"{api.GROUP}/{api.VERSION}/{api.PLURAL}", NS, n) or {})
                                              .get("status", {}).get("observedGeneration") for n in names), 300, 0.05)
@@ -186,11 +198,17 @@ async def main(n_single: int, n_many: int) -> None:
 
                 # 2. no-op resync: a fresh operator re-lists everything
                 mark = len(kube.calls)
+                port = free_port()
                 proc = await start_operator(kubeconfig, port)
                 await wait_metrics(http, port)
                 total = n_single + n_many
                 deadline = time.perf_counter() + 120
-                while await metric(http, port, "pdfleet_reconciles_total") < total:
+                while True:
+                    try:
+                        if await metric(http, port, "pdfleet_reconciles_total") >= total:
+                            break
+                    except aiohttp.ClientError:
+                        pass
                     if time.perf_counter() > deadline:
                         raise TimeoutError("resync did not finish")
                     await asyncio.sleep(0.05)
