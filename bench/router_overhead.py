@@ -156,6 +156,12 @@ def run_aiohttp(url: str, concurrency: int, seconds: float) -> dict:
 
 # ---- orchestration ------------------------------------------------------------------
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -217,7 +223,7 @@ def main() -> int:
         direct = f"http://127.0.0.1:{ports['decode']}/v1/completions"
         loops = ["uvloop", "asyncio"] if args.event_loop == "both" else [args.event_loop]
         print(f"client: {client}; {os.cpu_count()} CPUs shared by client, router and two fake engines; "
-              f"{args.seconds:.0f} s per run; body {len(BODY)} B")
+              f"{args.seconds:.0f} s per run; body {len(BODY)} B; load average before: {os.getloadavg()[0]:.2f}")
         rows = []
         base = load(direct, 1, args.seconds)
         rows.append(("direct (1 exchange)", 1, base))
@@ -234,19 +240,24 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{port}/health")
             via = f"http://127.0.0.1:{port}/v1/completions"
             load(via, 4, 1)  # warm the router's connection pool
+            cpu0 = cpu_seconds(router.pid)
             one = load(via, 1, args.seconds)
+            one["cpu_us"] = (cpu_seconds(router.pid) - cpu0) / max(one["rps"] * args.seconds, 1) * 1e6
             rows.append((f"router[{loop}] (2 legs)", 1, one))
             best = None
             for c in args.concurrency:
+                cpu0 = cpu_seconds(router.pid)
                 r = load(via, c, args.seconds)
+                r["cpu_us"] = (cpu_seconds(router.pid) - cpu0) / max(r["rps"] * args.seconds, 1) * 1e6
                 rows.append((f"router[{loop}] (2 legs)", c, r))
                 best = r if best is None or r["rps"] > best["rps"] else best
             results[loop] = (one, best)
             stop(router)
 
-        print(f"{'path':<26}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}")
+        print(f"{'path':<26}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}{'router CPU/req':>16}")
         for name, c, r in rows:
-            print(f"{name:<26}{c:>5}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['errors']:>9}"
+            cpu = f"{r['cpu_us']:>13.0f} us" if "cpu_us" in r else ""
+            print(f"{name:<26}{c:>5}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['errors']:>9}{cpu:>16}"
                   + (f"  socket errors: {r['socket_errors']}" if r["socket_errors"] else ""))
         for loop, (one, best) in results.items():
             add50 = (one["p50"] - base["p50"]) * 1e3
