@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import queue
+import select
 import signal
 import statistics
 import subprocess
@@ -109,12 +110,16 @@ def child_main(args: argparse.Namespace) -> int:
 
         buf = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
         api = _nixl_api()
-        agent = api.nixl_agent("bench-raw-src", api.nixl_agent_config(backends=["UCX"]))
+        # Same progress model as KVSource: no spinning NIXL thread, progress every 1 ms.
+        agent = api.nixl_agent("bench-raw-src", api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
         agent.register_memory([(buf.ctypes.data, nbytes, 0, "")], "DRAM")
         _say({"metadata": agent.get_agent_metadata().hex(), "addr": buf.ctypes.data})
-        for line in sys.stdin:
-            if json.loads(line)["op"] == "exit":
-                break
+        while True:
+            agent.get_new_notifs()
+            if select.select([sys.stdin], [], [], 0.001)[0]:
+                line = sys.stdin.readline()
+                if not line or json.loads(line)["op"] == "exit":
+                    break
         return 0
     buffers = [np.random.default_rng(i).integers(0, 256, pool_blocks * block_len, dtype=np.uint8)
                for i in range(args.regions)]
@@ -213,7 +218,7 @@ def part_a(args: argparse.Namespace, results: dict) -> list[Row]:
     child = Child("raw", args)
     try:
         api = _nixl_api()
-        agent = api.nixl_agent("bench-raw-dst", api.nixl_agent_config(backends=["UCX"]))
+        agent = api.nixl_agent("bench-raw-dst", api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
         local = np.ones(nbytes, dtype=np.uint8)  # pages touched up front, as in part b
         agent.register_memory([(local.ctypes.data, nbytes, 0, "")], "DRAM")
         peer = agent.add_remote_agent(bytes.fromhex(child.info["metadata"]))

@@ -50,7 +50,7 @@ def _nixl_api() -> Any:
 
 
 class NixlAgent:
-    def __init__(self, name: str, backends: Sequence[str] = ("UCX",)) -> None:
+    def __init__(self, name: str, backends: Sequence[str] = ("UCX",), progress_thread: bool = True) -> None:
         try:
             api = _nixl_api()
         except ImportError as exc:  # pragma: no cover - depends on the image
@@ -60,7 +60,8 @@ class NixlAgent:
         if not backends:
             raise ValueError("backends must name at least one NIXL backend, e.g. ['UCX']")
         self.name = name
-        self._agent = nixl_agent(name, nixl_agent_config(backends=backends))
+        # NIXL's progress thread polls without sleeping: it keeps one core busy per agent.
+        self._agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress_thread, backends=backends))
         missing = [b for b in backends if b not in self._agent.backends]
         if missing:
             raise NixlError(

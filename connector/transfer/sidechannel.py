@@ -53,7 +53,7 @@ def check_bind_host(host: str, allow_wildcard: bool = False) -> str:
 class SideChannelServer:
     """ROUTER socket on host:port served by a daemon thread.
 
-    ``handler(request) -> reply`` runs in the server thread; ``stats`` counts served
+    ``handler(request) -> reply`` and ``tick() -> seconds to wait`` run in the server thread; ``stats`` counts served
     requests and rejected messages (with the last reason in ``last_reject``).
     """
 
@@ -65,6 +65,7 @@ class SideChannelServer:
         secret: bytes | None,
         handler: Callable[[object], object],
         allow_wildcard: bool = False,
+        tick: Callable[[], float] | None = None,
     ) -> None:
         self.host = check_bind_host(host, allow_wildcard)
         if type(port) is not int or not 0 <= port <= 65535:
@@ -74,6 +75,7 @@ class SideChannelServer:
         self._req = wire.request_codec(secret)
         self._rep = wire.reply_codec(secret)
         self._handler = handler
+        self._tick = tick  # called every loop turn in the server thread; returns the next wait (s)
         self._ctx = zmq.Context.instance()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -115,8 +117,14 @@ class SideChannelServer:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         while not self._stop.is_set():
+            wait = 0.1
+            if self._tick is not None:
+                try:
+                    wait = self._tick()
+                except Exception:
+                    log.exception("side channel tick failed")
             try:
-                if not poller.poll(100):
+                if not poller.poll(max(0, int(wait * 1000))):
                     continue
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError as exc:

@@ -130,6 +130,7 @@ class KVSink:
         heartbeat_timeout: float = 2.0,
         eager_post: bool = False,
         unknown_grace: float = 2.0,
+        nixl_progress_thread: bool = False,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -152,7 +153,8 @@ class KVSink:
         self._eager = bool(eager_post)
         self._unknown_grace = float(unknown_grace)
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
-        self._agent = NixlAgent(self.agent_name, backends)
+        # The sink polls its transfers itself; NIXL's progress thread would spin a core.
+        self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread)
         self._agent.register(self.regions)
         self._client = SideChannelClient(secret=secret)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pdfleet-sink")

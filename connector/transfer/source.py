@@ -7,6 +7,7 @@ One per worker rank. The side channel listens on ``host:port + layout.tp_rank``
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -49,6 +50,7 @@ class KVSource:
         lease_seconds: float,
         backends: Sequence[str] = ("UCX",),
         allow_wildcard_bind: bool = False,
+        nixl_progress_thread: bool = False,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -74,7 +76,10 @@ class KVSource:
             secret=secret,
             handler=self._handle,
             allow_wildcard=allow_wildcard_bind,
+            tick=self._progress,
         )
+        self._progress_thread = bool(nixl_progress_thread)
+        self._last_message = 0.0
         self._agent: NixlAgent | None = None
         self._metadata = b""
         self._lock = threading.Lock()
@@ -99,7 +104,7 @@ class KVSource:
         return self._server.port - self.layout.tp_rank
 
     def start(self) -> None:
-        self._agent = NixlAgent(self.agent_name, self._backends)
+        self._agent = NixlAgent(self.agent_name, self._backends, progress_thread=self._progress_thread)
         self._agent.register(self.regions)
         self._metadata = self._agent.metadata()
         self._server.start()
@@ -109,7 +114,28 @@ class KVSource:
         )
 
     # -- side-channel thread -------------------------------------------------
+    # After ``start`` only this thread calls NIXL: it drains completion notifications
+    # and, without NIXL's own progress thread (which spins a core), drives progress:
+    # every millisecond while leases are held or a peer spoke recently, else every 50 ms.
+    def _progress(self) -> float:
+        agent = self._agent
+        if agent is None:
+            return 0.05
+        for peer, msgs in agent.notifs().items():
+            for raw in msgs:
+                try:
+                    n = wire.decode_notif(raw)
+                except wire.BadMessage as exc:
+                    with self._lock:
+                        self._counters["notifs_rejected"] += 1
+                    log.warning("KV source %s dropped a notification from %s: %s", self.engine_id, peer, exc)
+                    continue
+                self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part)
+        busy = len(self._leases) > 0 or time.monotonic() - self._last_message < 2.0
+        return 0.001 if busy else 0.05
+
     def _handle(self, req: object) -> object:
+        self._last_message = time.monotonic()
         if isinstance(req, wire.HeartbeatRequest):
             if len(req.request_ids) > MAX_HEARTBEAT_IDS:
                 return wire.ErrorReply(id=req.id, reason=f"too many request ids (> {MAX_HEARTBEAT_IDS})")
@@ -162,17 +188,6 @@ class KVSource:
         return self._leases.hold(request_id, block_ids, time.time())
 
     def poll_released(self) -> list[str]:
-        if self._agent is not None:
-            for peer, msgs in self._agent.notifs().items():
-                for raw in msgs:
-                    try:
-                        n = wire.decode_notif(raw)
-                    except wire.BadMessage as exc:
-                        with self._lock:
-                            self._counters["notifs_rejected"] += 1
-                        log.warning("KV source %s dropped a notification from %s: %s", self.engine_id, peer, exc)
-                        continue
-                    self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part)
         return self._leases.collect(time.time())
 
     def stats(self) -> dict[str, float]:
@@ -186,7 +201,7 @@ class KVSource:
         return out
 
     def close(self) -> None:
-        self._server.close()
+        self._server.close()  # joins the thread that uses the agent
         if self._agent is not None:
             self._agent.close()
             self._agent = None
