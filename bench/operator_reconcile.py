@@ -40,6 +40,7 @@ from pdfleet.operator.plan import PlanOptions, plan  # noqa: E402
 
 NS = "bench"
 IMAGE = "registry.example/pdfleet-runtime:bench"
+LOG = open(os.environ.get("PDFLEET_BENCH_LOG", os.devnull), "ab")  # the operator's own log
 CR_PATH = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{NS}/{api.PLURAL}"
 
 
@@ -107,7 +108,7 @@ async def start_operator(kubeconfig: str, metrics_port: int) -> asyncio.subproce
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pdfleet.operator.cli", "operator", "--namespace", NS, "--standalone",
         f"--metrics-port={metrics_port}", "--workers=8", env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        stdout=LOG, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
 
 
 async def stop_operator(proc: asyncio.subprocess.Process) -> None:
