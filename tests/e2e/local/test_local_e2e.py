@@ -15,13 +15,19 @@ import psutil
 import pytest
 
 from local_fleet import Answer, Req, ask, ask_all, local_fleet, transferred_tokens
+from pdfleet.operator.local.processes import reserve_ports
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, reference):  # `reference` first: its server is gone before the fleet starts
-    with local_fleet(tmp_path_factory.mktemp("fleet")) as f:
+def router_port():
+    return reserve_ports(1)[0]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, reference, router_port):  # `reference` first: its server is gone before the fleet starts
+    with local_fleet(tmp_path_factory.mktemp("fleet"), extra_args=("--router-port", str(router_port))) as f:
         yield f
 
 
@@ -39,9 +45,9 @@ def differences(reqs: list[Req], answers: list[Answer], reference: dict[str, Ans
     return problems
 
 
-def test_router_line_is_printed_once(fleet):
+def test_router_line_is_printed_once(fleet, router_port):
     assert [l for l in fleet.stdout_lines if l.startswith("router:")] == [f"router: {fleet.router}"]
-    assert fleet.router.startswith("http://127.0.0.1:")
+    assert fleet.router == f"http://127.0.0.1:{router_port}"  # --router-port
     state = fleet.state()
     assert state["healthy"] and state["router"] == fleet.router
     assert {e["role"] for e in state["engines"]} == {"prefill", "decode"}
