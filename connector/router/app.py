@@ -560,7 +560,21 @@ def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> we
     app.router.add_get("/v1/models", router.handle_models)
     app.router.add_get("/health", router.handle_health)
     app.router.add_get("/metrics", router.handle_metrics)
+    app.router.add_route("*", "/{tail:.*}", _unknown_route)  # last: only what nothing else took
     return app
+
+
+_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
+           "/health": "GET", "/metrics": "GET"}
+
+
+async def _unknown_route(request: web.Request) -> web.Response:
+    """404/405 in OpenAI's shape rather than aiohttp's plain text."""
+    allowed = _ROUTES.get(request.path)
+    if allowed is not None:
+        return error_response(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
+                              headers={"Allow": allowed})
+    return error_response(404, f"no route {request.path}; the router serves {', '.join(sorted(_ROUTES))}")
 
 
 async def start_router(config: RouterConfig, host: str = "127.0.0.1", port: int = 0, *,

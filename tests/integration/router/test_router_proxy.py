@@ -392,3 +392,19 @@ async def test_in_flight_series_of_vanished_endpoints_are_dropped(fleet):
     text = await metrics(fleet, url)
     assert 'endpoint="%s"' % p.url not in text  # gone from every revision: series dropped
     assert 'endpoint="%s"' % d.url in text  # still known: kept
+
+
+@pytest.mark.parametrize("method, path, code, needle", [
+    ("GET", "/v1/completions", 405, "use POST"),
+    ("POST", "/v1/models", 405, "use GET"),
+    ("POST", "/v1/embeddings", 404, "no route /v1/embeddings"),
+    ("GET", "/", 404, "no route /"),
+])
+async def test_unknown_routes_and_methods_answer_in_openai_shape(fleet, method, path, code, needle):
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode")
+    url = await fleet.router([p], [d])
+    async with fleet.session.request(method, url + path, json={}) as resp:
+        assert resp.status == code
+        assert_openai_error(await resp.read(), code, needle)
+    assert p.received == [] and d.received == []
