@@ -201,6 +201,12 @@ async def _watch_events(resp: aiohttp.ClientResponse):
 def kubernetes_discovery(config: RouterConfig, *, access=load_access, max_backoff_s: float = 30.0):
     """A Discovery (see app.build_app) that keeps the router's endpoints in line with the slices."""
     assert config.kubernetes_fleet
+    if access is load_access:  # fail at start, not in the retry loop, when the client library is missing
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError("EndpointSlice discovery needs the `kubernetes` package "
+                               "(pip install 'pdfleet[operator]')") from exc
     fleet = config.kubernetes_fleet
     path = SLICES_PATH.format(namespace=quote(config.kubernetes_namespace, safe=""))
     selector = quote(f"{FLEET_LABEL}={fleet}", safe="")
