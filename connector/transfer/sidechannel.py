@@ -2,8 +2,9 @@
 
 The server answers handshake and heartbeat requests through a handler callback; a
 message it will not accept (garbage, oversized, unsigned, wrongly signed) is dropped
-and counted, and the server keeps serving. The client sends one request and waits
-for the matching reply with a timeout and a bounded number of attempts.
+and counted, and the server keeps serving. The client is non-blocking: ``submit``
+sends, ``poll`` collects replies and resends or fails timed-out requests (bounded
+attempts).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import zmq
 
 from pdfleet.connector.transfer import wire
 
-__all__ = ["SideChannelServer", "SideChannelClient", "SideChannelError", "zmq_address", "check_bind_host"]
+__all__ = ["SideChannelServer", "SideChannelClient", "Call", "SideChannelError", "zmq_address", "check_bind_host"]
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +161,47 @@ class SideChannelServer:
             self._thread = None
 
 
-class SideChannelClient:
-    """Blocking request/reply over DEALER sockets, one cached socket per (thread, endpoint).
+class Call:
+    """One outstanding request: ``done()``, then ``result()`` (reply, or raises ``SideChannelError``)."""
 
-    Safe to use from several threads (each gets its own sockets).
+    __slots__ = ("endpoint", "request", "frames", "timeout", "attempts_left", "attempts", "deadline",
+                 "_reply", "_error", "_done", "last")
+
+    def __init__(self, endpoint: tuple[str, int], request, frames: list[bytes], timeout: float, attempts: int) -> None:
+        self.endpoint = endpoint
+        self.request = request
+        self.frames = frames
+        self.timeout = timeout
+        self.attempts = attempts
+        self.attempts_left = attempts
+        self.deadline = 0.0
+        self.last = f"no reply within {timeout:.3g}s"
+        self._reply = None
+        self._error: str | None = None
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self):
+        if not self._done:
+            raise SideChannelError("call still in progress")
+        if self._error is not None:
+            raise SideChannelError(self._error)
+        return self._reply
+
+    def _finish(self, reply=None, error: str | None = None) -> None:
+        self._reply, self._error, self._done = reply, error, True
+
+
+class SideChannelClient:
+    """Non-blocking request/reply over one DEALER socket per endpoint, driven by ``poll``.
+
+    Single-threaded by design (the engine thread sends and polls): no thread hand-offs,
+    so a reply is seen on the next ``poll`` instead of waiting for the GIL. A request
+    without a reply is resent after ``timeout`` on the same socket (libzmq reconnects
+    by itself) until ``attempts`` are used up; replies are matched by request id and
+    duplicates or late replies are ignored.
     """
 
     _ids = itertools.count(1)
@@ -172,9 +210,8 @@ class SideChannelClient:
         self._req = wire.request_codec(secret)
         self._rep = wire.reply_codec(secret)
         self._ctx = zmq.Context.instance()
-        self._local = threading.local()
-        self._all: list[zmq.Socket] = []
-        self._lock = threading.Lock()
+        self._socks: dict[tuple[str, int], zmq.Socket] = {}
+        self._calls: dict[int, Call] = {}
         self.rejected = 0
         self.last_reject = ""
 
@@ -182,74 +219,87 @@ class SideChannelClient:
     def next_id(cls) -> int:
         return next(cls._ids)
 
-    def _socket(self, host: str, port: int) -> zmq.Socket:
-        cache = getattr(self._local, "socks", None)
-        if cache is None:
-            cache = self._local.socks = {}
-        sock = cache.get((host, port))
+    def _socket(self, endpoint: tuple[str, int]) -> zmq.Socket:
+        sock = self._socks.get(endpoint)
         if sock is None:
+            host, port = endpoint
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, _ZMQ_HARD_CAP)
+            sock.setsockopt(zmq.SNDHWM, 1000)
             if ":" in host:
                 sock.setsockopt(zmq.IPV6, 1)
-            sock.connect(zmq_address(host, port))
-            cache[(host, port)] = sock
-            with self._lock:
-                self._all.append(sock)
+            try:
+                sock.connect(zmq_address(host, port))
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise SideChannelError(f"cannot connect to {host}:{port}: {exc}") from exc
+            self._socks[endpoint] = sock
         return sock
 
-    def _drop_socket(self, host: str, port: int) -> None:
-        sock = getattr(self._local, "socks", {}).pop((host, port), None)
-        if sock is not None:
-            sock.close(linger=0)
-            with self._lock:
-                if sock in self._all:
-                    self._all.remove(sock)
+    def submit(self, host: str, port: int, request, *, timeout: float, attempts: int) -> Call:
+        """Send ``request`` now; the returned call completes during a later ``poll``."""
+        call = Call((host, port), request, self._req.encode(request), timeout, max(1, attempts))
+        try:
+            self._socket(call.endpoint)
+        except SideChannelError as exc:
+            call._finish(error=str(exc))
+            return call
+        self._calls[request.id] = call
+        self._send(call, time.monotonic())
+        return call
 
-    def call(self, host: str, port: int, request, *, timeout: float, attempts: int):
-        """Send ``request`` and return the decoded reply, or raise ``SideChannelError``."""
-        last = "no attempt made"
-        for attempt in range(max(1, attempts)):
-            sock = self._socket(host, port)
-            try:
-                sock.send_multipart(self._req.encode(request), zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                # no peer connected yet (DEALER with no pipe): fall through to waiting
-                if exc.errno != zmq.EAGAIN:
-                    raise SideChannelError(f"sending to {host}:{port} failed: {exc}") from exc
-                sock = None
-            deadline = time.monotonic() + timeout
-            while sock is not None:
-                left = deadline - time.monotonic()
-                if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+    def _send(self, call: Call, now: float) -> None:
+        call.attempts_left -= 1
+        call.deadline = now + call.timeout
+        try:
+            self._socks[call.endpoint].send_multipart(call.frames, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # queue full: counts as a lost attempt
+            call.last = f"send failed: {exc}"
+
+    def poll(self) -> None:
+        """Receive replies (non-blocking), resend or fail timed-out calls."""
+        for endpoint, sock in self._socks.items():
+            for _ in range(1000):  # bounded per poll
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
                     break
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError as exc:
+                    log.warning("side channel %s:%s receive failed: %s", *endpoint, exc)
+                    break
                 try:
                     reply = self._rep.decode(frames)
                 except wire.BadMessage as exc:
                     self.rejected += 1
                     self.last_reject = str(exc)
-                    last = f"bad reply: {exc}"
+                    log.warning("dropped a reply from %s:%s: %s", *endpoint, exc)
                     continue
-                if getattr(reply, "id", None) != request.id:
-                    continue  # a late reply to an earlier, timed-out attempt
-                return reply
-            else:
-                # could not even queue the message: wait a little before retrying
-                time.sleep(min(timeout, 0.05))
-            if last == "no attempt made" or not last.startswith("bad reply"):
-                last = f"no reply within {timeout:.3g}s"
-            # a fresh socket so that a dead connection or queued stale request is discarded
-            self._drop_socket(host, port)
-            log.info("side channel %s:%s attempt %d/%d: %s", host, port, attempt + 1, attempts, last)
-        raise SideChannelError(
-            f"side channel {host}:{port}: {last} after {max(1, attempts)} attempt(s)"
-            " (peer down, wrong address, or a secret mismatch: messages with a missing or wrong HMAC are dropped)"
-        )
+                call = self._calls.get(getattr(reply, "id", None))
+                if call is None or call.endpoint != endpoint:
+                    continue  # late or duplicate reply
+                del self._calls[reply.id]
+                call._finish(reply=reply)
+        now = time.monotonic()
+        for rid, call in list(self._calls.items()):
+            if now < call.deadline:
+                continue
+            host, port = call.endpoint
+            if call.attempts_left > 0:
+                log.info("side channel %s:%s: %s, resending (%d left)", host, port, call.last, call.attempts_left)
+                self._send(call, now)
+                continue
+            del self._calls[rid]
+            call._finish(error=(
+                f"side channel {host}:{port}: {call.last} after {call.attempts} attempt(s)"
+                " (peer down, wrong address, or a secret mismatch: messages with a missing or wrong HMAC are dropped)"
+            ))
+
+    def pending(self) -> int:
+        return len(self._calls)
 
     def close(self) -> None:
-        with self._lock:
-            for sock in self._all:
-                sock.close(linger=0)
-            self._all.clear()
+        for sock in self._socks.values():
+            sock.close(linger=0)
+        self._socks.clear()
+        self._calls.clear()

@@ -1,8 +1,8 @@
 """Decode side: ``KVSink`` pulls a request's KV blocks from a ``KVSource`` with NIXL READs.
 
-One per worker rank. All NIXL calls happen on the caller's thread (``pull``/``poll``);
-side-channel round trips (handshakes, lease heartbeats) run on a small thread pool so
-``pull`` never blocks the engine.
+One per worker rank, single-threaded: NIXL calls and side-channel messages
+(handshakes, lease heartbeats: non-blocking ZMQ) all happen on the caller's thread in
+``pull``/``poll``, so ``pull`` never blocks the engine and nothing waits for the GIL.
 
 Life of a pull:
 1. ``pull`` validates its inputs (a bad one fails the request, reported by ``poll``).
@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -45,7 +44,7 @@ from pdfleet.connector.transfer.layout import (
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
-from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelError
+from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
 __all__ = ["KVSink", "lease_verdict"]
 
@@ -93,7 +92,7 @@ class _Pull:
     verified: bool = False  # the peer's instance is known to be the one holding the lease
     ack_instance: str | None = None  # instance id that answered the heartbeat
     deadline: float | None = None  # monotonic; from heartbeat acks
-    hb: Future | None = None
+    hb: Call | None = None
     hb_sent: float = 0.0
     hb_interval: float = 1.0
     hb_retry: bool = False  # the source did not know the request yet: ask again soon
@@ -157,9 +156,8 @@ class KVSink:
         self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread)
         self._agent.register(self.regions)
         self._client = SideChannelClient(secret=secret)
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pdfleet-sink")
         self._peers: dict[Endpoint, _Peer] = {}
-        self._handshakes: dict[Endpoint, tuple[Future, float]] = {}
+        self._handshakes: dict[Endpoint, tuple[Call, float]] = {}
         self._pulls: dict[str, _Pull] = {}
         self._done: list[str] = []
         self._failed: dict[str, str] = {}
@@ -240,13 +238,14 @@ class KVSink:
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
             req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids])
-            self._pool.submit(self._client.call, host, port + rank, req, timeout=self._hb_timeout, attempts=1)
+            self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("keep_alive ignored: %s", exc)
             return
         self._stats["heartbeats"] += 1
 
     def poll(self) -> tuple[list[str], dict[str, str]]:
+        self._client.poll()
         now = time.monotonic()
         self._collect_handshakes()
         for p in list(self._pulls.values()):
@@ -272,7 +271,6 @@ class KVSink:
         return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
         for p in self._pulls.values():
             for h in p.handles:
                 self._agent.release(h)
@@ -324,7 +322,7 @@ class KVSink:
     def _heartbeat(self, p: _Pull, now: float) -> None:
         req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id])
         p.hb_sent = now
-        p.hb = self._pool.submit(self._client.call, *p.endpoint, req, timeout=self._hb_timeout, attempts=2)
+        p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._stats["heartbeats"] += 1
 
     def _ensure_handshake(self, endpoint: Endpoint) -> None:
@@ -337,9 +335,7 @@ class KVSink:
             compat_hash=self.compat_hash,
             layout=self.layout,
         )
-        fut = self._pool.submit(
-            self._client.call, *endpoint, req, timeout=self._hs_timeout, attempts=self._hs_retries
-        )
+        fut = self._client.submit(*endpoint, req, timeout=self._hs_timeout, attempts=self._hs_retries)
         self._handshakes[endpoint] = (fut, time.monotonic())
 
     def _collect_handshakes(self) -> None:
