@@ -49,6 +49,8 @@ def configure(fmt: str = "plain", verbose: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # kopf logs every successful event handler at INFO: one line per child event; keep them for -v.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def fleet_extra(namespace: str, name: str) -> dict[str, Any]:
