@@ -93,6 +93,10 @@ class PdfleetConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         return self._scheduler.build_connector_meta(scheduler_output)
 
+    def on_new_request(self, request: "Request") -> None:
+        assert self._scheduler is not None
+        self._scheduler.on_new_request(request)
+
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request, block_ids)

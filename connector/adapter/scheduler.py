@@ -31,9 +31,13 @@ from pdfleet.connector.adapter.params import (
     wants_remote_prefill,
 )
 
-__all__ = ["PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
+__all__ = ["KeepAlive", "PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
 
 log = logging.getLogger(__name__)
+
+# Seconds between lease heartbeats for queued pulls: one small message per prefill endpoint,
+# well inside any sensible lease.
+KEEP_ALIVE_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,21 @@ class PullSpec:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """Prefill requests queued on decode but not pulled yet: their leases must not run out."""
+
+    host: str
+    port: int
+    tp_size: int
+    remote_request_ids: tuple[str, ...]
+
+
 @dataclass
 class PdfleetConnectorMetadata(KVConnectorMetadata):
     pulls: dict[str, PullSpec] = field(default_factory=dict)
     holds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    keep_alive: tuple[KeepAlive, ...] = ()
     params_rejected: int = 0
 
 
@@ -84,6 +99,8 @@ class SchedulerSide:
         self._pulls: dict[str, PullSpec] = {}
         self._holds: dict[str, tuple[int, ...]] = {}
         self._rejected_since_meta = 0
+        self._queued: dict[str, RemotePrefill] = {}  # valid remote prefills not yet pulled
+        self._last_keep_alive = 0.0
 
     # -- decode ---------------------------------------------------------------
     def _reject(self, request_id: str, exc: Exception) -> None:
@@ -97,6 +114,10 @@ class SchedulerSide:
         rid = request.request_id
         if rid in self._rejected:
             return None
+        if rid in self._queued:
+            # Validated on arrival; since then decode heartbeats have extended the lease
+            # beyond the remote_lease_expiry in the params.
+            return self._queued[rid]
         params = request.kv_transfer_params
         try:
             if not wants_remote_prefill(params):
@@ -113,6 +134,22 @@ class SchedulerSide:
         except InvalidTransferParams as exc:
             self._reject(rid, exc)
             return None
+
+    def on_new_request(self, request: Any) -> None:
+        """Track a queued remote prefill so its lease is kept alive until its pull starts."""
+        remote = self._parse(request)
+        if remote is not None:
+            self._queued[request.request_id] = remote
+
+    def _keep_alive(self) -> tuple[KeepAlive, ...]:
+        now = time.monotonic()
+        if not self._queued or now - self._last_keep_alive < KEEP_ALIVE_INTERVAL:
+            return ()
+        self._last_keep_alive = now
+        groups: dict[tuple[str, int, int], list[str]] = {}
+        for r in self._queued.values():
+            groups.setdefault((r.remote_host, r.remote_port, r.tp_size), []).append(r.remote_request_id)
+        return tuple(KeepAlive(h, p, tp, tuple(ids)) for (h, p, tp), ids in groups.items())
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
@@ -136,6 +173,7 @@ class SchedulerSide:
         if waiting is None:
             return
         self._handled.add(rid)
+        self._queued.pop(rid, None)  # from here on the pull itself heartbeats
         if num_external_tokens <= 0:
             # Nothing to pull (short prompt, or all of it cached locally); the
             # prefill lease frees the blocks.
@@ -157,7 +195,8 @@ class SchedulerSide:
     # -- both -----------------------------------------------------------------
     def build_connector_meta(self, scheduler_output: Any) -> PdfleetConnectorMetadata:
         meta = PdfleetConnectorMetadata(
-            pulls=self._pulls, holds=self._holds, params_rejected=self._rejected_since_meta
+            pulls=self._pulls, holds=self._holds, keep_alive=self._keep_alive(),
+            params_rejected=self._rejected_since_meta,
         )
         self._pulls, self._holds, self._rejected_since_meta = {}, {}, 0
         return meta
@@ -165,6 +204,7 @@ class SchedulerSide:
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         self._waiting.pop(rid, None)
+        self._queued.pop(rid, None)
         self._handled.discard(rid)
         reason = self._rejected.pop(rid, None)
         if reason is not None:

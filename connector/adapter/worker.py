@@ -179,6 +179,13 @@ class WorkerSide:
             self.source.hold(rid, list(ids))
         for rid, spec in meta.pulls.items():
             self._start_pull(rid, spec)
+        if self.sink is not None:
+            for ka in meta.keep_alive:
+                try:
+                    self.sink.keep_alive(list(ka.remote_request_ids), host=ka.host, port=ka.port,
+                                         remote_tp_size=ka.tp_size)
+                except Exception:  # best effort: a lost heartbeat only shortens a lease
+                    log.exception("keep_alive to %s:%d", ka.host, ka.port)
 
     def _start_pull(self, rid: str, spec: PullSpec) -> None:
         if spec.error is not None or spec.remote is None or self.sink is None:

@@ -77,7 +77,7 @@ def _prefill_params(fleet, p: list[int]) -> dict:
 
 BAD_CASES = [
     ("truncated block list", lambda kv: {**kv, "remote_block_ids": [kv["remote_block_ids"][0][:1]]}),
-    ("too many blocks", lambda kv: {**kv, "remote_block_ids": [kv["remote_block_ids"][0] * 3]}),
+    ("too many blocks", lambda kv: {**kv, "remote_block_ids": [list(range(100, 100 + 3 * len(kv["remote_block_ids"][0])))]}),
     ("negative block id", lambda kv: {**kv, "remote_block_ids": [[-1] + kv["remote_block_ids"][0][1:]]}),
     ("block id beyond the prefill cache", lambda kv: {**kv, "remote_block_ids": [[10**7] + kv["remote_block_ids"][0][1:]]}),
     ("string block ids", lambda kv: {**kv, "remote_block_ids": [[str(b) for b in kv["remote_block_ids"][0]]]}),

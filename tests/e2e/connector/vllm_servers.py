@@ -43,6 +43,8 @@ class Server:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--block-size", str(BLOCK), "--max-model-len", "4096", "--max-num-seqs", "8",
             "--dtype", "float32", "--seed", "0",
+            # No torch.compile: starts in seconds; every server here (reference included) runs the same way.
+            "--optimization-level", "0",
         ]
         if kv_config is not None:
             argv += ["--kv-transfer-config", json.dumps(kv_config)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import time
 
 import pytest
 import torch
@@ -167,6 +167,43 @@ def test_corrupt_hook_changes_pulled_blocks(tiny_model, monkeypatch):
         name = next(iter(prefill.kv))
         assert not torch.equal(decode.kv[name][d_blocks[0]], prefill.kv[name][p_blocks[0]])
         assert decode.worker._worker.cumulative_stats()["blocks_corrupted_for_test"] == 2
+    finally:
+        decode.close()
+        prefill.close()
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_queued_request_keeps_the_prefill_lease_alive(tiny_model, monkeypatch, keep_alive):
+    """A decode request queued longer than the lease still pulls, because decode heartbeats it.
+
+    Without the heartbeats (negative control) the lease expires and the pull fails.
+    """
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    prefill = Side(tiny_model, "kv_producer", extra={"lease_seconds": 1.5})
+    decode = Side(tiny_model, "kv_consumer")
+    try:
+        _, params, _ = prefill_request(prefill, 2 * BLOCK, seed=12)
+        dreq = request(2 * BLOCK, dict(params), seed=12)
+        if keep_alive:
+            decode.connector.on_new_request(dreq)
+        deadline = time.monotonic() + 4.0  # queued for over twice the lease
+        while time.monotonic() < deadline:
+            meta = decode.connector.build_connector_meta(None)
+            decode.worker.bind_connector_metadata(meta)
+            decode.worker.start_load_kv(None)
+            decode.worker.clear_connector_metadata()
+            prefill.step()  # prefill frees whatever expired
+            time.sleep(0.05)
+        decode.scheduler.add_request(dreq)
+        decode.step(write_kv=False)
+        run_until(decode, lambda: dreq.status == RequestStatus.RUNNING, write_kv=False)
+        stats = decode.worker._worker.cumulative_stats()
+        if keep_alive:
+            assert stats.get("transfers", 0) == 1 and stats.get("failures", 0) == 0
+        else:
+            # refused up front (expired remote_lease_expiry) or failed by the pull: never read
+            assert stats.get("transfers", 0) == 0
+            assert stats.get("failures", 0) + stats.get("params_rejected", 0) == 1
     finally:
         decode.close()
         prefill.close()
