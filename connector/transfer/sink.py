@@ -26,6 +26,7 @@ Life of a pull:
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ Endpoint = tuple[str, int]
 # How long a failed pull waits for NIXL to cancel or finish its READs before it is
 # reported anyway (so that a read can no longer land in blocks vLLM reuses).
 RELEASE_GRACE_SECONDS = 10.0
+# Advertised lease expiries are trusted only with a clock offset known this well, and
+# with this much margin.
+EXPIRY_MAX_CLOCK_ERROR = 0.1
+EXPIRY_SAFETY_MARGIN = 0.25
 # How often to ask again about a request the source does not know yet.
 UNKNOWN_RETRY_SECONDS = 0.02
 
@@ -77,6 +82,8 @@ class _Peer:
     plan: SlicePlan
     lease_seconds: float
     min_blocks: int
+    clock_offset: float = 0.0  # source unix time - local unix time (estimate)
+    clock_error: float = float("inf")  # bound on the estimate's error (half the round trip)
 
 
 @dataclass
@@ -88,6 +95,7 @@ class _Pull:
     remote_ids: list[int]
     local_ids: list[int]
     started: float
+    remote_lease_expiry: float | None = None  # source's unix time, from the request's params
     peer: _Peer | None = None
     verified: bool = False  # the peer's instance is known to be the one holding the lease
     ack_instance: str | None = None  # instance id that answered the heartbeat
@@ -96,6 +104,7 @@ class _Pull:
     hb_sent: float = 0.0
     hb_interval: float = 1.0
     hb_retry: bool = False  # the source did not know the request yet: ask again soon
+    acked: bool = False  # a heartbeat ack confirmed the source holds the blocks
     failed_at: float | None = None
     handles: list[Any] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
@@ -157,7 +166,7 @@ class KVSink:
         self._agent.register(self.regions)
         self._client = SideChannelClient(secret=secret)
         self._peers: dict[Endpoint, _Peer] = {}
-        self._handshakes: dict[Endpoint, tuple[Call, float]] = {}
+        self._handshakes: dict[Endpoint, tuple[Call, float, float]] = {}
         self._pulls: dict[str, _Pull] = {}
         self._done: list[str] = []
         self._failed: dict[str, str] = {}
@@ -189,8 +198,15 @@ class KVSink:
         remote_block_ids: list[int],
         local_block_ids: list[int],
         remote_tp_size: int | None = None,
+        remote_lease_expiry: float | None = None,
     ) -> None:
-        """Start pulling; never raises for bad input (the request is reported failed by ``poll``)."""
+        """Start pulling; never raises for bad input (the request is reported failed by ``poll``).
+
+        ``remote_lease_expiry`` (optional): the lease expiry the source advertised with the
+        request (its ``hold`` return value or a lower bound of it, on the source's clock).
+        With it, the READs can be posted before the first lease ack arrives, against a
+        deadline corrected by the clock offset measured in the handshake.
+        """
         rid = request_id if isinstance(request_id, str) else repr(request_id)
         try:
             if not isinstance(request_id, str) or not request_id:
@@ -205,6 +221,12 @@ class KVSink:
                 raise ValueError(f"remote_engine_id must be a non-empty string, got {remote_engine_id!r}")
             if remote_instance_id is not None and not isinstance(remote_instance_id, str):
                 raise ValueError(f"remote_instance_id must be a string or None, got {remote_instance_id!r}")
+            if remote_lease_expiry is not None and (
+                isinstance(remote_lease_expiry, bool)
+                or not isinstance(remote_lease_expiry, (int, float))
+                or not math.isfinite(remote_lease_expiry)
+            ):
+                raise ValueError(f"remote_lease_expiry must be a unix time or None, got {remote_lease_expiry!r}")
             remote_ids, local_ids = validate_block_ids(
                 remote_block_ids, local_block_ids, local_num_blocks=self._min_local_blocks
             )
@@ -216,7 +238,8 @@ class KVSink:
             self._fail_now(rid, f"invalid pull: {exc}")
             return
         now = time.monotonic()
-        p = _Pull(rid, endpoint, remote_engine_id, remote_instance_id or None, remote_ids, local_ids, now)
+        p = _Pull(rid, endpoint, remote_engine_id, remote_instance_id or None, remote_ids, local_ids, now,
+                  None if remote_lease_expiry is None else float(remote_lease_expiry))
         self._pulls[rid] = p
         peer = self._peers.get(endpoint)
         if peer is not None and (
@@ -336,15 +359,20 @@ class KVSink:
             layout=self.layout,
         )
         fut = self._client.submit(*endpoint, req, timeout=self._hs_timeout, attempts=self._hs_retries)
-        self._handshakes[endpoint] = (fut, time.monotonic())
+        self._handshakes[endpoint] = (fut, time.monotonic(), time.time())
 
     def _collect_handshakes(self) -> None:
-        for endpoint, (fut, started) in list(self._handshakes.items()):
+        for endpoint, (fut, started, sent_wall) in list(self._handshakes.items()):
             if not fut.done():
                 continue
             del self._handshakes[endpoint]
             try:
                 peer = self._make_peer(endpoint, fut.result())
+                if peer.clock_error == float("inf") and fut.result().clock > 0:
+                    # The source's clock was read between our send and now.
+                    got = time.time()
+                    peer.clock_offset = fut.result().clock - (sent_wall + got) / 2
+                    peer.clock_error = (got - sent_wall) / 2
             except Exception as exc:  # any failure fails the waiting pulls, never the engine
                 self._stats["handshake_failures"] += 1
                 for p in list(self._pulls.values()):
@@ -403,9 +431,22 @@ class KVSink:
             self._post(p, time.monotonic())
 
     def _may_post(self, p: _Pull) -> bool:
-        # Safe mode waits for the lease ack (its deadline); eager mode posts as soon as
-        # the instance is known and rejects the data afterwards if the ack says expired.
-        return p.verified and (self._eager or p.deadline is not None)
+        # Safe mode needs a deadline: from the lease ack, or from the advertised expiry
+        # corrected for clock offset; eager mode posts as soon as the instance is known.
+        # Either way the request completes only once an ack confirmed the lease.
+        if not p.verified:
+            return False
+        if p.deadline is None and p.remote_lease_expiry is not None and p.peer is not None:
+            p.deadline = self._deadline_from_expiry(p.peer, p.remote_lease_expiry)
+        return self._eager or p.deadline is not None
+
+    @staticmethod
+    def _deadline_from_expiry(peer: _Peer, expiry: float) -> float | None:
+        """Monotonic deadline for a source-clock expiry, or None if too uncertain or too close."""
+        if peer.clock_error > EXPIRY_MAX_CLOCK_ERROR:
+            return None
+        left = expiry - peer.clock_offset - time.time() - peer.clock_error - EXPIRY_SAFETY_MARGIN
+        return time.monotonic() + left if left > 0 else None
 
     def _post(self, p: _Pull, now: float) -> None:
         peer = p.peer
@@ -469,6 +510,7 @@ class KVSink:
             return (f"the source does not know request {p.request_id!r} (never held, or held"
                     f" longer ago than it remembers) after {self._unknown_grace:.3g}s")
         p.deadline = p.hb_sent + float(left)
+        p.acked = True
         p.hb_interval = max(0.05, float(left) / 3)
         if p.peer is not None:
             p.verified = True
@@ -512,8 +554,8 @@ class KVSink:
                 p.completed_at = time.monotonic()  # observed now, so no earlier than the real end
         if p.completed_at is not None:
             verdict = lease_verdict(p.completed_at, p.deadline)
-            if verdict == "unknown":
-                return  # the first heartbeat ack is still on its way
+            if verdict == "unknown" or not p.acked:
+                return  # the first lease ack is still on its way
             if verdict == "expired":
                 self._stats["expired_leases"] += 1
                 self._fail(p, "the read completed after the source's lease expired: the blocks may"

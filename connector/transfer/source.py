@@ -162,6 +162,7 @@ class KVSource:
             layout=self.layout,
             compat_hash=self.compat_hash,
             lease_seconds=self._leases.lease_seconds,
+            clock=time.time(),
         )
 
     def _refusal(self, req: wire.HandshakeRequest) -> str:

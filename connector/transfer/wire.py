@@ -62,6 +62,7 @@ class HandshakeReply(msgspec.Struct, tag="hs_ok", frozen=True):
     layout: KVLayout
     compat_hash: str
     lease_seconds: float
+    clock: float = 0.0  # the source's unix time when it answered (clock offset estimate)
 
 
 class HeartbeatRequest(msgspec.Struct, tag="hb", frozen=True):

@@ -152,3 +152,32 @@ def test_invalid_block_ids_fail_cleanly(source_factory, sink_factory, local_kv):
     pull(sink, src, "ok1", [2], [3])
     assert wait_for(sink, "ok1") == (True, "")
     assert sink.stats()["failures"] == len(cases) + 1
+
+
+def test_advertised_lease_expiry_lets_the_read_start_before_the_ack(source_factory, sink_factory, local_kv):
+    src = source_factory(lease=30.0)
+    sink = sink_factory(local_kv)
+    src.hold("w", [1])
+    pull(sink, src, "w", [1], [1])
+    assert wait_for(sink, "w")[0]  # handshake done, clock offset measured
+    posted = sink.stats()["descriptors"]
+
+    expiry = src.hold("fast", [2, 3])
+    pull(sink, src, "fast", [2, 3], [2, 3], remote_lease_expiry=expiry)
+    assert sink.stats()["descriptors"] == posted + 2  # posted inside pull(), no ack yet
+    assert wait_for(sink, "fast") == (True, "")
+    assert matches(local_kv, src, [2, 3], [2, 3])
+
+    # control: without an expiry (or with one already past) the READ waits for the ack
+    src.hold("slow", [4])
+    pull(sink, src, "slow", [4], [4])
+    assert sink.stats()["descriptors"] == posted + 2
+    assert wait_for(sink, "slow") == (True, "")
+    src.hold("past", [5])
+    pull(sink, src, "past", [5], [5], remote_lease_expiry=time.time() - 1)
+    assert sink.stats()["descriptors"] == posted + 4  # "slow" posted 2 after its ack; "past" waits
+    assert wait_for(sink, "past") == (True, "")  # the ack still says held: fine
+
+    pull(sink, src, "bad", [6], [6], remote_lease_expiry="soon")
+    ok, reason = wait_for(sink, "bad")
+    assert not ok and "remote_lease_expiry must be a unix time" in reason
