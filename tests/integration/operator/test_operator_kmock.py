@@ -202,3 +202,15 @@ async def test_replicas_scaled_by_hand_are_restored(driver: FakeDriver, kube):
     assert resp.status == 200
     await eventually(lambda: kube.get(STS, NAMESPACE, f"llama-decode-{rev}")["spec"]["replicas"] == 1,
                      what="replicas restored to the spec's")
+
+
+async def test_endpoints_follow_a_prefill_pod_that_moved(driver: FakeDriver, kube):
+    await scenario_create(driver)
+    await make_fleet_ready(driver, "llama")
+    st = await wait_status(driver, "llama", lambda s: s["endpoints"]["prefill"], "an endpoint")
+    (endpoint,) = st["endpoints"]["prefill"]
+    pod = kube.get("v1/pods", NAMESPACE, endpoint["pod"])
+    moved = {**pod["status"], "podIP": "10.9.9.9", "podIPs": [{"ip": "10.9.9.9"}]}
+    await kube.set_status("v1/pods", NAMESPACE, endpoint["pod"], moved)   # restarted on another node
+    st = await wait_status(driver, "llama", lambda s: s["endpoints"]["prefill"][0]["ip"] == "10.9.9.9", "new IP")
+    assert [e["pod"] for e in st["endpoints"]["prefill"]] == [endpoint["pod"]]
