@@ -176,7 +176,10 @@ class WorkerSide:
             if self.source is None:
                 log.warning("hold for %s ignored: this worker is not a KV producer", rid)
                 continue
-            self.source.hold(rid, list(ids))
+            try:
+                self.source.hold(rid, list(ids))
+            except Exception:  # never let one request take the engine down; the lease is lost
+                log.exception("hold of %s failed", rid)
         for rid, spec in meta.pulls.items():
             self._start_pull(rid, spec)
         if self.sink is not None:
@@ -239,12 +242,21 @@ class WorkerSide:
 
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         """(finished sending, finished receiving incl. failed, failed receiving)."""
-        sending: set[str] = set(self.source.poll_released()) if self.source is not None else set()
+        sending: set[str] = set()
+        if self.source is not None:
+            try:
+                sending = set(self.source.poll_released())
+            except Exception:
+                log.exception("polling released leases failed")
         recving: set[str] = set()
         failed: set[str] = set(self._immediate_failures)
         self._immediate_failures = {}
         if self.sink is not None:
-            done, fails = self.sink.poll()
+            try:
+                done, fails = self.sink.poll()
+            except Exception:
+                log.exception("polling pulls failed")
+                done, fails = [], {}
             for remote_id in done:
                 rid = self._by_remote.pop(remote_id, None)
                 inflight = self._inflight.pop(rid, None) if rid is not None else None
