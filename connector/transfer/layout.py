@@ -267,20 +267,27 @@ def validate_block_ids(
     return remote, local
 
 
+def _run_arrays(local_ids: Sequence[int], remote_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(local starts, remote starts, lengths) of maximal runs consecutive on both sides."""
+    loc = np.asarray(local_ids, dtype=np.int64)
+    rem = np.asarray(remote_ids, dtype=np.int64)
+    if loc.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    # a run breaks wherever either side does not step by exactly one block
+    breaks = np.flatnonzero((np.diff(loc) != 1) | (np.diff(rem) != 1)) + 1
+    starts = np.concatenate(([0], breaks))
+    lengths = np.diff(np.concatenate((starts, [loc.size])))
+    return loc[starts], rem[starts], lengths
+
+
 def coalesce_runs(local_ids: Sequence[int], remote_ids: Sequence[int]) -> list[tuple[int, int, int]]:
     """Split paired block ids into maximal runs consecutive on both sides.
 
     Returns ``(local_start, remote_start, count)`` triples in request order.
     """
-    runs: list[tuple[int, int, int]] = []
-    for loc, rem in zip(local_ids, remote_ids):
-        if runs:
-            ls, rs, n = runs[-1]
-            if loc == ls + n and rem == rs + n:
-                runs[-1] = (ls, rs, n + 1)
-                continue
-        runs.append((loc, rem, 1))
-    return runs
+    ls, rs, n = _run_arrays(local_ids, remote_ids)
+    return [(int(a), int(b), int(c)) for a, b, c in zip(ls, rs, n)]
 
 
 def build_descriptors(
@@ -292,26 +299,27 @@ def build_descriptors(
 ) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
     """Descriptor lists for one read, grouped by (local device, remote device).
 
-    Each group is ``(local_mem, remote_mem, local Nx3, remote Nx3)`` with rows
-    ``(address, length, device_id)``. A run of consecutive blocks becomes one
-    descriptor when both regions are dense and whole blocks are read; otherwise
-    each block is its own descriptor.
+    Each group is ``(local_mem, remote_mem, local Nx3, remote Nx3)`` (uint64) with rows
+    ``(address, length, device_id)``, region by region in request order. A run of
+    consecutive blocks becomes one descriptor when both regions are dense and whole
+    blocks are read; otherwise each block is its own descriptor.
     """
-    runs = coalesce_runs(local_ids, remote_ids)
-    groups: dict[tuple[str, str], tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]] = {}
+    ls, rs, n = _run_arrays(local_ids, remote_ids)
+    lids = np.asarray(local_ids, dtype=np.int64)
+    rids = np.asarray(remote_ids, dtype=np.int64)
+    groups: dict[tuple[str, str], tuple[list[np.ndarray], list[np.ndarray]]] = {}
     for i, (lr, rr) in enumerate(zip(local_regions, remote_regions)):
         off, length = plan.offsets[i], plan.lengths[i]
-        loc_rows, rem_rows = groups.setdefault((lr.device, rr.device), ([], []))
+        loc_parts, rem_parts = groups.setdefault((lr.device, rr.device), ([], []))
         merge = lr.dense and rr.dense and off == 0 and length == lr.block_len == rr.block_len
-        for ls, rs, n in runs:
-            if merge:
-                loc_rows.append((lr.base + ls * lr.block_stride, n * length, lr.device_id))
-                rem_rows.append((rr.base + rs * rr.block_stride, n * length, rr.device_id))
-            else:
-                for j in range(n):
-                    loc_rows.append((lr.base + (ls + j) * lr.block_stride, length, lr.device_id))
-                    rem_rows.append((rr.base + (rs + j) * rr.block_stride + off, length, rr.device_id))
+        if merge:
+            l_addr, r_addr, lens = lr.base + ls * lr.block_stride, rr.base + rs * rr.block_stride, n * length
+        else:
+            l_addr, r_addr = lr.base + lids * lr.block_stride, rr.base + rids * rr.block_stride + off
+            lens = np.full(lids.size, length, dtype=np.int64)
+        loc_parts.append(np.column_stack((l_addr, lens, np.full(lens.size, lr.device_id))).astype(np.uint64))
+        rem_parts.append(np.column_stack((r_addr, lens, np.full(lens.size, rr.device_id))).astype(np.uint64))
     return [
-        (lm, rm, np.array(loc, dtype=np.uint64).reshape(-1, 3), np.array(rem, dtype=np.uint64).reshape(-1, 3))
+        (lm, rm, np.concatenate(loc).reshape(-1, 3), np.concatenate(rem).reshape(-1, 3))
         for (lm, rm), (loc, rem) in groups.items()
     ]
