@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import sys
 
@@ -26,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--standalone", action="store_true", help="no peering: assume this is the only operator")
     mode.add_argument("--peering", metavar="NAME", help="kopf peering object name (several replicas, one active)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="kopf peering priority; default: derived from POD_ID, so peers never tie")
     parser.add_argument("--liveness", metavar="URL", default=None,
                         help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
@@ -54,6 +57,11 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
+def peering_priority(instance: str) -> int:
+    """A stable, per-pod priority: kopf pauses *every* peer that ties for the highest one."""
+    return int.from_bytes(hashlib.sha256(instance.encode()).digest()[:4], "big") % 1_000_000 + 1
+
+
 def run(args: argparse.Namespace) -> int:
     problem = _validate(args)
     if problem:
@@ -67,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
     from pdfleet.operator.reconcile.handlers import OperatorOptions, build_registry
     from pdfleet.operator.reconcile.reconciler import ReconcileOptions
 
+    instance = os.environ.get("POD_ID") or os.uname().nodename
     options = OperatorOptions(
         reconcile=ReconcileOptions(default_image=args.default_image, drain_seconds=args.drain_seconds,
-                                   workers=args.workers, instance=os.environ.get("POD_ID") or os.uname().nodename),
+                                   workers=args.workers, instance=instance),
         metrics_port=args.metrics_port,
     )
     try:
@@ -79,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=[] if args.all_namespaces else list(args.namespace),
             standalone=True if args.standalone else None,
             peering_name=args.peering,
+            priority=(args.priority if args.priority is not None else peering_priority(instance)) if args.peering else None,
             liveness_endpoint=args.liveness,
         ))
     except KeyboardInterrupt:

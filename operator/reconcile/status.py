@@ -1,7 +1,8 @@
 """The CR status, computed from what the operator observed (pure).
 
-kstatus-compatible: `observedGeneration` plus a `Ready` condition (and Progressing /
-Degraded). A condition's `lastTransitionTime` changes only when its status flips, so
+kstatus-compatible: `observedGeneration`, `Ready`, Progressing / Degraded, and their
+kstatus spellings `Reconciling` / `Stalled` (kstatus, hence Flux and `helm --wait`, reads
+only those two). A condition's `lastTransitionTime` changes only when its status flips, so
 an unchanged world produces an identical status and the operator writes nothing.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from pdfleet.operator.reconcile.children import ObservedChild, ObservedPod
 from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,14 @@ class Cond:
     status: bool
     reason: str
     message: str = ""
+
+
+def with_kstatus(conds: list[Cond]) -> list[Cond]:
+    """Mirror Progressing as Reconciling and Degraded as Stalled, which kstatus reads."""
+    by_type = {c.type: c for c in conds}
+    mirrors = (("Progressing", "Reconciling"), ("Degraded", "Stalled"))
+    return conds + [Cond(kstatus, by_type[src].status, by_type[src].reason, by_type[src].message)
+                    for src, kstatus in mirrors if src in by_type]
 
 
 def merge_conditions(
@@ -100,11 +109,11 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         message = "; ".join(inp.invalid)
         out = {k: v for k, v in prev.items() if k not in ("conditions", "observedGeneration")}
         out["observedGeneration"] = inp.generation
-        out["conditions"] = merge_conditions(prev.get("conditions"), [
+        out["conditions"] = merge_conditions(prev.get("conditions"), with_kstatus([
             Cond("Ready", False, "InvalidSpec", message),
             Cond("Progressing", False, "InvalidSpec", "no child is changed until the spec is fixed"),
             Cond("Degraded", True, "InvalidSpec", message),
-        ], now=now, generation=inp.generation)
+        ]), now=now, generation=inp.generation)
         return out
 
     d = inp.decision
@@ -154,7 +163,7 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
 
     out: dict[str, Any] = {
         "observedGeneration": inp.generation,
-        "conditions": merge_conditions(prev.get("conditions"), conds, now=now, generation=inp.generation),
+        "conditions": merge_conditions(prev.get("conditions"), with_kstatus(conds), now=now, generation=inp.generation),
         "revision": serving,
         "prefill": roles["prefill"].as_status(),
         "decode": roles["decode"].as_status(),

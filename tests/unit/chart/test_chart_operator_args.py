@@ -58,10 +58,6 @@ def test_a_wrong_flag_is_refused(monkeypatch):
         parse_container(container, monkeypatch)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kopf pauses every peer of the same priority; `pdfleet operator --peering` passes none, so with "
-    "replicaCount > 1 no replica is active. Fix in operator/reconcile/command.py (e.g. a priority "
-    "derived from POD_ID), then drop this marker."))
 def test_peered_replicas_get_distinct_kopf_priorities(monkeypatch):
     import kopf
 

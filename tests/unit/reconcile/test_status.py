@@ -86,3 +86,29 @@ def test_merge_conditions_negative_control():
     before = merge_conditions([], [Cond("Ready", True, "Ready")], now=T0, generation=1)
     after = merge_conditions(before, [Cond("Ready", False, "Waiting")], now=T1, generation=1)
     assert before[0]["lastTransitionTime"] != after[0]["lastTransitionTime"]
+
+
+def kstatus(status):
+    """What kstatus (Flux, `helm --wait`) concludes: it reads only Reconciling and Stalled."""
+    by_type = {c["type"]: c["status"] for c in status["conditions"]}
+    if by_type.get("Stalled") == "True":
+        return "Failed"
+    if by_type.get("Reconciling") == "True":
+        return "InProgress"
+    return "Current"
+
+
+def test_kstatus_sees_progress_failure_and_completion():
+    ep = [Endpoint("f-prefill-r1-0", "10.0.0.2", 5600, 8000, "r1")]
+    done = build_status(inputs([sts("prefill", "r1", ready=1), sts("decode", "r1", ready=1), router(1)], ep), now=T0)
+    # serving already (Ready=True) but one decode of two still starting: kstatus must keep waiting
+    partial = build_status(inputs([sts("prefill", "r1", ready=1), sts("decode", "r1", ready=1, replicas=2),
+                                   router(1)], ep), now=T0)
+    invalid = build_status(StatusInputs(generation=4, previous=done, invalid=["spec.x: bad"]), now=T1)
+    assert (kstatus(done), kstatus(build_status(inputs([]), now=T0)), kstatus(invalid)) == (
+        "Current", "InProgress", "Failed")
+    assert cond(partial, "Ready")["status"] == "True" and kstatus(partial) == "InProgress"
+    # negative control: without the mirrored conditions kstatus would call an empty fleet Current
+    bare = {"conditions": [c for c in build_status(inputs([]), now=T0)["conditions"]
+                           if c["type"] not in ("Reconciling", "Stalled")]}
+    assert kstatus(bare) == "Current"
