@@ -9,8 +9,10 @@
 ############################ operator ############################
 # The kopf operator: pdfleet with only its `operator` extra (no vLLM, no NIXL).
 FROM python:3.11.13-slim-bookworm AS operator-build
+# PYTHONSAFEPATH: the source folder operator/ must never shadow the standard library's operator.
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONSAFEPATH=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
@@ -36,6 +38,7 @@ CMD ["operator", "--standalone", "--all-namespaces"]
 # exactly as they are: the install runs under constraints frozen from the image,
 # so pip may add packages but never replace one (a conflict fails the build).
 FROM vllm/vllm-openai:v0.32.0 AS runtime
+ENV PYTHONSAFEPATH=1
 WORKDIR /opt/pdfleet-src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/

