@@ -10,6 +10,10 @@ decode's prefix cache never hits) to prefill with ``max_tokens=1`` and
 ``do_remote_decode``, then streams the decode leg with the returned params and times
 the first token. Medians are compared: ratio = upstream / pdfleet (goal >= 1.0).
 Run it under the shared CPU lock (part c of connector_transfer.py takes it itself).
+
+Servers run with --max-num-seqs 16: at 4, upstream's decode stalled about 30 s (its
+default lease) on most requests after the first few, which measures that stall rather
+than the transfer path.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class _Server:
         self.log = open(os.path.join(tempfile.gettempdir(), f"pdfleet-bench-{name}-{self.port}.log"), "w")
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-                "--block-size", str(BLOCK), "--max-model-len", "4096", "--max-num-seqs", "4", "--dtype", "float32",
+                "--block-size", str(BLOCK), "--max-model-len", "4096", "--max-num-seqs", "16", "--dtype", "float32",
                 "--seed", "0", "--kv-transfer-config", json.dumps(kv)]
         # cwd away from a checkout root, whose operator/ folder would shadow the stdlib module
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
