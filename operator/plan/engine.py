@@ -27,7 +27,9 @@ def kv_transfer_config(
     extra: dict[str, Any] = {
         "backends": list(kv.backends),
         "lease_seconds": kv.lease_seconds,
-        "revision": revision,
+        # Mixed into the connector's compatibility hash: engines of two revisions
+        # refuse each other's handshake, even if something routes across a rollout.
+        "compat_extra": f"pdfleet-revision={revision}",
     }
     if secret_file:
         extra["auth_secret_file"] = secret_file
