@@ -458,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-tokens", type=int, default=2000, help="part c: prompt length in tokens")
     ap.add_argument("--ttft-iters", type=int, default=8, help="part c: measured requests per connector")
     ap.add_argument("--ttft-warmup", type=int, default=2, help="part c: unmeasured requests per connector")
+    ap.add_argument("--ttft-rounds", type=int, default=2, help="part c: server start-ups per connector")
     ap.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.secret_bytes = bytes.fromhex(args.secret) if args.secret else None
