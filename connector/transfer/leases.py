@@ -20,6 +20,7 @@ class _Lease:
     block_ids: list[int]
     expires_at: float
     done: set[tuple[int, int]] = field(default_factory=set)  # (reader_index, part) seen
+    readers: set[str] = field(default_factory=set)  # agents whose completions arrived
 
 
 class LeaseTable:
@@ -32,8 +33,9 @@ class LeaseTable:
         self._released: list[str] = []
         # Recently finished ids (bounded), so a heartbeat can tell "gone" from "not yet
         # held", and completions that arrive before the hold.
-        self._gone: OrderedDict[str, None] = OrderedDict()
-        self._early: OrderedDict[str, tuple[int, set[tuple[int, int]]]] = OrderedDict()
+        # value: the agents whose completions released it (empty when it expired)
+        self._gone: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._early: OrderedDict[str, tuple[int, set[tuple[int, int]], set[str]]] = OrderedDict()
         self.expired = 0
         self.completed = 0
 
@@ -41,23 +43,27 @@ class LeaseTable:
         with self._lock:
             expires = now + self.lease_seconds
             self._gone.pop(request_id, None)
-            needed, done = self._early.pop(request_id, (0, set()))
+            needed, done, readers = self._early.pop(request_id, (0, set(), set()))
             if needed and len(done) >= needed:  # every reader finished before the hold
-                self._forget(request_id)
+                self._forget(request_id, readers)
                 self._released.append(request_id)
                 self.completed += 1
             else:
-                self._leases[request_id] = _Lease(list(block_ids), expires, done)
+                self._leases[request_id] = _Lease(list(block_ids), expires, done, readers)
             return expires
 
-    def extend(self, request_ids: list[str], now: float) -> tuple[dict[str, float], list[str]]:
+    def extend(
+        self, request_ids: list[str], now: float, agent: str = ""
+    ) -> tuple[dict[str, float], list[str], list[str]]:
         """Extend live leases.
 
         Returns (seconds left for each held request, ids that are gone: released or
-        expired). Ids in neither are unknown (perhaps not held *yet*).
+        expired, the gone ids released by completions that include `agent`'s). Ids in
+        none are unknown (perhaps not held *yet*).
         """
         out: dict[str, float] = {}
         gone: list[str] = []
+        by_agent: list[str] = []
         with self._lock:
             for rid in request_ids:
                 lease = self._leases.get(rid)
@@ -65,30 +71,37 @@ class LeaseTable:
                     # expired leases are not revived: the blocks may be reused
                     if lease is not None or rid in self._gone:
                         gone.append(rid)
+                        if lease is None and agent and agent in self._gone[rid]:
+                            by_agent.append(rid)
                     continue
                 lease.expires_at = max(lease.expires_at, now + self.lease_seconds)
                 out[rid] = lease.expires_at - now
-        return out, gone
+        return out, gone, by_agent
 
-    def _forget(self, request_id: str) -> None:
-        self._gone[request_id] = None
+    def _forget(self, request_id: str, completed_by: set[str] | frozenset[str] = frozenset()) -> None:
+        self._gone[request_id] = frozenset(completed_by)
         while len(self._gone) > RECENT_LIMIT:
             self._gone.popitem(last=False)
 
-    def complete(self, request_id: str, readers: int, reader_index: int, parts: int, part: int) -> bool:
+    def complete(
+        self, request_id: str, readers: int, reader_index: int, parts: int, part: int, agent: str = ""
+    ) -> bool:
         """Record one reader's completed read; True when the request is released by it."""
         with self._lock:
             lease = self._leases.get(request_id)
             if lease is None:
                 if request_id not in self._gone:  # arrived before the hold: keep it for then
-                    self._early.setdefault(request_id, (readers * parts, set()))[1].add((reader_index, part))
+                    early = self._early.setdefault(request_id, (readers * parts, set(), set()))
+                    early[1].add((reader_index, part))
+                    early[2].add(agent)
                     while len(self._early) > RECENT_LIMIT:
                         self._early.popitem(last=False)
                 return False
             lease.done.add((reader_index, part))
+            lease.readers.add(agent)
             if len(lease.done) >= readers * parts:
                 del self._leases[request_id]
-                self._forget(request_id)
+                self._forget(request_id, lease.readers)
                 self._released.append(request_id)
                 self.completed += 1
                 return True

@@ -105,6 +105,7 @@ class _Pull:
     hb_interval: float = 1.0
     hb_retry: bool = False  # the source did not know the request yet: ask again soon
     acked: bool = False  # a heartbeat ack confirmed the source holds the blocks
+    released_by_us: bool = False  # the source released on our own completion notification
     failed_at: float | None = None
     handles: list[Any] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
@@ -260,7 +261,8 @@ class KVSink:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids])
+            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids],
+                                         agent=self.agent_name)
             self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("keep_alive ignored: %s", exc)
@@ -343,7 +345,7 @@ class KVSink:
                 self._ensure_handshake(endpoint)
 
     def _heartbeat(self, p: _Pull, now: float) -> None:
-        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id])
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name)
         p.hb_sent = now
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._stats["heartbeats"] += 1
@@ -499,6 +501,14 @@ class KVSink:
             return "the source restarted while the read was in flight"
         left = reply.remaining.get(p.request_id)
         if left is None:
+            if p.request_id in reply.released_by_you and p.handles:
+                # Our own completion notification released it. NIXL sends that notification
+                # when the READ is complete, so the READ ran while the blocks were held; only
+                # the first ack was late (the pull overtook the hold).
+                p.completed_at = p.completed_at or time.monotonic()
+                p.released_by_us = True
+                p.acked = True
+                return None
             if p.request_id in reply.gone:
                 self._stats["expired_leases"] += 1
                 return "the source no longer holds the request's blocks (lease expired or already released)"
@@ -524,8 +534,11 @@ class KVSink:
         if reason:
             self._fail(p, reason)
             return
-        if p.completed_at is None:
+        if p.completed_at is None or not p.acked:
             # Waiting (handshake, ack or transfer): keep the lease alive, give up once it ran out.
+            # A READ may complete before the first ack (posted on the advertised expiry): the
+            # heartbeat retries and the expiry bound must go on until the lease is confirmed,
+            # or the pull would wait for an ack that nobody asks for any more.
             if lease_verdict(now, p.deadline) == "expired":
                 self._stats["expired_leases"] += 1
                 where = "while the read was in flight" if p.handles else "before the read was posted"
@@ -553,14 +566,15 @@ class KVSink:
             if all(s == "DONE" for s in p.states):
                 p.completed_at = time.monotonic()  # observed now, so no earlier than the real end
         if p.completed_at is not None:
-            verdict = lease_verdict(p.completed_at, p.deadline)
-            if verdict == "unknown" or not p.acked:
-                return  # the first lease ack is still on its way
-            if verdict == "expired":
-                self._stats["expired_leases"] += 1
-                self._fail(p, "the read completed after the source's lease expired: the blocks may"
-                              " have been reused, data discarded")
-                return
+            if not p.released_by_us:
+                verdict = lease_verdict(p.completed_at, p.deadline)
+                if verdict == "unknown" or not p.acked:
+                    return  # the first lease ack is still on its way
+                if verdict == "expired":
+                    self._stats["expired_leases"] += 1
+                    self._fail(p, "the read completed after the source's lease expired: the blocks may"
+                                  " have been reused, data discarded")
+                    return
             for h in p.handles:
                 self._agent.release(h)
             p.handles = []

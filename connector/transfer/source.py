@@ -130,7 +130,7 @@ class KVSource:
                         self._counters["notifs_rejected"] += 1
                     log.warning("KV source %s dropped a notification from %s: %s", self.engine_id, peer, exc)
                     continue
-                self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part)
+                self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part, agent=str(peer))
         busy = len(self._leases) > 0 or time.monotonic() - self._last_message < 2.0
         return 0.001 if busy else 0.05
 
@@ -141,8 +141,9 @@ class KVSource:
                 return wire.ErrorReply(id=req.id, reason=f"too many request ids (> {MAX_HEARTBEAT_IDS})")
             with self._lock:
                 self._counters["heartbeats"] += 1
-            left, gone = self._leases.extend(req.request_ids, time.time())
-            return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone)
+            left, gone, by_you = self._leases.extend(req.request_ids, time.time(), req.agent)
+            return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone,
+                                       released_by_you=by_you)
         assert isinstance(req, wire.HandshakeRequest)
         reason = self._refusal(req)
         if reason:

@@ -70,6 +70,8 @@ class HeartbeatRequest(msgspec.Struct, tag="hb", frozen=True):
 
     id: int
     request_ids: list[str]
+    # The asking sink's NIXL agent name, so the reply can say which releases it caused.
+    agent: str = ""
 
 
 class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
@@ -81,6 +83,9 @@ class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
     # Requests whose lease ended (released or expired): their blocks may be reused.
     # Ids in neither field are unknown (possibly not held yet).
     gone: list[str] = []
+    # Of `gone`: released because every reader's completion arrived, the asking agent's
+    # among them. Its READ then ran while the blocks were held (the ack merely came late).
+    released_by_you: list[str] = []
 
 
 class ErrorReply(msgspec.Struct, tag="err", frozen=True):

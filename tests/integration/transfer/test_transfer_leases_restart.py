@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from conftest import free_port, wait_for
+from transfer_harness import free_port, wait_for
 
 HOST = "127.0.0.1"
 
@@ -140,3 +140,21 @@ def test_restarted_prefill_gets_a_new_handshake(source_factory, sink_factory, lo
     ok, reason = wait_for(sink, "gone")
     assert not ok and "restarted" in reason
     assert not local_kv.block(0, 3).any()
+
+
+def test_read_that_completes_before_the_hold_still_finishes(source_factory, sink_factory, local_kv):
+    """The advertised expiry lets the READ run before the first ack; if that ack says
+    'not held yet', the sink must keep asking after the READ completed (it once waited forever)."""
+    src = source_factory(lease=30.0)
+    sink = sink_factory(local_kv, unknown_grace=5.0)
+    src.hold("warm", [0])
+    pull(sink, src, "warm", [0], [0])  # handshake first, so the next pull posts at once
+    assert wait_for(sink, "warm")[0]
+    pull(sink, src, "early", [9], [9], remote_lease_expiry=time.time() + 30.0)
+    end = time.monotonic() + 0.5  # the one-block READ completes long before this
+    while time.monotonic() < end:
+        done, failed = sink.poll()
+        assert not done and not failed  # not confirmed by the source yet
+    src.hold("early", [9])
+    assert wait_for(sink, "early", timeout=10.0) == (True, "")
+    assert np.array_equal(local_kv.block(0, 9), src.expected(0, 9))

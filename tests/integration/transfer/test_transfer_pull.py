@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from conftest import LocalKV, wait_for
+from transfer_harness import LocalKV, wait_for
 
 HOST = "127.0.0.1"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import zmq
-from conftest import LAYOUT, wait_for
+from transfer_harness import LAYOUT, wait_for
 
 from pdfleet.connector.transfer import KVLayout, KVSource, Region, wire
 

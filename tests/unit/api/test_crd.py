@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 import itertools
 import random
 from pathlib import Path
@@ -15,7 +16,8 @@ import yaml
 
 from pdfleet.operator.api import SPEC_RULES, DisaggregatedInferenceSpec
 from pdfleet.operator.api.crd import crd, crd_yaml
-from crd_admission import _apply_defaults, root_schema
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
+from crd_admission import _apply_defaults, root_schema  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "crds" / "pdfleet.io_disaggregatedinferences.yaml"

@@ -112,13 +112,13 @@ def test_lease_expires_without_heartbeat():
 def test_heartbeat_extends_but_never_revives():
     t = LeaseTable(10.0)
     t.hold("a", [1], now=0.0)
-    assert t.extend(["a", "unknown"], now=8.0) == ({"a": 10.0}, [])
+    assert t.extend(["a", "unknown"], now=8.0) == ({"a": 10.0}, [], [])
     assert t.collect(now=15.0) == []  # would have expired at 10 without the heartbeat
-    assert t.extend(["a"], now=18.5) == ({}, ["a"])  # expired (not yet collected) stays expired
+    assert t.extend(["a"], now=18.5) == ({}, ["a"], [])  # expired (not yet collected) stays expired
     assert t.collect(now=18.5) == ["a"]
-    assert t.extend(["a", "later"], now=19.0) == ({}, ["a"])  # gone, not unknown
+    assert t.extend(["a", "later"], now=19.0) == ({}, ["a"], [])  # gone, not unknown
     t.hold("later", [2], now=19.0)
-    assert t.extend(["later"], now=19.5) == ({"later": 10.0}, [])
+    assert t.extend(["later"], now=19.5) == ({"later": 10.0}, [], [])
 
 
 def test_completion_before_hold_is_kept():
@@ -174,3 +174,19 @@ def test_lease_verdict():
     assert lease_verdict(5.0, 6.0) == "ok"
     assert lease_verdict(6.0, 6.0) == "expired"
     assert lease_verdict(7.0, 6.0) == "expired"
+
+
+def test_release_is_credited_only_to_the_agents_that_completed_it():
+    t = LeaseTable(10.0)
+    t.hold("read", [1], now=0.0)
+    assert t.complete("read", readers=1, reader_index=0, parts=1, part=0, agent="sink-a")
+    t.hold("lapsed", [2], now=0.0)
+    assert t.collect(now=11.0) == ["read", "lapsed"]
+    # sink-a's own completion released "read"; "lapsed" expired, which credits nobody
+    assert t.extend(["read", "lapsed"], now=12.0, agent="sink-a") == ({}, ["read", "lapsed"], ["read"])
+    # negative control: another agent asking about the same release gets no credit
+    assert t.extend(["read"], now=12.0, agent="sink-b") == ({}, ["read"], [])
+    # a completion that overtook the hold still credits its agent once the hold arrives
+    assert not t.complete("early", readers=1, reader_index=0, parts=1, part=0, agent="sink-c")
+    t.hold("early", [3], now=13.0)
+    assert t.extend(["early"], now=13.5, agent="sink-c") == ({}, ["early"], ["early"])

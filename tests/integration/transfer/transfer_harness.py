@@ -1,0 +1,185 @@
+"""Fixtures for transfer-core integration tests: real prefill processes, real NIXL/UCX, real ZMQ."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from source_proc import pattern  # noqa: E402
+
+from pdfleet.connector.transfer import KVLayout, KVSink, Region  # noqa: E402
+
+MARK = "@@pdfleet "
+LAYOUT = dict(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SourceProc:
+    """A KVSource in its own process, driven over stdin/stdout JSON lines."""
+
+    def __init__(self, **opts) -> None:
+        self.opts = opts
+        argv = [sys.executable, str(HERE / "source_proc.py")]
+        for key, value in opts.items():
+            argv += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value)]
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=HERE
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        ready = self._read(timeout=60)
+        self.port: int = ready["port"]
+        self.base_port: int = ready["base_port"]
+        self.instance_id: str = ready["instance_id"]
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _read(self, timeout: float = 20) -> dict:
+        assert self.proc.stdout is not None
+        # a reader thread feeds a queue: select() on a buffered pipe can miss lines
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError("child process did not answer") from None
+            if line is None:
+                raise RuntimeError(f"child process exited with {self.proc.wait(5)}")
+            if line.startswith(MARK):  # NIXL/UCX may print to stdout too
+                return json.loads(line[len(MARK):])
+
+    def cmd(self, op: str, **kw) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def hold(self, rid: str, blocks: list[int]) -> float:
+        return self.cmd("hold", rid=rid, blocks=blocks)["expiry"]
+
+    def released(self) -> list[str]:
+        return self.cmd("poll")["released"]
+
+    def stats(self) -> dict:
+        return self.cmd("stats")
+
+    def expected(self, region: int, block: int, seed: int | None = None) -> np.ndarray:
+        """The bytes of one source block (regenerated from the seeded pattern)."""
+        block_len = self.opts.get("block_len", 4096)
+        stride = self.opts.get("block_stride", 0) or block_len
+        nblocks = self.opts.get("num_blocks", 64)
+        data = pattern(self.opts.get("seed", 1) if seed is None else seed, region,
+                       (nblocks - 1) * stride + block_len)
+        return data[block * stride : block * stride + block_len]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.cmd("exit")
+            except Exception:
+                pass
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+class LocalKV:
+    """Decode-side DRAM buffers (zeroed) and their Regions."""
+
+    def __init__(self, regions: int = 2, num_blocks: int = 64, block_len: int = 4096) -> None:
+        self.block_len = block_len
+        self.buffers = [np.zeros(num_blocks * block_len, dtype=np.uint8) for _ in range(regions)]
+        self.regions = [
+            Region(base=b.ctypes.data, num_blocks=num_blocks, block_stride=block_len, block_len=block_len)
+            for b in self.buffers
+        ]
+
+    def block(self, region: int, block: int) -> np.ndarray:
+        return self.buffers[region][block * self.block_len : (block + 1) * self.block_len]
+
+
+def make_sink(local: LocalKV, *, layout: dict | None = None, **kw) -> KVSink:
+    fields = dict(LAYOUT)
+    fields.update(layout or {})
+    opts = dict(engine_id="decode-0", compat_hash="compat-1", secret=None, handshake_timeout=1.0, handshake_retries=2)
+    opts.update(kw)
+    return KVSink(regions=local.regions, layout=KVLayout(**fields), **opts)
+
+
+def wait_for(sink: KVSink, rid: str, timeout: float = 20.0) -> tuple[bool, str]:
+    """Poll until ``rid`` is done (True, "") or failed (False, reason)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, failed = sink.poll()
+        if rid in failed:
+            return False, failed[rid]
+        if rid in done:
+            return True, ""
+        time.sleep(0.001)
+    raise TimeoutError(f"request {rid} neither done nor failed within {timeout}s")
+
+
+@pytest.fixture
+def source_factory():
+    procs: list[SourceProc] = []
+
+    def start(**opts) -> SourceProc:
+        proc = SourceProc(**opts)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.close()
+
+
+@pytest.fixture
+def local_kv() -> LocalKV:
+    return LocalKV()
+
+
+@pytest.fixture
+def sink_factory():
+    sinks: list[KVSink] = []
+
+    def make(local: LocalKV, **kw) -> KVSink:
+        sink = make_sink(local, **kw)
+        sinks.append(sink)
+        return sink
+
+    yield make
+    for sink in sinks:
+        sink.close()
