@@ -50,6 +50,15 @@ class Row:
 # ---------------------------------------------------------------------------
 # CPU lock
 # ---------------------------------------------------------------------------
+
+def _complete(agent, handle) -> None:
+    """Post a prepared READ and spin until NIXL reports it done (the baseline's own loop)."""
+    state = agent.transfer(handle)
+    while state == "PROC":
+        state = agent.check_xfer_state(handle)
+    if state != "DONE":
+        raise RuntimeError(f"raw READ failed: {state}")
+
 def _ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
@@ -228,11 +237,7 @@ def part_a(args: argparse.Namespace, results: dict) -> list[Row]:
             ld = agent.get_xfer_descs([(local.ctypes.data, nbytes, 0)], "DRAM")
             rd = agent.get_xfer_descs([(src_addr, nbytes, 0)], "DRAM")
             handle = agent.initialize_xfer("READ", ld, rd, peer, b"raw-%d" % i)
-            state = agent.transfer(handle)
-            while state == "PROC":
-                state = agent.check_xfer_state(handle)
-            if state != "DONE":
-                raise RuntimeError(f"raw READ failed: {state}")
+            _complete(agent, handle)
             elapsed = time.perf_counter() - t0
             agent.release_xfer_handle(handle)
             if i >= args.warmup:
@@ -266,11 +271,7 @@ def part_a(args: argparse.Namespace, results: dict) -> list[Row]:
                                                    agent.get_xfer_descs(rem, "DRAM"), peer, b"s-%d" % i)
                 else:
                     handle = agent.make_prepped_xfer("READ", local_prep, idx, remote_prep, idx, b"p-%d" % i)
-                state = agent.transfer(handle)
-                while state == "PROC":
-                    state = agent.check_xfer_state(handle)
-                if state != "DONE":
-                    raise RuntimeError(f"raw READ failed: {state}")
+                _complete(agent, handle)
                 elapsed = time.perf_counter() - t0
                 agent.release_xfer_handle(handle)
                 if i >= args.warmup:
