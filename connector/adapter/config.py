@@ -5,8 +5,13 @@ Extra config keys (all optional):
 - ``lease_seconds`` (number > 0, default 30): how long prefill holds a finished
   request's blocks for decode to read; decode heartbeats extend it.
 - ``backends`` (list of NIXL backend names, default ``["UCX"]``).
-- ``auth_secret_file`` (path): file whose bytes are the HMAC secret of the side
-  channel; both sides must use the same secret. The secret itself never goes in the config.
+- ``auth_secret_file`` (path): file whose bytes are the HMAC key of the side
+  channel; both sides must use the same key. The key itself never goes in the config.
+  The file is re-read every few seconds: a changed key is used from then on and the
+  previous one is still accepted for one lease period (rotation without downtime).
+- ``allow_unauthenticated`` (bool, default false): without ``auth_secret_file`` the
+  connector refuses to start unless this is true; the side channel is then open to
+  anyone who reaches its port (and thereby the KV cache: a NIXL READ is one-sided).
 - ``handshake_timeout`` (number > 0, default 5.0 seconds) and ``handshake_retries``
   (int >= 0, default 3).
 - ``compat_extra`` (string): mixed into the compatibility hash, to keep apart fleets
@@ -26,10 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["AdapterConfig", "ConfigError", "parse_adapter_config", "DEFAULT_SIDE_CHANNEL_PORT"]
+__all__ = ["AdapterConfig", "ConfigError", "parse_adapter_config", "read_secret_file", "key_ring",
+           "DEFAULT_SIDE_CHANNEL_PORT"]
 
 DEFAULT_SIDE_CHANNEL_PORT = 5600
-KNOWN_KEYS = {"lease_seconds", "backends", "auth_secret_file", "handshake_timeout", "handshake_retries", "compat_extra"}
+KNOWN_KEYS = {
+    "lease_seconds", "backends", "auth_secret_file", "allow_unauthenticated", "handshake_timeout",
+    "handshake_retries", "compat_extra",
+}  # fmt: skip
 MAX_SECRET_BYTES = 4096
 
 
@@ -47,6 +56,7 @@ class AdapterConfig:
     handshake_timeout: float = 5.0
     handshake_retries: int = 3
     compat_extra: str = ""
+    secret_file: str | None = None
 
 
 def _positive(extra: Mapping[str, Any], key: str, default: float) -> float:
@@ -83,10 +93,24 @@ def _port(env: Mapping[str, str]) -> int:
 
 def _secret(extra: Mapping[str, Any]) -> bytes | None:
     path = extra.get("auth_secret_file")
+    allow = extra.get("allow_unauthenticated", False)
+    if not isinstance(allow, bool):
+        raise ConfigError(f"kv_connector_extra_config.allow_unauthenticated must be true or false, got {allow!r}")
     if path is None:
+        if not allow:
+            raise ConfigError(
+                "kv_connector_extra_config.auth_secret_file is not set: the side channel would accept anyone"
+                " (and a NIXL READ can then read this engine's KV cache). Mount a key file and set"
+                " auth_secret_file, or set allow_unauthenticated: true to run without one"
+            )
         return None
     if not isinstance(path, str) or not path:
         raise ConfigError(f"kv_connector_extra_config.auth_secret_file must be a file path, got {path!r}")
+    return read_secret_file(path)
+
+
+def read_secret_file(path: str) -> bytes:
+    """The key in ``path`` (whitespace stripped, 16..4096 bytes); ``ConfigError`` otherwise."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -131,4 +155,16 @@ def parse_adapter_config(extra: Mapping[str, Any] | None, env: Mapping[str, str]
         handshake_timeout=_positive(extra, "handshake_timeout", 5.0),
         handshake_retries=retries,
         compat_extra=compat_extra,
+        secret_file=extra.get("auth_secret_file"),
     )
+
+
+def key_ring(cfg: AdapterConfig) -> Any:
+    """The side channel's ``KeyRing`` (None without a key): follows the key file, old key kept one lease."""
+    if cfg.secret is None:
+        return None
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    path = cfg.secret_file
+    return KeyRing(cfg.secret, grace_seconds=cfg.lease_seconds,
+                   loader=(lambda: read_secret_file(path)) if path else None)

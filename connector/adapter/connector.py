@@ -39,6 +39,25 @@ __all__ = ["PdfleetConnector", "PdfleetConnectorMetadata", "PdfleetHandshakeMeta
 log = logging.getLogger(__name__)
 
 
+def _show_pdfleet_logs() -> None:
+    """vLLM configures only its own "vllm" logger: without a handler here, pdfleet's INFO
+    lines in an engine (layout in use, first handshake, first pull's GB/s) are dropped.
+    Honours VLLM_CONFIGURE_LOGGING=0 and VLLM_LOGGING_LEVEL like vLLM does."""
+    import os
+
+    logger = logging.getLogger("pdfleet")
+    if logger.handlers or os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    logger.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
+
+
+_show_pdfleet_logs()
+
+
 class PdfleetHandshakeMetadata(KVConnectorHandshakeMetadata):
     """What a worker tells its scheduler after registering its KV cache: its instance id."""
 
@@ -170,12 +189,11 @@ class PdfleetConnector(KVConnectorBase_V1):
     # ==== class-level hooks =================================================
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
-        # Head-major blocks make a decode rank's head slice one contiguous range
-        # (heterogeneous TP). MLA caches have no head axis to slice.
-        mc = vllm_config.model_config
-        if mc is None or getattr(mc, "use_mla", False):
-            return None
-        return "HND"
+        # Block-outermost (BHLNC, else BLHNC) where the attention backend accepts it: a run
+        # of blocks is then one NIXL descriptor for all layers; else LBHNC, logged.
+        from pdfleet.connector.adapter.kv_layout import required_layout
+
+        return required_layout(vllm_config)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> PdfleetConnectorStats:

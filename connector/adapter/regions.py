@@ -7,18 +7,23 @@ rows, so a block is one contiguous run and a head slice of a block is contiguous
 too (what heterogeneous TP reads). GPU backends with a leading K/V axis
 (``[2, num_blocks, ...]``) give two regions per layer. The block axis is found by
 its size, and its stride is taken from the tensor, so views into a larger buffer work.
+
+Under a block-outermost layout (``BLHNC`` / ``BHLNC``, see ``regions_for_layout``) one
+region covers a whole ``KVCacheTensor`` of vLLM's ``allocate_kv_cache``: block ``b``
+is the page of every layer, so a run of blocks is one contiguous range. Either way the
+memory registered with NIXL is each backing allocation once (``backing_spans``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
-from pdfleet.connector.transfer.layout import Region
+from pdfleet.connector.transfer.layout import BLOCK_OUTERMOST_LAYOUTS, Region, Span
 
-__all__ = ["regions_from_kv_caches", "LayoutError"]
+__all__ = ["regions_from_kv_caches", "regions_for_layout", "backing_spans", "LayoutError"]
 
 
 class LayoutError(ValueError):
@@ -64,3 +69,67 @@ def regions_from_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: in
     if not regions:
         raise LayoutError("no KV cache tensors to register")
     return regions
+
+
+def _device(t: torch.Tensor) -> tuple[str, int]:
+    return ("DRAM" if t.device.type == "cpu" else "VRAM"), (0 if t.device.index is None else t.device.index)
+
+
+def backing_spans(kv_caches: Mapping[str, torch.Tensor]) -> list[Span]:
+    """The allocations the KV tensors are views of, each once (what NIXL registers)."""
+    spans: list[Span] = []
+    for t in kv_caches.values():
+        storage = t.untyped_storage()
+        device, device_id = _device(t)
+        span = Span(storage.data_ptr(), storage.nbytes(), device, device_id)
+        if span not in spans:
+            spans.append(span)
+    return spans
+
+
+def _page_regions(kv_caches: Mapping[str, torch.Tensor], kv_cache_config: Any, layout: str) -> list[Region]:
+    """One region per KVCacheTensor: block b = the page of all its layers (block-outermost)."""
+    num_blocks = int(kv_cache_config.num_blocks)
+    tensors = list(getattr(kv_cache_config, "kv_cache_tensors", None) or [])
+    if not tensors:
+        raise LayoutError(f"layout {layout} needs vLLM's KVCacheTensor placement (kv_cache_tensors is empty)")
+    regions: list[Region] = []
+    for kt in tensors:
+        views = [kv_caches.get(name) for name in kt.layers]
+        if any(v is None for v in views):
+            raise LayoutError(f"layout {layout}: layers {kt.layers} are not all among the registered KV caches")
+        first = views[0]
+        elt = first.element_size()
+        if first.shape[0] != num_blocks:
+            raise LayoutError(
+                f"layout {layout}: layer {kt.layers[0]!r} has {first.shape[0]} blocks on axis 0, expected"
+                f" {num_blocks} (kernel block splitting is not supported)"
+            )
+        page = math.prod(first.shape[1:]) * elt  # one layer's bytes of one block
+        block_stride = first.stride(0) * elt
+        if block_stride != kt.block_stride:
+            raise LayoutError(f"layout {layout}: block stride {block_stride} != KVCacheTensor.block_stride {kt.block_stride}")
+        for i, v in enumerate(views):
+            if v.data_ptr() != first.data_ptr() + i * kt.layer_stride:
+                raise LayoutError(f"layout {layout}: layer {kt.layers[i]!r} is not at its KVCacheTensor offset")
+        device, device_id = _device(first)
+        regions.append(Region(
+            base=first.data_ptr(), num_blocks=num_blocks, block_stride=block_stride,
+            block_len=page * len(views), device=device, device_id=device_id,
+        ))
+    return regions
+
+
+def regions_for_layout(
+    kv_caches: Mapping[str, torch.Tensor], kv_cache_config: Any, layout: str
+) -> tuple[list[Region], list[Span]]:
+    """Regions and backing allocations for vLLM's KV caches in physical ``layout``.
+
+    Block-outermost layouts: one region per KVCacheTensor (pages of all its layers);
+    otherwise one region per layer view (``regions_from_kv_caches``).
+    """
+    if layout in BLOCK_OUTERMOST_LAYOUTS:
+        regions = _page_regions(kv_caches, kv_cache_config, layout)
+    else:
+        regions = regions_from_kv_caches(kv_caches, int(kv_cache_config.num_blocks))
+    return regions, backing_spans(kv_caches)

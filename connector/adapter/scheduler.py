@@ -66,6 +66,9 @@ class PdfleetConnectorMetadata(KVConnectorMetadata):
     pulls: dict[str, PullSpec] = field(default_factory=dict)
     holds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     keep_alive: tuple[KeepAlive, ...] = ()
+    # Remote prefills this decode will never read (aborted before their pull, or nothing
+    # to pull): the prefill frees their blocks at once instead of at lease expiry.
+    releases: tuple[KeepAlive, ...] = ()
     params_rejected: int = 0
 
 
@@ -101,6 +104,7 @@ class SchedulerSide:
         self._rejected_since_meta = 0
         self._queued: dict[str, RemotePrefill] = {}  # valid remote prefills not yet pulled
         self._last_keep_alive = 0.0
+        self._releases: list[RemotePrefill] = []
 
     # -- decode ---------------------------------------------------------------
     def _reject(self, request_id: str, exc: Exception) -> None:
@@ -141,6 +145,13 @@ class SchedulerSide:
         if remote is not None:
             self._queued[request.request_id] = remote
 
+    @staticmethod
+    def _group(remotes: list[RemotePrefill]) -> tuple[KeepAlive, ...]:
+        groups: dict[tuple[str, int, int], list[str]] = {}
+        for r in remotes:
+            groups.setdefault((r.remote_host, r.remote_port, r.tp_size), []).append(r.remote_request_id)
+        return tuple(KeepAlive(h, p, tp, tuple(ids)) for (h, p, tp), ids in groups.items())
+
     def _keep_alive(self) -> tuple[KeepAlive, ...]:
         now = time.monotonic()
         if not self._queued or now - self._last_keep_alive < KEEP_ALIVE_INTERVAL:
@@ -175,8 +186,9 @@ class SchedulerSide:
         self._handled.add(rid)
         self._queued.pop(rid, None)  # from here on the pull itself heartbeats
         if num_external_tokens <= 0:
-            # Nothing to pull (short prompt, or all of it cached locally); the
-            # prefill lease frees the blocks.
+            # Nothing to pull (short prompt, or all of it cached locally): prefill
+            # may free the blocks now.
+            self._releases.append(waiting.remote)
             return
         local_ids = [b.block_id for b in blocks.blocks[0]] if blocks.blocks else []
         start = waiting.local_computed_tokens // self.block_size
@@ -196,15 +208,18 @@ class SchedulerSide:
     def build_connector_meta(self, scheduler_output: Any) -> PdfleetConnectorMetadata:
         meta = PdfleetConnectorMetadata(
             pulls=self._pulls, holds=self._holds, keep_alive=self._keep_alive(),
-            params_rejected=self._rejected_since_meta,
+            releases=self._group(self._releases), params_rejected=self._rejected_since_meta,
         )
-        self._pulls, self._holds, self._rejected_since_meta = {}, {}, 0
+        self._pulls, self._holds, self._rejected_since_meta, self._releases = {}, {}, 0, []
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        self._waiting.pop(rid, None)
-        self._queued.pop(rid, None)
+        waiting = self._waiting.pop(rid, None)
+        queued = self._queued.pop(rid, None)
+        if rid not in self._handled and (queued or (waiting.remote if waiting else None)) is not None:
+            # Finished (aborted) before its pull was decided: this decode never reads it.
+            self._releases.append(queued or waiting.remote)
         self._handled.discard(rid)
         reason = self._rejected.pop(rid, None)
         if reason is not None:

@@ -4,7 +4,7 @@ Workers report counter *increments* since their last report
 (``PdfleetConnectorStats.data`` maps a counter name to a number); vLLM aggregates
 the workers' reports with ``aggregate`` (sums) and logs ``reduce()``.
 ``PdfleetPromMetrics`` adds each increment to a Prometheus counter
-``vllm:pdfleet_<name>`` (exported as ``..._total``) labelled per engine.
+``vllm:pdfleet_connector_<name>`` (exported as ``..._total``) labelled per engine.
 """
 
 from __future__ import annotations
@@ -13,33 +13,18 @@ from typing import Any, Mapping
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-__all__ = ["COUNTERS", "PdfleetConnectorStats", "PdfleetPromMetrics", "counter_deltas"]
+from pdfleet.connector.adapter.metric_names import COUNTERS, LAYOUT_KEY, METRIC_PREFIX, exported_name
+from pdfleet.connector.transfer.layout import KV_CACHE_LAYOUTS
 
-# name -> help text. Core counters (connector/transfer) keep their names; the adapter adds its own.
-COUNTERS: dict[str, str] = {
-    "bytes": "KV bytes pulled by decode",
-    "transfers": "KV pulls completed",
-    "transfer_seconds": "Seconds from posting a pull's NIXL reads to their completion, summed",
-    "post_seconds": "Seconds spent building and posting NIXL reads, summed",
-    "descriptors": "NIXL descriptors posted",
-    "failures": "KV pulls that failed (the request was recomputed, or failed under kv_load_failure_policy=fail)",
-    "handshakes": "Side-channel handshakes completed (decode) or served (prefill)",
-    "handshake_failures": "Handshakes that failed on decode's side (timeout, refusal, bad reply)",
-    "handshakes_rejected": "Handshakes refused by prefill (compat hash or layout mismatch)",
-    "expired_leases": "Pulls that found the prefill lease expired (decode side)",
-    "leases_expired": "Leases that expired before decode reported completion (prefill side)",
-    "stale_agents_dropped": "Cached NIXL peers dropped because the prefill instance changed or a read failed",
-    "messages_rejected": "Malformed or unauthenticated side-channel messages dropped",
-    "notifs_rejected": "Malformed completion notifications dropped",
-    "params_rejected": "Requests whose kv_transfer_params were invalid (computed locally instead)",
-    "blocks_corrupted_for_test": "Pulled blocks overwritten by the test-only fault hook",
-}
+__all__ = ["COUNTERS", "LAYOUT_KEY", "METRIC_PREFIX", "PdfleetConnectorStats", "PdfleetPromMetrics",
+           "counter_deltas", "exported_name"]
 
 
 def counter_deltas(now: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
     """Non-zero increments of the known counters between two cumulative snapshots."""
     out: dict[str, float] = {}
-    for key in COUNTERS:
+    keys = [*COUNTERS, *(LAYOUT_KEY + name for name in KV_CACHE_LAYOUTS)]
+    for key in keys:
         delta = float(now.get(key, 0.0)) - float(before.get(key, 0.0))
         if delta > 0:
             out[key] = delta
@@ -62,7 +47,11 @@ class PdfleetConnectorStats(KVConnectorStats):
         out: dict[str, int | float] = {k: round(float(v), 6) for k, v in sorted(self.data.items())}
         done = self.data.get("transfers", 0.0)
         if done:
-            out["avg_transfer_ms"] = round(1000.0 * self.data.get("transfer_seconds", 0.0) / done, 3)
+            seconds = self.data.get("transfer_seconds", 0.0)
+            out["avg_transfer_ms"] = round(1000.0 * seconds / done, 3)
+            out["avg_descriptors_per_transfer"] = round(self.data.get("descriptors", 0.0) / done, 1)
+            if seconds > 0:
+                out["gb_per_second"] = round(self.data.get("bytes", 0.0) / seconds / 1e9, 3)
         return out
 
     def is_empty(self) -> bool:
@@ -79,11 +68,32 @@ class PdfleetPromMetrics(KVConnectorPromMetrics):
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._counters: dict[str, dict[int, Any]] = {}
-        for key, help_text in COUNTERS.items():
-            counter = self._counter_cls(name=f"vllm:pdfleet_{key}", documentation=help_text, labelnames=labelnames)
+        for key, (_, help_text) in COUNTERS.items():
+            counter = self._counter_cls(name=exported_name(key), documentation=help_text, labelnames=labelnames)
             self._counters[key] = {
                 idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()
             }
+        # Achieved GB/s: rate(vllm:pdfleet_connector_pull_bytes_total) / rate(..._pull_seconds_total).
+        by_layout = self._counter_cls(
+            name=METRIC_PREFIX + "pulls_by_layout",
+            documentation="KV pulls completed, by the physical KV cache layout they read (LBHNC: per layer;"
+                          " BLHNC/BHLNC: block-outermost)",
+            labelnames=[*labelnames, "layout"],
+        )
+        for name in KV_CACHE_LAYOUTS:
+            self._counters[LAYOUT_KEY + name] = {
+                idx: by_layout.labels(*values, name) for idx, values in per_engine_labelvalues.items()
+            }
+        # The KV transport this pod's fabric preflight verified (or not): an info metric.
+        from pdfleet.connector.fabric.exported import read_info_labels
+
+        transport = read_info_labels()
+        info = self._gauge_cls(name=METRIC_PREFIX + "kv_transport_info",
+                               documentation="KV transport found by the pod's fabric preflight (value 1)",
+                               labelnames=[*labelnames, "transport", "status", "reason"],
+                               multiprocess_mode="mostrecent")
+        for values in per_engine_labelvalues.values():
+            info.labels(*values, transport["transport"], transport["status"], transport["reason"]).set(1)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, value in (transfer_stats_data or {}).items():

@@ -25,17 +25,21 @@ from typing import Any, Mapping
 
 import torch
 
-from pdfleet.connector.adapter.config import AdapterConfig
-from pdfleet.connector.adapter.regions import regions_from_kv_caches
+from pdfleet.connector.adapter.config import AdapterConfig, key_ring
+from pdfleet.connector.adapter.kv_layout import resolved_layout
+from pdfleet.connector.adapter.regions import regions_for_layout
 from pdfleet.connector.adapter.scheduler import PdfleetConnectorMetadata, PullSpec
-from pdfleet.connector.adapter.stats import counter_deltas
-from pdfleet.connector.transfer.layout import KVLayout, Region
+from pdfleet.connector.adapter.stats import LAYOUT_KEY, counter_deltas
+from pdfleet.connector.transfer.layout import KVLayout, Region, Span
 
 __all__ = ["WorkerSide", "compat_hash", "CORRUPT_ENV", "tensor_parallel_rank"]
 
 log = logging.getLogger(__name__)
 
 CORRUPT_ENV = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
+# At shutdown the prefill's side channel answers for up to this long (see KVSource.close);
+# vLLM's executor waits 5 s for its workers before it signals them.
+SOURCE_LINGER_SECONDS = 4.0
 
 
 def tensor_parallel_rank() -> int:
@@ -83,6 +87,7 @@ class WorkerSide:
         self.source: Any = None
         self.sink: Any = None
         self.regions: list[Region] = []
+        self.spans: list[Span] = []
         self.layout: KVLayout | None = None
         self.compat: str = ""
         self._kv_caches: dict[str, torch.Tensor] = {}
@@ -97,18 +102,20 @@ class WorkerSide:
             log.warning("%s=1: pulled KV blocks will be CORRUPTED (test-only fault hook)", CORRUPT_ENV)
 
     # -- registration ---------------------------------------------------------
-    def _layout(self) -> KVLayout:
+    def _layout(self, physical: str) -> KVLayout:
         spec = self.kv_cache_config.kv_cache_groups[0].kv_cache_spec
         is_mla = bool(getattr(self.vllm_config.model_config, "use_mla", False)) if self.vllm_config.model_config else False
         return KVLayout(
             block_size=int(spec.block_size),
             dtype=str(spec.dtype).removeprefix("torch."),
-            layout="HND",
+            # inside a block: heads outer to tokens ("HND") unless the layout says N before H
+            layout="NHD" if physical.index("N") < physical.index("H") else "HND",
             num_kv_heads=int(spec.num_kv_heads),
             head_dim=int(spec.head_size),
             tp_rank=self.tp_rank,
             tp_size=self.tp_size,
             is_mla=is_mla,
+            kv_cache_layout=physical,
         )
 
     def _compat_fields(self, layout: KVLayout) -> dict[str, Any]:
@@ -134,10 +141,12 @@ class WorkerSide:
         from pdfleet.connector.transfer import KVSink, KVSource
 
         self._kv_caches = dict(kv_caches)
-        self.regions = regions_from_kv_caches(kv_caches, int(self.kv_cache_config.num_blocks))
-        self.layout = self._layout()
+        physical = resolved_layout(self.vllm_config, self.kv_cache_config)
+        self.regions, self.spans = regions_for_layout(kv_caches, self.kv_cache_config, physical)
+        self.layout = self._layout(physical)
         # Heads are split across ranks, so ranks of different TP sizes agree on the total.
         self.compat = compat_hash(self._compat_fields(self.layout))
+        ring = key_ring(self.cfg)  # one ring for source and sink: a rotation is seen by both
         if self.is_producer:
             self.source = KVSource(
                 engine_id=self.engine_id,
@@ -146,9 +155,10 @@ class WorkerSide:
                 host=self.cfg.side_channel_host,
                 port=self.cfg.side_channel_port,
                 compat_hash=self.compat,
-                secret=self.cfg.secret,
+                secret=ring,
                 lease_seconds=self.cfg.lease_seconds,
                 backends=self.cfg.backends,
+                backing=self.spans,
             )
             self.source.start()
         if self.is_consumer:
@@ -157,14 +167,17 @@ class WorkerSide:
                 regions=self.regions,
                 layout=self.layout,
                 compat_hash=self.compat,
-                secret=self.cfg.secret,
+                secret=ring,
                 backends=self.cfg.backends,
                 handshake_timeout=self.cfg.handshake_timeout,
                 handshake_retries=max(1, self.cfg.handshake_retries),
+                backing=self.spans,
             )
         log.info(
-            "pdfleet connector rank %d/%d: %d regions, producer=%s consumer=%s compat=%s",
-            self.tp_rank, self.tp_size, len(self.regions), self.is_producer, self.is_consumer, self.compat,
+            "pdfleet connector rank %d/%d: KV cache layout %s, %d region(s) in %d registered allocation(s),"
+            " producer=%s consumer=%s compat=%s",
+            self.tp_rank, self.tp_size, physical, len(self.regions), len(self.spans),
+            self.is_producer, self.is_consumer, self.compat,
         )
 
     # -- per step -------------------------------------------------------------
@@ -189,6 +202,12 @@ class WorkerSide:
                                          remote_tp_size=ka.tp_size)
                 except Exception:  # best effort: a lost heartbeat only shortens a lease
                     log.exception("keep_alive to %s:%d", ka.host, ka.port)
+            for rel in getattr(meta, "releases", ()):
+                try:
+                    self.sink.release(list(rel.remote_request_ids), host=rel.host, port=rel.port,
+                                      remote_tp_size=rel.tp_size)
+                except Exception:  # best effort: a lost notice only means the lease runs out
+                    log.exception("release to %s:%d", rel.host, rel.port)
 
     def _start_pull(self, rid: str, spec: PullSpec) -> None:
         if spec.error is not None or spec.remote is None or self.sink is None:
@@ -290,6 +309,8 @@ class WorkerSide:
                 continue
             for key, value in part.stats().items():
                 out[key] = out.get(key, 0.0) + float(value)
+        if self.sink is not None and self.layout is not None:
+            out[LAYOUT_KEY + self.layout.kv_cache_layout] = out.get("transfers", 0.0)
         return out
 
     def stats_delta(self) -> dict[str, float]:
@@ -306,7 +327,10 @@ class WorkerSide:
         for part in (self.sink, self.source):
             if part is not None:
                 try:
-                    part.close()
+                    if part is self.source:
+                        part.close(linger=SOURCE_LINGER_SECONDS)  # answer the last acks of a drain
+                    else:
+                        part.close()
                 except Exception:
                     log.exception("closing %s", type(part).__name__)
         self.sink = self.source = None

@@ -6,7 +6,8 @@ Public API (addresses are plain ints; see each module's docstring):
 - ``KVSource`` (source.py): prefill side; ``start``, ``hold``, ``poll_released``, ``stats``, ``close``.
 - ``KVSink`` (sink.py): decode side; ``pull``, ``keep_alive``, ``poll``, ``stats``, ``close``.
 - Pure helpers: ``plan_slice``, ``remote_rank_for``, ``validate_block_ids``,
-  ``coalesce_runs``, ``build_descriptors`` (layout.py).
+  ``coalesce_runs``, ``build_descriptors``, ``registration_spans``,
+  ``choose_kv_cache_layout`` (layout.py).
 
 ``KVSource``/``KVSink`` are imported lazily so that the pure parts import without NIXL/ZMQ.
 """
@@ -19,11 +20,15 @@ from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
     InvalidBlockIds,
     KVLayout,
+    LayoutChoice,
     Region,
     SlicePlan,
+    Span,
     build_descriptors,
+    choose_kv_cache_layout,
     coalesce_runs,
     plan_slice,
+    registration_spans,
     remote_rank_for,
     validate_block_ids,
 )
@@ -39,6 +44,10 @@ __all__ = [
     "validate_block_ids",
     "coalesce_runs",
     "build_descriptors",
+    "Span",
+    "registration_spans",
+    "LayoutChoice",
+    "choose_kv_cache_layout",
     "KVSource",
     "KVSink",
 ]

@@ -36,15 +36,22 @@ class LeaseTable:
         # value: the agents whose completions released it (empty when it expired)
         self._gone: OrderedDict[str, frozenset[str]] = OrderedDict()
         self._early: OrderedDict[str, tuple[int, set[tuple[int, int]], set[str]]] = OrderedDict()
+        self._released_early: OrderedDict[str, None] = OrderedDict()  # released before the hold arrived
         self.expired = 0
         self.completed = 0
+        self.released = 0  # ended by the reader's release notice (abort, nothing to pull)
 
     def hold(self, request_id: str, block_ids: list[int], now: float) -> float:
         with self._lock:
             expires = now + self.lease_seconds
             self._gone.pop(request_id, None)
             needed, done, readers = self._early.pop(request_id, (0, set(), set()))
-            if needed and len(done) >= needed:  # every reader finished before the hold
+            if request_id in self._released_early:  # the reader gave it up before the hold
+                del self._released_early[request_id]
+                self._forget(request_id)
+                self._released.append(request_id)
+                self.released += 1
+            elif needed and len(done) >= needed:  # every reader finished before the hold
                 self._forget(request_id, readers)
                 self._released.append(request_id)
                 self.completed += 1
@@ -77,6 +84,25 @@ class LeaseTable:
                 lease.expires_at = max(lease.expires_at, now + self.lease_seconds)
                 out[rid] = lease.expires_at - now
         return out, gone, by_agent
+
+    def release(self, request_ids: list[str]) -> list[str]:
+        """End these leases now (the reader will not read them); returns the ids released.
+
+        An id not held yet is remembered (bounded) and released as soon as it is held."""
+        out: list[str] = []
+        with self._lock:
+            for rid in request_ids:
+                lease = self._leases.pop(rid, None)
+                if lease is not None:
+                    self._forget(rid)
+                    self._released.append(rid)
+                    self.released += 1
+                    out.append(rid)
+                elif rid not in self._gone:
+                    self._released_early[rid] = None
+                    while len(self._released_early) > RECENT_LIMIT:
+                        self._released_early.popitem(last=False)
+        return out
 
     def _forget(self, request_id: str, completed_by: set[str] | frozenset[str] = frozenset()) -> None:
         self._gone[request_id] = frozenset(completed_by)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pdfleet.connector.transfer.layout import Region
+from pdfleet.connector.transfer.layout import Span
 
 __all__ = ["NixlAgent", "NixlError"]
 
@@ -69,16 +69,16 @@ class NixlAgent:
             )
         self._registered: list[Any] = []
 
-    def register(self, regions: Sequence[Region]) -> None:
-        """Register every region's span with NIXL (grouped by memory type)."""
+    def register(self, spans: Sequence[Span]) -> None:
+        """Register each span (a backing allocation, see ``registration_spans``), grouped by memory type."""
         by_mem: dict[str, list[tuple[int, int, int, str]]] = {}
-        for r in regions:
+        for r in spans:
             by_mem.setdefault(r.device, []).append((r.base, r.nbytes, r.device_id, ""))
         for mem, descs in by_mem.items():
             try:
                 self._registered.append(self._agent.register_memory(descs, mem))
             except Exception as exc:
-                raise NixlError(f"registering {len(descs)} {mem} region(s) failed: {exc}") from exc
+                raise NixlError(f"registering {len(descs)} {mem} allocation(s) failed: {exc}") from exc
 
     def metadata(self) -> bytes:
         return self._agent.get_agent_metadata()

@@ -83,6 +83,7 @@ class SideChannelServer:
         self._sock: zmq.Socket | None = None
         self.served = 0
         self.rejected = 0
+        self.rejected_by_kind: dict[str, int] = {}  # BadMessage.kind -> count (unsigned, replayed, ...)
         self.last_reject = ""
 
     def start(self) -> None:
@@ -107,8 +108,9 @@ class SideChannelServer:
         self._thread = threading.Thread(target=self._serve, name=f"pdfleet-sidechannel-{self.port}", daemon=True)
         self._thread.start()
 
-    def _reject(self, reason: str) -> None:
+    def _reject(self, reason: str, kind: str = "malformed") -> None:
         self.rejected += 1
+        self.rejected_by_kind[kind] = self.rejected_by_kind.get(kind, 0) + 1
         self.last_reject = reason
         log.warning("side channel %s:%s dropped a message: %s", self.host, self.port, reason)
 
@@ -138,9 +140,9 @@ class SideChannelServer:
             if body and body[0] == b"":  # REQ-style delimiter
                 envelope, body = [b""], body[1:]
             try:
-                request = self._req.decode(body)
+                request, key_id = self._req.decode_signed(body)
             except wire.BadMessage as exc:
-                self._reject(str(exc))
+                self._reject(str(exc), exc.kind)
                 continue
             try:
                 reply = self._handler(request)
@@ -148,7 +150,9 @@ class SideChannelServer:
                 log.exception("side channel handler failed")
                 reply = wire.ErrorReply(id=getattr(request, "id", 0), reason=f"internal error: {exc}")
             try:
-                sock.send_multipart([identity, *envelope, *self._rep.encode(reply)], zmq.NOBLOCK)
+                # Answer with the key the request was signed with: during a rotation the
+                # asking peer may not know the new key yet.
+                sock.send_multipart([identity, *envelope, *self._rep.encode(reply, key_id)], zmq.NOBLOCK)
                 self.served += 1
             except (zmq.ZMQError, ValueError) as exc:
                 log.warning("side channel reply failed: %s", exc)
@@ -164,13 +168,12 @@ class SideChannelServer:
 class Call:
     """One outstanding request: ``done()``, then ``result()`` (reply, or raises ``SideChannelError``)."""
 
-    __slots__ = ("endpoint", "request", "frames", "timeout", "attempts_left", "attempts", "deadline",
+    __slots__ = ("endpoint", "request", "timeout", "attempts_left", "attempts", "deadline",
                  "_reply", "_error", "_done", "last")
 
-    def __init__(self, endpoint: tuple[str, int], request, frames: list[bytes], timeout: float, attempts: int) -> None:
+    def __init__(self, endpoint: tuple[str, int], request, timeout: float, attempts: int) -> None:
         self.endpoint = endpoint
         self.request = request
-        self.frames = frames
         self.timeout = timeout
         self.attempts = attempts
         self.attempts_left = attempts
@@ -239,7 +242,8 @@ class SideChannelClient:
 
     def submit(self, host: str, port: int, request, *, timeout: float, attempts: int) -> Call:
         """Send ``request`` now; the returned call completes during a later ``poll``."""
-        call = Call((host, port), request, self._req.encode(request), timeout, max(1, attempts))
+        self._req.encode(request)  # raises ValueError for an oversized request, before anything is sent
+        call = Call((host, port), request, timeout, max(1, attempts))
         try:
             self._socket(call.endpoint)
         except SideChannelError as exc:
@@ -253,7 +257,8 @@ class SideChannelClient:
         call.attempts_left -= 1
         call.deadline = now + call.timeout
         try:
-            self._socks[call.endpoint].send_multipart(call.frames, zmq.NOBLOCK)
+            # Signed afresh on every attempt: a resend must not look like a replay.
+            self._socks[call.endpoint].send_multipart(self._req.encode(call.request), zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # queue full: counts as a lost attempt
             call.last = f"send failed: {exc}"
 

@@ -34,13 +34,16 @@ from typing import Any, Sequence
 
 from pdfleet.connector.transfer import wire
 from pdfleet.connector.transfer.layout import (
+    BLOCK_OUTERMOST_LAYOUTS,
     IncompatibleLayout,
     InvalidBlockIds,
     KVLayout,
     Region,
     SlicePlan,
+    Span,
     build_descriptors,
     plan_slice,
+    registration_spans,
     remote_rank_for,
     validate_block_ids,
 )
@@ -112,6 +115,7 @@ class _Pull:
     posted_at: float | None = None
     completed_at: float | None = None
     nbytes: int = 0
+    descriptors: int = 0
     failure: str | None = None
 
 
@@ -140,11 +144,13 @@ class KVSink:
         eager_post: bool = False,
         unknown_grace: float = 2.0,
         nixl_progress_thread: bool = False,
+        backing: Sequence[Span] | None = None,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
         if not regions:
             raise ValueError("regions must list at least one registered KV region")
+        spans = registration_spans(regions, backing)
         if not handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
         if not unknown_grace >= 0:
@@ -164,7 +170,8 @@ class KVSink:
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         # The sink polls its transfers itself; NIXL's progress thread would spin a core.
         self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread)
-        self._agent.register(self.regions)
+        self._agent.register(spans)
+        self.registrations = len(spans)
         self._client = SideChannelClient(secret=secret)
         self._peers: dict[Endpoint, _Peer] = {}
         self._handshakes: dict[Endpoint, tuple[Call, float, float]] = {}
@@ -185,7 +192,11 @@ class KVSink:
             "expired_leases": 0.0,
             "stale_agents_dropped": 0.0,
             "heartbeats": 0.0,
+            # seconds from a READ's observed completion to the lease ack that let it complete
+            "ack_wait_seconds": 0.0,
+            "releases": 0.0,
         }
+        self._reported_peers: set[str] = set()  # agents whose first transfer was logged
 
     # -- public API ------------------------------------------------------------
     def pull(
@@ -268,6 +279,22 @@ class KVSink:
             log.warning("keep_alive ignored: %s", exc)
             return
         self._stats["heartbeats"] += 1
+
+    def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
+        """Tell the source this rank will not read these requests (aborted, nothing to pull): it frees them now.
+
+        Fire and forget: a lost notice only means the blocks wait for their lease to expire."""
+        try:
+            rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
+            if type(port) is not int or not 0 < port + rank <= 65535:
+                raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids],
+                                         agent=self.agent_name, release=True)
+            self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=2)
+        except (IncompatibleLayout, ValueError, TypeError) as exc:
+            log.warning("release ignored: %s", exc)
+            return
+        self._stats["releases"] += 1
 
     def poll(self) -> tuple[list[str], dict[str, str]]:
         self._client.poll()
@@ -397,12 +424,23 @@ class KVSink:
             raise SideChannelError(f"refused by the source: {reply.reason}")
         if not isinstance(reply, wire.HandshakeReply):
             raise SideChannelError(f"unexpected reply {type(reply).__name__}")
+        # Layouts first: a physical layout mismatch also changes the compat hash (region
+        # count), and its reason is the one an operator can act on.
+        plan = plan_slice(self.layout, self.regions, reply.layout, reply.regions)
         if reply.compat_hash != self.compat_hash:
             raise IncompatibleLayout(
                 f"compat hash mismatch: decode {self.compat_hash!r}, prefill {reply.compat_hash!r}"
             )
-        plan = plan_slice(self.layout, self.regions, reply.layout, reply.regions)
         name = self._agent.add_peer(reply.agent_metadata)
+        runs = "block" if not plan.whole_blocks else "block run"
+        log.info(
+            "KV sink %s: handshake with %s at %s:%d: layout %s (%s), %d region(s) per side:"
+            " %d descriptor(s) per %s; reading %s",
+            self.engine_id, reply.engine_id, endpoint[0], endpoint[1], reply.layout.kv_cache_layout,
+            "block-outermost" if reply.layout.kv_cache_layout in BLOCK_OUTERMOST_LAYOUTS else "per-layer",
+            len(reply.regions), len(reply.regions), runs,
+            "whole blocks" if plan.whole_blocks else f"head slice {plan.reader_index + 1}/{plan.readers}",
+        )
         return _Peer(
             endpoint=endpoint,
             engine_id=reply.engine_id,
@@ -469,11 +507,16 @@ class KVSink:
                 p.states.append("PROC")
                 p.nbytes += int(loc[:, 1].sum())
                 self._stats["descriptors"] += len(loc)
+                p.descriptors += len(loc)
         except NixlError as exc:
             self._drop_peer(p.endpoint, f"READ failed: {exc}")
             self._fail(p, f"NIXL READ from {peer.agent_name} failed: {exc}")
             return
         self._stats["post_seconds"] += time.perf_counter() - t0
+        if not p.acked and p.hb is None:
+            # Overlap the lease confirmation with the READ: ask now, not after a retry delay.
+            p.hb_retry = False
+            self._heartbeat(p, time.monotonic())
 
     def _take_heartbeat(self, p: _Pull) -> str | None:
         """Fold a finished heartbeat into the pull; returns a failure reason or None."""
@@ -565,6 +608,11 @@ class KVSink:
                 return
             if all(s == "DONE" for s in p.states):
                 p.completed_at = time.monotonic()  # observed now, so no earlier than the real end
+                if not p.acked and p.hb is None:
+                    # The READ is done (its completion notification is on its way to the
+                    # source): ask for the lease at once instead of after the retry delay.
+                    p.hb_retry = False
+                    self._heartbeat(p, p.completed_at)
         if p.completed_at is not None:
             if not p.released_by_us:
                 verdict = lease_verdict(p.completed_at, p.deadline)
@@ -579,7 +627,16 @@ class KVSink:
                 self._agent.release(h)
             p.handles = []
             del self._pulls[p.request_id]
+            seconds = p.completed_at - (p.posted_at or p.completed_at)
             self._stats["bytes"] += p.nbytes
             self._stats["transfers"] += 1
-            self._stats["transfer_seconds"] += p.completed_at - (p.posted_at or p.completed_at)
+            self._stats["transfer_seconds"] += seconds
+            self._stats["ack_wait_seconds"] += max(0.0, time.monotonic() - p.completed_at)
+            if p.peer is not None and p.peer.agent_name not in self._reported_peers:
+                self._reported_peers.add(p.peer.agent_name)
+                log.info(
+                    "KV sink %s: first pull from %s: layout %s, %d descriptor(s), %d bytes, %.3g GB/s",
+                    self.engine_id, p.peer.engine_id, p.peer.layout.kv_cache_layout, p.descriptors,
+                    p.nbytes, p.nbytes / seconds / 1e9 if seconds > 0 else float("inf"),
+                )
             self._done.append(p.request_id)

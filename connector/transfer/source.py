@@ -14,7 +14,15 @@ import uuid
 from typing import Sequence
 
 from pdfleet.connector.transfer import wire
-from pdfleet.connector.transfer.layout import IncompatibleLayout, KVLayout, Region, plan_slice
+from pdfleet.connector.transfer.auth import KeyRing
+from pdfleet.connector.transfer.layout import (
+    IncompatibleLayout,
+    KVLayout,
+    Region,
+    Span,
+    plan_slice,
+    registration_spans,
+)
 from pdfleet.connector.transfer.leases import LeaseTable
 from pdfleet.connector.transfer.nixl_agent import NixlAgent
 from pdfleet.connector.transfer.sidechannel import SideChannelServer, check_bind_host
@@ -25,6 +33,8 @@ log = logging.getLogger(__name__)
 
 # Heartbeats may name many requests at once, but not unboundedly many.
 MAX_HEARTBEAT_IDS = 4096
+# close(linger=...): the side channel must have been quiet this long before it closes.
+QUIET_SECONDS = 1.0
 
 
 class KVSource:
@@ -46,16 +56,18 @@ class KVSource:
         host: str,
         port: int,
         compat_hash: str,
-        secret: bytes | None,
+        secret: "bytes | KeyRing | None",
         lease_seconds: float,
         backends: Sequence[str] = ("UCX",),
         allow_wildcard_bind: bool = False,
         nixl_progress_thread: bool = False,
+        backing: Sequence[Span] | None = None,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
         if not regions:
             raise ValueError("regions must list at least one registered KV region")
+        self.spans = registration_spans(regions, backing)
         if not isinstance(compat_hash, str):
             raise ValueError("compat_hash must be a string")
         if type(port) is not int or not 0 <= port <= 65535:
@@ -105,12 +117,13 @@ class KVSource:
 
     def start(self) -> None:
         self._agent = NixlAgent(self.agent_name, self._backends, progress_thread=self._progress_thread)
-        self._agent.register(self.regions)
+        self._agent.register(self.spans)
         self._metadata = self._agent.metadata()
         self._server.start()
         log.info(
-            "KV source %s rank %d: %d regions, side channel %s:%d",
-            self.engine_id, self.layout.tp_rank, len(self.regions), self.host, self.port,
+            "KV source %s rank %d: layout %s, %d region(s) in %d registered allocation(s), side channel %s:%d",
+            self.engine_id, self.layout.tp_rank, self.layout.kv_cache_layout, len(self.regions),
+            len(self.spans), self.host, self.port,
         )
 
     # -- side-channel thread -------------------------------------------------
@@ -141,6 +154,8 @@ class KVSource:
                 return wire.ErrorReply(id=req.id, reason=f"too many request ids (> {MAX_HEARTBEAT_IDS})")
             with self._lock:
                 self._counters["heartbeats"] += 1
+            if req.release:
+                self._leases.release(list(req.request_ids))
             left, gone, by_you = self._leases.extend(req.request_ids, time.time(), req.agent)
             return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone,
                                        released_by_you=by_you)
@@ -169,16 +184,18 @@ class KVSource:
     def _refusal(self, req: wire.HandshakeRequest) -> str:
         if req.version != wire.PROTOCOL_VERSION:
             return f"protocol version {req.version} is not supported (this source speaks {wire.PROTOCOL_VERSION})"
+        try:
+            # The reader's regions are checked on its side; here the layouts must fit.
+            # Checked before the compat hash: a physical layout mismatch changes the hash
+            # too (region count), and the layout reason is the one to act on.
+            _check_layouts(req.layout, self.layout)
+        except IncompatibleLayout as exc:
+            return f"layout mismatch: {exc}"
         if req.compat_hash != self.compat_hash:
             return (
                 f"compat hash mismatch: decode {req.compat_hash!r}, prefill {self.compat_hash!r}"
                 " (different model/vLLM/cache config)"
             )
-        try:
-            # The reader's regions are checked on its side; here the layouts must fit.
-            _check_layouts(req.layout, self.layout)
-        except IncompatibleLayout as exc:
-            return f"layout mismatch: {exc}"
         return ""
 
     # -- engine thread -------------------------------------------------------
@@ -197,12 +214,26 @@ class KVSource:
             out = dict(self._counters)
         out["leases_completed"] = float(self._leases.completed)
         out["leases_expired"] = float(self._leases.expired)
+        out["leases_released"] = float(self._leases.released)
         out["leases_active"] = float(len(self._leases))
         out["messages_rejected"] = float(self._server.rejected)
         out["messages_served"] = float(self._server.served)
+        kinds = dict(self._server.rejected_by_kind)
+        out["messages_unsigned"] = float(kinds.get("unsigned", 0))
+        out["messages_bad_signature"] = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0))
+        out["messages_replayed"] = float(kinds.get("replayed", 0) + kinds.get("stale", 0))
         return out
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Stop serving. With ``linger`` (seconds, at most), first keep answering until no lease is
+        held and the side channel has been quiet for ``QUIET_SECONDS``: a draining prefill
+        exits as soon as its last lease is released, while the decode whose completion released
+        it may still wait for the heartbeat ack that confirms it (else it would recompute)."""
+        deadline = time.monotonic() + max(0.0, linger)
+        while time.monotonic() < deadline and (
+            len(self._leases) > 0 or time.monotonic() - self._last_message < QUIET_SECONDS
+        ):
+            time.sleep(0.02)
         self._server.close()  # joins the thread that uses the agent
         if self._agent is not None:
             self._agent.close()

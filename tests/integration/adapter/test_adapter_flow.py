@@ -55,27 +55,41 @@ def test_basic_pd_flow(pair):
 
 def test_prompt_shorter_than_a_block_pulls_nothing(pair):
     prefill, decode = pair
-    _, params, _ = prefill_request(prefill, BLOCK - 3, seed=5)
+    pid, params, _ = prefill_request(prefill, BLOCK - 3, seed=5)
     dreq = request(BLOCK - 3, dict(params), max_tokens=2, seed=5)
     decode.add(dreq)
     decode.step()
     assert dreq.status == RequestStatus.RUNNING  # computed locally at once, no transfer wait
     assert dreq.num_computed_tokens == BLOCK - 3 or decode.outputs.get(dreq.request_id) is not None
     assert decode.worker._worker.cumulative_stats().get("transfers", 0) == 0
+    # Nothing to pull: decode's release notice frees prefill's blocks now, not at lease expiry (20 s).
+    started = time.monotonic()
+    run_until(prefill, lambda: pid not in prefill.scheduler.requests)
+    assert time.monotonic() - started < 1.0
+    assert prefill.worker._worker.cumulative_stats()["leases_released"] == 1
 
 
 def test_abort_before_transfer_frees_everything(pair):
     prefill, decode = pair
-    _, params, _ = prefill_request(prefill, 2 * BLOCK + 1, seed=7)
+    pid, params, _ = prefill_request(prefill, 2 * BLOCK + 1, seed=7)
+    prefill_free = prefill.free_blocks()
     dreq = request(2 * BLOCK + 1, dict(params), seed=7)
     decode.add(dreq)
     free = decode.free_blocks()
     decode.scheduler.finish_requests(dreq.request_id, RequestStatus.FINISHED_ABORTED)
+    started = time.monotonic()
     for _ in range(5):
         decode.step()
     assert dreq.request_id not in decode.scheduler.requests
     assert decode.free_blocks() == free
     assert decode.worker._worker.cumulative_stats().get("transfers", 0) == 0
+    # The abort notice reaches prefill, which frees the request's blocks within a second
+    # (its lease is 20 s): an abort storm cannot pin prefill memory.
+    run_until(prefill, lambda: pid not in prefill.scheduler.requests)
+    assert time.monotonic() - started < 1.0
+    assert prefill.free_blocks() > prefill_free
+    assert prefill.worker._worker.cumulative_stats()["leases_released"] == 1
+    assert decode.worker._worker.cumulative_stats()["releases"] == 1
 
 
 def test_abort_during_transfer_waits_for_the_read(pair):

@@ -24,6 +24,8 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--secret", default="")
+    ap.add_argument("--secret-file", default="", help="key file followed like the connector does (rotation)")
+    ap.add_argument("--rotation-grace", type=float, default=-1.0, help="seconds the old key stays accepted")
     ap.add_argument("--lease", type=float, default=30.0)
     ap.add_argument("--compat-hash", default="compat-1")
     ap.add_argument("--regions", type=int, default=2)
@@ -45,6 +47,14 @@ def main() -> int:
     ]
     fields = dict(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
     fields.update(json.loads(args.layout))
+    secret = bytes.fromhex(args.secret) if args.secret else None
+    if args.secret_file:
+        from pdfleet.connector.adapter.config import read_secret_file
+        from pdfleet.connector.transfer.auth import KeyRing
+
+        grace = args.rotation_grace if args.rotation_grace >= 0 else args.lease
+        secret = KeyRing(read_secret_file(args.secret_file), grace_seconds=grace,
+                         loader=lambda: read_secret_file(args.secret_file), reload_seconds=0.2)
     source = KVSource(
         engine_id=args.engine_id,
         regions=regions,
@@ -52,7 +62,7 @@ def main() -> int:
         host=args.host,
         port=args.port,
         compat_hash=args.compat_hash,
-        secret=bytes.fromhex(args.secret) if args.secret else None,
+        secret=secret,
         lease_seconds=args.lease,
     )
     source.start()

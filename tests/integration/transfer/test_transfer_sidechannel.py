@@ -116,3 +116,49 @@ def test_oversized_heartbeat_is_refused_with_a_reason(source_factory):
                       timeout_ms=5000)
     decoded = wire.reply_codec(None).decode(ok)
     assert isinstance(decoded, wire.HeartbeatReply) and set(decoded.remaining) == {"x"}
+
+
+def test_unsigned_and_replayed_handshakes_are_refused_and_counted(source_factory):
+    """A captured, correctly signed handshake works once; sent again it is dropped as a replay."""
+    src = source_factory(secret=SECRET.hex())
+    signed = wire.request_codec(SECRET).encode(good_request())
+    assert raw_exchange(src.port, signed, timeout_ms=5000) is not None  # the original is answered
+    assert raw_exchange(src.port, signed) is None  # the replay is not
+    assert raw_exchange(src.port, [signed[0]]) is None  # nor an unsigned copy
+    stats = src.stats()
+    assert (stats["handshakes"], stats["messages_replayed"], stats["messages_unsigned"]) == (1, 1, 1)
+    # Negative control: a fresh signature over the same request is served.
+    assert raw_exchange(src.port, wire.request_codec(SECRET).encode(good_request()), timeout_ms=5000) is not None
+    assert src.stats()["handshakes"] == 2
+
+
+def test_key_rotation_accepts_the_old_key_for_one_lease_then_refuses_it(source_factory, sink_factory, local_kv,
+                                                                          tmp_path):
+    """The source follows its key file (as a mounted Secret is updated): the new key works at once, the old
+    one for the grace period (one lease), then only the new one."""
+    import time
+
+    old, new = b"old-key-" + b"o" * 24, b"new-key-" + b"n" * 24
+    key_file = tmp_path / "key"
+    key_file.write_bytes(old)
+    src = source_factory(secret_file=str(key_file), lease=30.0, rotation_grace=2.0)
+
+    def pull(name: str, secret: bytes) -> tuple[bool, str]:
+        sink = sink_factory(local_kv, secret=secret, handshake_timeout=0.3, handshake_retries=2,
+                            heartbeat_timeout=0.3)
+        src.hold(name, [1])
+        sink.pull(name, host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+                  remote_instance_id=src.instance_id, remote_block_ids=[1], local_block_ids=[1])
+        return wait_for(sink, name, timeout=10)
+
+    assert pull("before", old) == (True, "")
+    key_file.write_bytes(new)
+    rotated = time.monotonic()
+    assert pull("new-key", new) == (True, "")  # an unknown key id makes the source re-read its file
+    assert pull("old-key-in-grace", old) == (True, "")
+    assert time.monotonic() - rotated < 2.0, "the grace test took too long to mean anything"
+    time.sleep(max(0.0, 2.3 - (time.monotonic() - rotated)))
+    ok, reason = pull("old-key-after-grace", old)
+    assert not ok and "no reply" in reason
+    assert src.stats()["messages_bad_signature"] >= 1
+    assert pull("new-key-later", new) == (True, "")

@@ -115,7 +115,7 @@ def test_short_prompt_needs_no_blocks():
 
 
 def test_config_defaults_and_loopback_fallback(tmp_path):
-    cfg = parse_adapter_config({}, env={})
+    cfg = parse_adapter_config({"allow_unauthenticated": True}, env={})
     assert cfg.side_channel_host == "127.0.0.1" and cfg.side_channel_port == 5600
     assert cfg.secret is None and cfg.backends == ("UCX",)
     secret = tmp_path / "s"
@@ -128,13 +128,19 @@ def test_config_defaults_and_loopback_fallback(tmp_path):
     assert cfg.secret == b"0123456789abcdef-secret" and cfg.handshake_timeout == 1.5
 
 
+OPEN = {"allow_unauthenticated": True}
+
+
 @pytest.mark.parametrize(
     "extra, env, needle",
     [
-        ({}, {"VLLM_NIXL_SIDE_CHANNEL_HOST": "0.0.0.0"}, "wildcard"),
-        ({}, {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT"),
-        ({"lease_seconds": 0}, {}, "lease_seconds"),
-        ({"backends": []}, {}, "backends"),
+        (OPEN, {"VLLM_NIXL_SIDE_CHANNEL_HOST": "0.0.0.0"}, "wildcard"),
+        (OPEN, {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT"),
+        ({"lease_seconds": 0, **OPEN}, {}, "lease_seconds"),
+        ({"backends": [], **OPEN}, {}, "backends"),
+        # secure by default: no key file and no explicit opt-out
+        ({}, {}, "auth_secret_file is not set"),
+        ({"allow_unauthenticated": "yes"}, {}, "allow_unauthenticated must be true or false"),
         ({"auth_secret_file": "/nonexistent/secret"}, {}, "auth_secret_file"),
         ({"secret": "inline"}, {}, "unknown keys"),
         ({"handshake_retries": -1}, {}, "handshake_retries"),

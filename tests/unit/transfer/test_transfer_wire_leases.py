@@ -8,7 +8,7 @@ import hmac
 import msgspec
 import pytest
 
-from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer import auth, wire
 from pdfleet.connector.transfer.layout import KVLayout, Region
 from pdfleet.connector.transfer.leases import LeaseTable
 from pdfleet.connector.transfer.sidechannel import check_bind_host, zmq_address
@@ -41,18 +41,21 @@ def test_reply_carries_regions_and_layout():
     assert codec.decode(codec.encode(reply)) == reply
 
 
-def test_hmac_is_sha256_over_payload():
+def test_auth_frame_is_hmac_sha256_over_header_and_payload():
     frames = wire.request_codec(b"k").encode(handshake())
-    assert frames[1] == hmac.new(b"k", frames[0], hashlib.sha256).digest()
+    head, mac = frames[1][:-32], frames[1][-32:]
+    assert len(frames[1]) == auth.AUTH_FRAME_BYTES and head[:8] == auth.key_id(b"k")
+    assert mac == hmac.new(b"k", auth.DOMAIN + head + frames[0], hashlib.sha256).digest()
 
 
 @pytest.mark.parametrize(
     "frames_of, message",
     [
         (lambda f: [f[0]], "unsigned message"),
-        (lambda f: [f[0], b"x" * 32], "wrong HMAC signature"),
-        (lambda f: [f[0], wire.request_codec(b"other").encode(handshake())[1]], "wrong HMAC signature"),
+        (lambda f: [f[0], b"x" * 32], "auth frame of 32 bytes"),
+        (lambda f: [f[0], wire.request_codec(b"other").encode(handshake())[1]], "key this side does not accept"),
         (lambda f: [f[0] + b"\x00", f[1]], "wrong HMAC signature"),
+        (lambda f: [f[0], f[1][:-1] + bytes([f[1][-1] ^ 1])], "wrong HMAC signature"),
         (lambda f: [], "empty message"),
     ],
 )
@@ -190,3 +193,18 @@ def test_release_is_credited_only_to_the_agents_that_completed_it():
     assert not t.complete("early", readers=1, reader_index=0, parts=1, part=0, agent="sink-c")
     t.hold("early", [3], now=13.0)
     assert t.extend(["early"], now=13.5, agent="sink-c") == ({}, ["early"], ["early"])
+
+
+def test_release_ends_a_lease_now_even_when_it_arrives_before_the_hold():
+    t = LeaseTable(30.0)
+    t.hold("held", [1, 2], now=0.0)
+    assert t.release(["held", "unknown-yet"]) == ["held"]
+    assert t.collect(now=0.1) == ["held"] and t.released == 1
+    left, gone, _ = t.extend(["held"], now=0.2)
+    assert left == {} and gone == ["held"]
+    # The notice overtook the hold: the hold releases at once instead of holding 30 s.
+    t.hold("unknown-yet", [3], now=0.3)
+    assert t.collect(now=0.3) == ["unknown-yet"] and t.released == 2 and len(t) == 0
+    # Negative control: a lease nobody released stays held until it expires.
+    t.hold("kept", [4], now=1.0)
+    assert t.collect(now=30.9) == [] and t.collect(now=31.1) == ["kept"] and t.expired == 1
