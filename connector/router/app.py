@@ -22,6 +22,10 @@ kv_transfer_params while their lease (``remote_blocks_expiry_time``, unix
 seconds) has ``lease_margin_s`` left, else decode-only. A 4xx from either leg is
 the client's mistake and is relayed as is.
 
+A request that vLLM splits into several engine requests (``n > 1``, several
+prompts, beam search; see fanout.py) skips prefill: decode serves it alone,
+marked ``x-pdfleet-fallback: decode-only``.
+
 Embedding (helper D, tests)::
 
     app = build_app(RouterConfig(prefill=("http://127.0.0.1:8100",), decode=("http://127.0.0.1:8200",)))
@@ -48,6 +52,7 @@ import yarl
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pdfleet.connector.router.abandon import Abandoned, release_body
 from pdfleet.connector.router.config import RouterConfig
 from pdfleet.connector.router.endpoints import (
     DECODE,
@@ -61,7 +66,11 @@ from pdfleet.connector.router.endpoints import (
     select_revision,
 )
 from pdfleet.connector.router.errors import error_body, error_response
+from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
 from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.router.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
+from pdfleet.connector.router import timing
+from pdfleet.connector.router.prefix_routing import PrefixRouting
 
 log = logging.getLogger("pdfleet.router")
 
@@ -79,6 +88,10 @@ _json_encode = msgspec.json.Encoder().encode
 
 # A discovery keeps the router's endpoints current until cancelled.
 Discovery = Callable[["Router"], Awaitable[None]]
+
+# Set by the relay: the status whose whole answer reached the client / the client left before the end.
+_DELIVERED = web.RequestKey("pdfleet_delivered", int)
+_CLIENT_LEFT = web.RequestKey("pdfleet_client_left", bool)
 
 
 class _TooLarge(Exception):
@@ -111,6 +124,8 @@ class Router:
         self._latency = {leg: self.metrics.leg_latency.labels(leg) for leg in (PREFILL, DECODE, "decode_first_byte")}
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         self._session: aiohttp.ClientSession | None = None
+        self.abandoned = Abandoned()
+        self.prefix = PrefixRouting(config, self.metrics)  # KV-cache-aware choice (prefixAware legs)
         self._prefill_timeout = aiohttp.ClientTimeout(
             total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s
         )
@@ -131,6 +146,7 @@ class Router:
         if (new.revision if new else None) != old:
             log.info("serving revision %s (%s)", new.revision if new else None, self.selection.reason)
         self._forget_gone_endpoints()
+        self.prefix.set_endpoints(self._groups.values())
         self.metrics.revision.clear()
         self.metrics.endpoints.clear()
         if new is not None:
@@ -153,11 +169,15 @@ class Router:
     def groups(self) -> dict[str, RevisionEndpoints]:
         return dict(self._groups)
 
-    def _pick(self, role: str, candidates: tuple[str, ...], tried: set[str]) -> str | None:
+    def _pick(self, role: str, candidates: tuple[str, ...], tried: set[str],
+              body: dict[str, Any] | None = None, chat: bool = False) -> str | None:
         now = time.monotonic()
         ejected = [u for u, until in self._ejected.items() if until > now]
         if len(ejected) != len(self._ejected):
             self._ejected = {u: self._ejected[u] for u in ejected}
+        if body is not None and self.prefix.enabled(role):
+            return self.prefix.pick(role, candidates, body, chat=chat, outstanding=self.outstanding.counts,
+                                    exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role]))
         return pick_least_outstanding(
             candidates, self.outstanding.counts, exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role])
         )
@@ -168,6 +188,7 @@ class Router:
 
     def _acquire(self, role: str, url: str) -> None:
         self.outstanding.acquire(url)
+        timing.leg_started(role)
         gauge = self._in_flight.get((role, url))
         if gauge is None:
             gauge = self._in_flight[(role, url)] = self.metrics.in_flight.labels(role, url)
@@ -175,6 +196,7 @@ class Router:
 
     def _release(self, role: str, url: str) -> None:
         self.outstanding.release(url)
+        timing.leg_ended(role)
         self._in_flight[(role, url)].dec()
 
     # ---- lifecycle -------------------------------------------------------
@@ -187,6 +209,7 @@ class Router:
         )
 
     async def close(self) -> None:
+        await self.abandoned.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -209,11 +232,15 @@ class Router:
         status = 500
         try:
             response = await self._generate(request, path, chat=chat)
-            status = response.status
+            status = recorded_status(response.status, delivered=_DELIVERED in request,
+                                     client_left=request.get(_CLIENT_LEFT, False))
             return response
         except asyncio.CancelledError:
-            status = 499  # client closed request (nginx's convention)
-            self.metrics.client_disconnects.inc()
+            # The client closed its connection; after the whole answer (e.g. right
+            # after `data: [DONE]`, as the openai client does) that is no disconnect.
+            status = recorded_status(request.get(_DELIVERED), delivered=_DELIVERED in request, client_left=True)
+            if status == CLIENT_CLOSED:
+                self.metrics.client_disconnects.inc()
             raise
         finally:
             counter = self._requests.get((path, status))
@@ -253,6 +280,7 @@ class Router:
             self.metrics.errors.labels("no_endpoints").inc()
             return error_response(503, f"no endpoints to serve: {self.selection.reason}", headers=reply_headers)
         reply_headers[REVISION_HEADER] = group.revision
+        timing.begin(self.metrics, group.revision)
 
         upstream_headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
                             "Accept-Encoding": "identity"}
@@ -261,7 +289,18 @@ class Router:
             if value is not None:
                 upstream_headers[name] = value
 
-        prefill = await self._prefill_leg(group, path, body, upstream_headers, chat=chat)
+        if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
+            self.metrics.fallbacks.labels(FAN_OUT).inc()
+            reply_headers[FALLBACK_HEADER] = "decode-only"
+            return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers, None)
+        leg = asyncio.ensure_future(self._prefill_leg(group, path, body, upstream_headers, chat=chat))
+        try:
+            # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
+            prefill = await asyncio.shield(leg)
+        except asyncio.CancelledError:
+            self.abandoned.hand_back(leg, functools.partial(self._hand_back, group, path, body, upstream_headers,
+                                                            chat=chat))
+            raise
         if prefill.client_error is not None:
             prefill.client_error.headers.update(reply_headers)
             return prefill.client_error
@@ -305,7 +344,7 @@ class Router:
         candidates = group.ready(PREFILL)
         tried: set[str] = set()
         for attempt in range(self.config.prefill_attempts):
-            url = self._pick(PREFILL, candidates, tried)
+            url = self._pick(PREFILL, candidates, tried, body, chat)
             if url is None:
                 break
             tried.add(url)
@@ -351,6 +390,21 @@ class Router:
             return "no_kv_transfer_params"
         return _PrefillResult(kv_transfer_params=params)
 
+    async def _hand_back(self, group: RevisionEndpoints, path: str, body: dict[str, Any], headers: dict[str, str],
+                         kv_params: dict[str, Any], *, chat: bool) -> None:
+        """One-token decode leg whose only purpose is to consume (and so release) prefill's blocks."""
+        url = self._pick(DECODE, group.ready(DECODE), set())
+        if url is None:
+            return
+        self._acquire(DECODE, url)
+        try:
+            async with self.session.post(_target(url, path), headers=headers,
+                                         data=_json_encode(release_body(body, kv_params, chat=chat)),
+                                         timeout=self._prefill_timeout) as resp:
+                await resp.read()
+        finally:
+            self._release(DECODE, url)
+
     # ---- decode leg ------------------------------------------------------
 
     async def _decode_leg(self, request: web.Request, group: RevisionEndpoints, path: str,
@@ -360,7 +414,7 @@ class Router:
         tried: set[str] = set()
         cfg = self.config
         for attempt in range(cfg.decode_attempts):
-            url = self._pick(DECODE, candidates, tried)
+            url = self._pick(DECODE, candidates, tried, body, path.endswith("chat/completions"))
             if url is None:
                 break
             tried.add(url)
@@ -388,6 +442,7 @@ class Router:
                     reason = "protocol"
                 else:
                     self._latency["decode_first_byte"].observe(time.perf_counter() - started)
+                    timing.first_byte()
                     if resp.status < 500 and resp.status not in _RETRYABLE_4XX:
                         try:
                             return await self._relay(request, resp, reply_headers)
@@ -422,6 +477,7 @@ class Router:
                     data = await resp.read()
             except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
                 raise _BrokeBeforeFirstByte from exc
+            timing.chunk(data)
             return web.Response(status=resp.status, body=data, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         if length is not None:
@@ -429,8 +485,9 @@ class Router:
         try:
             await out.prepare(request)
         except ConnectionError:
-            return self._client_gone(resp, out)
+            return self._client_gone(request, resp, out)
         idle = self.config.decode_idle_timeout_s
+        end = StreamEnd() if resp.content_type.endswith("event-stream") else None
         while True:
             try:
                 async with asyncio.timeout(idle):
@@ -448,17 +505,24 @@ class Router:
                 break
             try:
                 await out.write(chunk)
+                timing.chunk(chunk)
             except ConnectionError:
-                return self._client_gone(resp, out)
+                return self._client_gone(request, resp, out)
+            if end is not None and end.feed(chunk):  # [DONE] relayed: the client may close now
+                request[_DELIVERED] = resp.status
+        request[_DELIVERED] = resp.status  # decode's whole answer was written
         try:
             await out.write_eof()
         except ConnectionError:
-            return self._client_gone(resp, out)
+            return self._client_gone(request, resp, out)
         return out
 
-    def _client_gone(self, resp: aiohttp.ClientResponse, out: web.StreamResponse) -> web.StreamResponse:
+    def _client_gone(self, request: web.Request, resp: aiohttp.ClientResponse,
+                     out: web.StreamResponse) -> web.StreamResponse:
         # Dropping the upstream connection makes decode abort the request.
-        self.metrics.client_disconnects.inc()
+        if _DELIVERED not in request:
+            self.metrics.client_disconnects.inc()
+            request[_CLIENT_LEFT] = True
         resp.close()
         return out
 
@@ -493,6 +557,7 @@ class Router:
             "prefill_ready": len(group.ready(PREFILL)) if group else 0,
             "decode_ready": len(group.ready(DECODE)) if group else 0,
             "revisions": sorted(self._groups),
+            "prefix_routing": self.prefix.status(),
         }
         return web.Response(status=200 if group else 503, body=_json_encode(body), content_type="application/json")
 
@@ -518,10 +583,16 @@ ROUTER_KEY = web.AppKey("pdfleet_router", Router)
 
 def static_groups(config: RouterConfig) -> list[RevisionEndpoints]:
     """The single revision made of the static --prefill/--decode lists."""
+    events = {u.rstrip("/"): e.split(",") for u, e in config.kv_events}
+
+    def endpoint(url: str) -> Endpoint:
+        pub = events.get(url.rstrip("/"), [None])
+        return Endpoint(url.rstrip("/"), kv_events=pub[0], kv_events_replay=pub[1] if len(pub) > 1 else None)
+
     return [RevisionEndpoints(
         revision=STATIC_REVISION,
-        prefill=tuple(Endpoint(u.rstrip("/")) for u in config.prefill),
-        decode=tuple(Endpoint(u.rstrip("/")) for u in config.decode),
+        prefill=tuple(endpoint(u) for u in config.prefill),
+        decode=tuple(endpoint(u) for u in config.decode),
     )]
 
 
@@ -547,11 +618,13 @@ def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> we
 
     async def lifecycle(app: web.Application):
         await router.open()
+        await router.prefix.start()
         task = asyncio.create_task(discovery(router)) if discovery is not None else None
         yield
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        await router.prefix.stop()
         await router.close()
 
     app.cleanup_ctx.append(lifecycle)

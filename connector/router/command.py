@@ -32,6 +32,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--revision", default=os.environ.get("PDFLEET_ACTIVE_REVISION"),
                      help="revision the operator wants served while it is serviceable "
                           "(env PDFLEET_ACTIVE_REVISION); default: newest serviceable")
+    kv = parser.add_argument_group("KV-cache-aware routing")
+    for name in ("prefill_policy", "decode_policy"):
+        kv.add_argument("--" + name.replace("_", "-"), default=d[name].default,
+                        choices=["prefixAware", "leastOutstanding"], help="default %(default)s")
+    kv.add_argument("--kv-events", action="append", default=[], metavar="URL=PUB[,REPLAY]",
+                    help="static endpoints: an engine's KV event ZMQ endpoints, e.g. "
+                         "http://10.0.0.7:8000=tcp://10.0.0.7:5557,tcp://10.0.0.7:5558 (repeat); "
+                         "with --kubernetes they come from the EndpointSlices' kv-events ports")
+    kv.add_argument("--tokenizer", default=None, help="the served model's tokenizer (name or path), "
+                    "to hash prompts as the engines do; without it the router uses what it routed itself")
+    kv.add_argument("--block-size", type=int, default=d["block_size"].default, help="the engines' --block-size")
+    kv.add_argument("--hash-seed", default=d["hash_seed"].default,
+                    help="the engines' PYTHONHASHSEED, if set; default vLLM's %(default)s")
+    kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
+                    help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
     lim = parser.add_argument_group("limits and timeouts")
     for name, kind, help_text in [
         ("max_body_bytes", int, "largest request body; bigger gets 413"),
@@ -57,7 +72,16 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise ValueError("--kubernetes needs --fleet NAME (or env PDFLEET_FLEET)")
     if args.kubernetes and (args.prefill or args.decode):
         raise ValueError("--kubernetes and --prefill/--decode exclude each other")
+    kv_events = []
+    for item in args.kv_events:
+        url, sep, endpoints = item.partition("=")
+        if not sep:
+            raise ValueError(f"--kv-events {item!r}: expected URL=PUB[,REPLAY]")
+        kv_events.append((url, endpoints))
     return RouterConfig(
+        prefill_policy=args.prefill_policy, decode_policy=args.decode_policy, kv_events=tuple(kv_events),
+        tokenizer=args.tokenizer, block_size=args.block_size, hash_seed=args.hash_seed,
+        prefix_max_imbalance=args.prefix_max_imbalance,
         prefill=tuple(args.prefill), decode=tuple(args.decode),
         kubernetes_fleet=args.fleet if args.kubernetes else None, kubernetes_namespace=args.namespace,
         kubeconfig=args.kubeconfig, port_name=args.port_name, revision=args.revision or None,

@@ -43,6 +43,18 @@ class RouterConfig:
     # on a connection the engine is closing (it would count as a failed leg).
     upstream_keepalive_s: float = 4.0
 
+    # KV-cache-aware routing (prefix_routing.py)
+    prefill_policy: str = "prefixAware"  # prefixAware | leastOutstanding
+    decode_policy: str = "prefixAware"
+    kv_events: tuple[tuple[str, str], ...] = ()  # static: (engine URL, "PUB[,REPLAY]" ZMQ endpoints)
+    tokenizer: str | None = None  # the served model's tokenizer (name or path); None: routed index only
+    block_size: int = 16  # the engines' --block-size
+    hash_algo: str = "sha256_cbor"  # the engines' --prefix-caching-hash-algo
+    hash_seed: str = "vllm-none-hash"  # the engines' PYTHONHASHSEED, else vLLM's default seed
+    prefix_max_imbalance: int = 4  # in-flight requests above the least loaded a cached prefix may cost
+    kv_events_max_message_bytes: int = 8 * 1024 * 1024
+    kv_index_max_blocks: int = 1_000_000  # per endpoint
+
     # request headers passed on to both legs
     forward_headers: tuple[str, ...] = field(
         default=("authorization", "traceparent", "tracestate", "baggage")
@@ -64,5 +76,15 @@ class RouterConfig:
                      "decode_idle_timeout_s", "models_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name}: must be > 0")
+        for name in ("prefill_policy", "decode_policy"):
+            if getattr(self, name) not in ("prefixAware", "leastOutstanding"):
+                problems.append(f"{name}: must be prefixAware or leastOutstanding, got {getattr(self, name)!r}")
+        for url, endpoints in self.kv_events:
+            if not endpoints or not all(e.startswith(("tcp://", "ipc://")) for e in endpoints.split(",")):
+                problems.append(f"kv_events: {url!r}: give PUB[,REPLAY] as tcp:// or ipc:// endpoints")
+        if self.hash_algo != "sha256_cbor":
+            problems.append(f"hash_algo: the router reproduces sha256_cbor only, got {self.hash_algo!r}")
+        if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
+            problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
         if problems:
             raise ValueError("invalid RouterConfig: " + "; ".join(problems))

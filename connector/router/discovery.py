@@ -41,6 +41,8 @@ FLEET_LABEL = "pdfleet.io/fleet"
 ROLE_LABEL = "pdfleet.io/role"
 REVISION_LABEL = "pdfleet.io/revision"
 SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+KV_EVENTS_PORT_NAME = "kv-events"  # the engines' KV event PUB port (operator/plan/engines.py)
+KV_EVENTS_REPLAY_PORT_NAME = "kv-events-replay"
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # one watch event (a slice holds at most 1000 endpoints)
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; the router then lists again
 
@@ -107,6 +109,8 @@ def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView
     else:
         return f"no port named {port_name!r} among {[p.get('name') for p in ports]}"
     ipv6 = obj.get("addressType") == "IPv6"
+    by_name = {p.get("name"): p["port"] for p in ports}
+    events_port, replay_port = by_name.get(KV_EVENTS_PORT_NAME), by_name.get(KV_EVENTS_REPLAY_PORT_NAME)
     endpoints = []
     for ep in obj.get("endpoints") or ():
         addresses = ep.get("addresses") or ()
@@ -114,7 +118,11 @@ def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView
             continue
         ready = endpoint_usable(ep.get("conditions") or {})
         host = f"[{addresses[0]}]" if ipv6 else addresses[0]
-        endpoints.append(Endpoint(f"http://{host}:{port}", ready))
+        endpoints.append(Endpoint(
+            f"http://{host}:{port}", ready,
+            kv_events=f"tcp://{host}:{events_port}" if events_port else None,
+            kv_events_replay=f"tcp://{host}:{replay_port}" if events_port and replay_port else None,
+        ))
     return SliceView(role, revision, tuple(endpoints), _timestamp(meta.get("creationTimestamp")))
 
 
@@ -122,6 +130,7 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
     """Group the fleet's slices by revision. An address listed by several slices is
     ready if any says so; a revision's age is its oldest slice's."""
     roles: dict[str, dict[str, dict[str, bool]]] = {}
+    events: dict[str, tuple[str | None, str | None]] = {}
     created: dict[str, float] = {}
     for obj in slices:
         view = parse_slice(obj, fleet, port_name)
@@ -130,13 +139,15 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
         by_role = roles.setdefault(view.revision, {PREFILL: {}, DECODE: {}})
         for ep in view.endpoints:
             by_role[view.role][ep.url] = by_role[view.role].get(ep.url, False) or ep.ready
+            if ep.kv_events:
+                events[ep.url] = (ep.kv_events, ep.kv_events_replay)
         seen = created.get(view.revision)
         created[view.revision] = view.created if seen is None else min(seen, view.created)
     return [
         RevisionEndpoints(
             revision=rev,
-            prefill=tuple(Endpoint(u, r) for u, r in sorted(by_role[PREFILL].items())),
-            decode=tuple(Endpoint(u, r) for u, r in sorted(by_role[DECODE].items())),
+            prefill=tuple(Endpoint(u, r, *events.get(u, (None, None))) for u, r in sorted(by_role[PREFILL].items())),
+            decode=tuple(Endpoint(u, r, *events.get(u, (None, None))) for u, r in sorted(by_role[DECODE].items())),
             created=created[rev],
         )
         for rev, by_role in sorted(roles.items())

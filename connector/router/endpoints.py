@@ -23,6 +23,8 @@ class Endpoint:
 
     url: str
     ready: bool = True
+    kv_events: str | None = None  # the engine's KV event PUB endpoint (e.g. tcp://10.0.0.7:5557), if any
+    kv_events_replay: str | None = None  # its replay ROUTER endpoint, if any
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Legs are short on a warm fleet and long under load: 1 ms .. 2 min.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# What the SLO planner steers to (p90 from these buckets): TTFT in 10s of ms, ITL in ms.
+_TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 60)
+_ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
 
 
 class RouterMetrics:
@@ -53,5 +56,49 @@ class RouterMetrics:
         )
         self.revision = Gauge(
             "pdfleet_router_serving_revision", "1 for the revision that serves new requests", ["revision"],
+            registry=r,
+        )
+        # SLO signals per revision (connector/router/timing.py), read by the operator's planner.
+        self.ttft = Histogram(
+            "pdfleet_router_ttft_seconds", "Time to first token: request to decode's first answer byte relayed",
+            ["revision"], buckets=_TTFT_BUCKETS, registry=r,
+        )
+        self.itl = Histogram(
+            "pdfleet_router_itl_seconds", "Inter-token latency on streamed answers (chunk gap per event)",
+            ["revision"], buckets=_ITL_BUCKETS, registry=r,
+        )
+        self.legs_waiting = Gauge(
+            "pdfleet_router_legs_waiting", "Legs sent and not answered yet (decode: before its first byte)",
+            ["leg", "revision"], registry=r,
+        )
+        self.streams = Gauge(
+            "pdfleet_router_streams", "Decode legs answering (first byte seen, not finished)", ["revision"],
+            registry=r,
+        )
+        # KV-cache-aware routing (prefix_routing.py)
+        self.prefix_decisions = Counter(
+            "pdfleet_router_prefix_decisions", "prefixAware choices, by leg and what scored them "
+            "(events: the engines' KV events; routed: what the router sent where; mixed: events for the endpoints "
+            "whose stream is synced, routed for the others; none: least outstanding)",
+            ["leg", "source"], registry=r,
+        )
+        self.prefix_cached_tokens = Counter(
+            "pdfleet_router_prefix_cached_tokens", "Cached prompt-prefix tokens on the chosen endpoint (chosen) "
+            "and on the best candidate (available); source routed is an estimate (4 characters a token)",
+            ["leg", "kind", "source"], registry=r,
+        )
+        self.kv_events_received = Counter(
+            "pdfleet_router_kv_events_received", "KV event batches applied, per endpoint", ["endpoint"], registry=r
+        )
+        self.kv_events_dropped = Counter(
+            "pdfleet_router_kv_events_dropped", "KV event messages dropped, per endpoint and reason",
+            ["endpoint", "reason"], registry=r,
+        )
+        self.kv_index_resets = Counter(
+            "pdfleet_router_kv_index_resets", "Block indexes cleared (gap, restart, joined_late, index_full)",
+            ["endpoint", "reason"], registry=r,
+        )
+        self.kv_index_blocks = Gauge(
+            "pdfleet_router_kv_index_blocks", "Block hashes the router knows an endpoint holds", ["endpoint"],
             registry=r,
         )

@@ -27,9 +27,13 @@ class Received:
 class FakeEngine:
     name: str
     role: str  # "prefill" or "decode"
-    mode: str = "ok"  # ok | http500 | http400 | hang | no_kv | drop_midstream | short_body
+    mode: str = "ok"  # ok | http500 | http400 | hang | slow | no_kv | drop_midstream | short_body
     lease_s: float = 30.0
     chunks: int = 3
+    # seconds between `data: [DONE]` and the end of the chunked body (uvicorn sends that end
+    # separately; a client that closes on [DONE] then races the router)
+    eof_delay_s: float = 0.0
+    delay_s: float = 0.0  # answer every request this much later (a busy engine)
     received: list[Received] = field(default_factory=list)
     # streaming control: when set, the fake waits on `release` before each chunk after the first
     gated: bool = False
@@ -62,12 +66,16 @@ class FakeEngine:
         body = await request.json()
         self.received.append(Received(request.path, request.headers.copy(), body))
         try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
             if self.mode == "http500":
                 return web.json_response({"error": {"message": "boom"}}, status=500)
             if self.mode == "http400":
                 return web.json_response({"error": {"message": f"bad prompt ({self.name})", "code": 400}}, status=400)
             if self.mode == "hang":
                 await asyncio.sleep(3600)
+            if self.mode == "slow":  # answers, but only after 0.8 s
+                await asyncio.sleep(0.8)
             if self.role == "prefill":
                 return self._prefill_answer(request, body)
             return await self._decode_answer(request, body)
@@ -99,11 +107,19 @@ class FakeEngine:
             await resp.write(b'{"id": "cm')
             request.transport.close()
             return resp
+        chat = request.path.endswith("/chat/completions")
+        kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
-            return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, "text": "hello world"}],
+            choices = [{"index": i, "finish_reason": "length",
+                        **({"message": {"role": "assistant", "content": "hello world"}} if chat
+                           else {"text": "hello world"})} for i in range(_choices(body))]
+            return web.json_response({"id": "cmpl-d", "object": kind, "created": 0, "model": body.get("model"),
+                                      "choices": choices, "usage": _USAGE,
                                       "served_by": self.name, "kv_seen": kv})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        head = {"id": "cmpl-d", "object": kind + ".chunk" if chat else kind, "created": 0,
+                "model": body.get("model")}
         for i in range(self.chunks):
             if i and self.gated:
                 await self.release.wait()
@@ -111,8 +127,23 @@ class FakeEngine:
             if i and self.mode == "drop_midstream":
                 request.transport.close()
                 return resp
-            event = {"choices": [{"index": 0, "text": f"t{i}"}], "served_by": self.name}
+            choice = {"index": 0, **({"delta": {"content": f"t{i}"}} if chat else {"text": f"t{i}"})}
+            event = dict(head, choices=[choice], served_by=self.name)
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):  # vLLM: the last chunk, no choices
+            await resp.write(b"data: " + json.dumps(dict(head, choices=[], usage=_USAGE)).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if self.eof_delay_s:
+            await asyncio.sleep(self.eof_delay_s)
         await resp.write_eof()
         return resp
+
+
+_USAGE = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+
+
+def _choices(body: dict) -> int:
+    """One choice per prompt and per sequence, as vLLM answers."""
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt) else 1
+    return prompts * (body.get("n") or 1)

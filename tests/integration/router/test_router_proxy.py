@@ -408,3 +408,23 @@ async def test_unknown_routes_and_methods_answer_in_openai_shape(fleet, method, 
         assert resp.status == code
         assert_openai_error(await resp.read(), code, needle)
     assert p.received == [] and d.received == []
+
+
+async def test_client_gone_during_a_prefill_that_finishes_hands_the_blocks_back_at_once(fleet):
+    """The prefill leg ends just after the client left: its kv_transfer_params go to a decode with
+    max_tokens=1 (the pull releases prefill's lease now, not at expiry) and that answer is dropped."""
+    p = await fleet.engine("p0", "prefill", mode="slow")
+    d = await fleet.engine("d0", "decode")
+    url = await fleet.router([p], [d], prefill_timeout_s=20)
+    with pytest.raises(asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as s:
+            await s.post(url + "/v1/completions", json=dict(COMPLETION, max_tokens=50, stream=True))
+    for _ in range(100):
+        if d.received:
+            break
+        await asyncio.sleep(0.05)
+    assert len(d.received) == 1 and not p.cancelled.is_set()
+    back = d.received[0].body
+    assert back["max_tokens"] == 1 and back["stream"] is False
+    assert back["kv_transfer_params"].get("do_remote_prefill") is True
+    assert d.received[0].headers["X-Request-Id"] == p.received[0].headers["X-Request-Id"]

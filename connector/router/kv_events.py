@@ -1,0 +1,219 @@
+"""vLLM's KV cache events as the router reads them (pure: no sockets here).
+
+Each engine publishes, on a ZMQ PUB socket, multipart messages
+``[topic, seq (8 bytes, big-endian), payload]`` where the payload is a
+msgpack array ``[ts, events, data_parallel_rank]`` and every event is a map
+tagged by ``type``: ``BlockStored`` (block_hashes, ...), ``BlockRemoved``
+(block_hashes) or ``AllBlocksCleared``. A ROUTER socket beside it replays
+buffered batches from a sequence number on request (see kv_subscriber.py).
+
+This module decodes those messages with msgspec (never pickle), bounds their
+sizes, keeps one endpoint's block-hash index and decides, from the sequence
+numbers alone, when a stream lost messages or restarted (StreamTracker).
+Block hashes are keyed as vLLM publishes them by default
+(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): the low 64 bits of the hash as an
+int; a bytes hash is folded the same way, so both forms agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Union
+
+import msgspec
+
+HASH_MASK = (1 << 64) - 1
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one batch; vLLM's largest are a few hundred KiB
+MAX_EVENTS_PER_BATCH = 65_536
+MAX_HASHES_PER_EVENT = 65_536
+MAX_HASH_BYTES = 64
+GPU_MEDIUMS = (None, "GPU")  # the engine's own cache; "CPU"/"STORAGE" tiers are not what prefill reuses
+
+_Hash = Union[int, Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]]
+_Hashes = Annotated[list[_Hash], msgspec.Meta(max_length=MAX_HASHES_PER_EVENT)]
+
+
+class BlockStored(msgspec.Struct, tag=True):
+    block_hashes: _Hashes
+    medium: Union[str, None] = None
+    group_idx: Union[int, None] = None
+
+
+class BlockRemoved(msgspec.Struct, tag=True):
+    block_hashes: _Hashes
+    medium: Union[str, None] = None
+    group_idx: Union[int, None] = None
+
+
+class AllBlocksCleared(msgspec.Struct, tag=True):
+    pass
+
+
+Event = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)]
+    data_parallel_rank: Union[int, None] = None
+
+
+_batch_decoder = msgspec.msgpack.Decoder(_Batch)
+_event_decoder = msgspec.msgpack.Decoder(Event)
+
+
+def hash_key(value: int | bytes) -> int:
+    """The index key of a published block hash (int or bytes form)."""
+    if isinstance(value, bytes):
+        return int.from_bytes(value, "big") & HASH_MASK
+    return value & HASH_MASK
+
+
+@dataclass(frozen=True)
+class Message:
+    seq: int
+    events: tuple[Event, ...]
+    unknown_events: int = 0  # event types this router does not know (skipped)
+
+
+def decode_seq(frame: bytes) -> int | None:
+    if len(frame) != 8:
+        return None
+    return int.from_bytes(frame, "big", signed=True)
+
+
+def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message | str:
+    """One multipart message as a Message, or the reason it is dropped.
+
+    Reasons are short metric label values: frames, oversized, bad_seq, malformed, dp_rank.
+    """
+    if len(frames) != 3:
+        return "frames"
+    _topic, seq_frame, payload = frames
+    if len(payload) > max_bytes:
+        return "oversized"
+    seq = decode_seq(seq_frame)
+    if seq is None or seq < 0:
+        return "bad_seq"
+    try:
+        batch = _batch_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "malformed"
+    if batch.data_parallel_rank not in (None, 0):
+        return "dp_rank"  # one engine, one data-parallel rank: another rank's blocks are not ours
+    events: list[Event] = []
+    unknown = 0
+    for raw in batch.events:
+        try:
+            events.append(_event_decoder.decode(raw))
+        except msgspec.ValidationError as exc:
+            if "`$.type`" not in str(exc):
+                return "malformed"  # a known event of the wrong shape: the batch cannot be trusted
+            unknown += 1  # a newer vLLM's event type: skipped
+        except msgspec.DecodeError:
+            return "malformed"
+    return Message(seq, tuple(events), unknown)
+
+
+@dataclass
+class BlockIndex:
+    """The block hashes one engine holds (its prefix cache, first KV-cache group)."""
+
+    max_blocks: int = 1_000_000
+    hashes: set[int] = field(default_factory=set)
+
+    def apply(self, events: tuple[Event, ...]) -> bool:
+        """Apply a batch in order; False when the index outgrew max_blocks (then it is cleared)."""
+        for ev in events:
+            if isinstance(ev, AllBlocksCleared):
+                self.hashes.clear()
+            elif ev.medium not in GPU_MEDIUMS or ev.group_idx not in (None, 0):
+                continue
+            elif isinstance(ev, BlockStored):
+                self.hashes.update(hash_key(h) for h in ev.block_hashes)
+            else:
+                self.hashes.difference_update(hash_key(h) for h in ev.block_hashes)
+        if len(self.hashes) > self.max_blocks:
+            self.hashes.clear()
+            return False
+        return True
+
+    def clear(self) -> None:
+        self.hashes.clear()
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self.hashes
+
+
+# ---- sequence numbers --------------------------------------------------------------
+
+NEXT = "next"  # apply
+DUPLICATE = "duplicate"  # already applied (seen through replay): skip
+GAP = "gap"  # messages lost before this one: replay [expected, seq) or reset, then apply
+RESTART = "restart"  # the publisher started over: reset, then apply
+
+
+@dataclass
+class StreamTracker:
+    """What the router knows of one endpoint's sequence numbers.
+
+    ``last``: the last sequence number applied (None: nothing yet).
+    ``replayed_upto``: after a replay, the live stream may repeat messages up to
+    this number; they are duplicates, not a restart.
+    """
+
+    last: int | None = None
+    replayed_upto: int | None = None
+
+    def classify(self, seq: int) -> str:
+        if self.replayed_upto is not None:
+            if seq <= self.replayed_upto:
+                return DUPLICATE
+            self.replayed_upto = None
+        if self.last is None:
+            return NEXT if seq == 0 else GAP
+        if seq == self.last + 1:
+            return NEXT
+        if seq > self.last + 1:
+            return GAP
+        return RESTART
+
+    @property
+    def expected(self) -> int:
+        return 0 if self.last is None else self.last + 1
+
+    def applied(self, seq: int) -> None:
+        self.last = seq
+
+    def replayed(self, upto: int) -> None:
+        """A replay applied everything up to ``upto``."""
+        self.last = upto if self.last is None else max(self.last, upto)
+        self.replayed_upto = self.last
+
+    def reset(self) -> None:
+        self.last = None
+        self.replayed_upto = None
+
+
+def replay_covers(expected: int, first_replayed: int | None, upto: int) -> bool:
+    """Whether a replay that began at ``first_replayed`` fills the hole [expected, upto)."""
+    if upto <= expected:
+        return True
+    return first_replayed is not None and first_replayed <= expected
+
+
+def encode_replay_request(start_seq: int) -> list[bytes]:
+    """Frames a DEALER sends to vLLM's replay ROUTER socket: empty delimiter, start seq."""
+    return [b"", start_seq.to_bytes(8, "big")]
+
+
+def is_replay_end(frames: list[bytes]) -> bool:
+    """vLLM ends a replay with ``[b"", b"", seq=-1, b""]`` (after the empty delimiter)."""
+    return len(frames) == 4 and decode_seq(frames[2]) == -1
+
+
+def as_dict(ev: Any) -> dict[str, Any]:  # for logs and tests
+    return msgspec.structs.asdict(ev)

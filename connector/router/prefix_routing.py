@@ -1,0 +1,304 @@
+"""KV-cache-aware endpoint choice: the router's glue between requests, event streams and scoring.
+
+For each leg under ``prefixAware`` the router
+
+1. turns the request into prefix keys: the prompt's block hashes as the
+   engines compute them (tokenizer of the served model + prefix_hash), and
+   chained hashes of its text (for the approximate index);
+2. scores every candidate by its cached prefix: from the engine's own KV
+   events when every candidate's stream is synced, else from what the router
+   routed itself (RoutedIndex), else nothing (then least outstanding);
+3. lets prefix_scoring.choose_endpoint pick under the load bound.
+
+Subscribers (kv_subscriber.py) run for every endpoint that advertises a KV
+event endpoint, in the router's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from pdfleet.connector.router import kv_events as ke
+from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
+from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
+from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
+from pdfleet.connector.router.prefix_scoring import (
+    LEAST_OUTSTANDING,
+    PREFIX_AWARE,
+    Choice,
+    RoutedIndex,
+    choose_endpoint,
+)
+
+log = logging.getLogger("pdfleet.router.prefix")
+
+UNKNOWN_ENDPOINT = "unknown"
+EVENTS = "events"
+ROUTED = "routed"
+MIXED = "mixed"
+_CHARS_PER_TOKEN = 4  # for the routed index's token estimate only
+_json = msgspec.json.Encoder()
+
+
+@dataclass
+class PromptKeys:
+    tokens: list[int] | None  # None: the router cannot tokenize this request
+    cache_salt: str | None
+    text: list[int]
+    _exact: list[int] | None = None
+    _exact_iter: Any = None
+
+    def exact(self, hasher: BlockHasher) -> Iterable[int]:
+        """Block keys, computed lazily and kept (both legs and retries share them)."""
+        if self._exact is None:
+            self._exact = []
+            self._exact_iter = hasher.iter_keys(self.tokens or (), self.cache_salt)
+        done = self._exact
+        yield from done
+        for k in self._exact_iter:
+            done.append(k)
+            yield k
+
+
+def match_lengths(keys: Iterable[int], holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
+    """Leading keys held by each endpoint; stops hashing once no endpoint matches any more."""
+    lengths = {u: 0 for u in holds}
+    live = dict(holds)
+    if not live:
+        return lengths
+    for k in keys:
+        for u, has in list(live.items()):
+            if has(k):
+                lengths[u] += 1
+            else:
+                del live[u]
+        if not live:
+            break
+    return lengths
+
+
+def prompt_text(body: Mapping[str, Any], chat: bool) -> str | None:
+    if chat:
+        messages = body.get("messages")
+        return _json.encode(messages).decode() if isinstance(messages, list) else None
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return _json.encode(prompt).decode()
+    return None
+
+
+class _MetricCounters(Counters):
+    def __init__(self, metrics: Any, known: Callable[[str], bool]) -> None:
+        self.m = metrics
+        self.known = known
+
+    def _label(self, url: str) -> str:
+        return url if self.known(url) else UNKNOWN_ENDPOINT
+
+    def received(self, url: str) -> None:
+        self.m.kv_events_received.labels(self._label(url)).inc()
+
+    def dropped(self, url: str, reason: str) -> None:
+        self.m.kv_events_dropped.labels(self._label(url), reason).inc()
+
+    def reset(self, url: str, reason: str) -> None:
+        self.m.kv_index_resets.labels(self._label(url), reason).inc()
+
+    def index_size(self, url: str, size: int) -> None:
+        self.m.kv_index_blocks.labels(self._label(url)).set(size)
+
+
+class PrefixRouting:
+    """Per-router state of KV-aware routing (one event loop owns it)."""
+
+    def __init__(self, config: Any, metrics: Any, *, tokenize: Callable[[str], list[int]] | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.policies = {PREFILL: config.prefill_policy, DECODE: config.decode_policy}
+        self.hasher = BlockHasher(HashConfig(config.block_size, config.hash_algo, config.hash_seed))
+        self._tokenize = tokenize
+        self._tokenizer_loaded = tokenize is not None
+        self._tokenizer_task: asyncio.Task | None = None
+        self.routed = RoutedIndex()
+        self.states: dict[str, EndpointState] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._sources: dict[str, EventSource] = {}
+        self._ctx = None
+        self._running = False
+        self.counters = _MetricCounters(metrics, lambda u: u in self.states)
+        self._keys: OrderedDict[int, tuple[Any, PromptKeys]] = OrderedDict()
+
+    def enabled(self, role: str) -> bool:
+        return self.policies.get(role) == PREFIX_AWARE
+
+    # ---- endpoints and subscribers --------------------------------------------
+
+    def set_endpoints(self, groups: Iterable[RevisionEndpoints]) -> None:
+        sources: dict[str, EventSource] = {}
+        for g in groups:
+            for ep in (*g.prefill, *g.decode):
+                if getattr(ep, "kv_events", None):
+                    sources[ep.url] = EventSource(ep.url, ep.kv_events, getattr(ep, "kv_events_replay", None))
+        self._sources = sources
+        for url in list(self.states):
+            if url not in sources or self.states[url].source != sources[url]:
+                self._drop(url)  # endpoint gone (or moved): what we knew of it is void
+        for url in list(self.routed._keys):
+            if not any(url in (e.url for e in (*g.prefill, *g.decode)) for g in groups):
+                self.routed.forget(url)
+        for url, src in sources.items():
+            if url not in self.states:
+                self.states[url] = EndpointState(src, ke.BlockIndex(self.config.kv_index_max_blocks))
+        if self._running:
+            self._start_missing()
+
+    def _drop(self, url: str) -> None:
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+        self.states.pop(url, None)
+        for metric in (self.metrics.kv_index_blocks, self.metrics.kv_events_received):
+            try:
+                metric.remove(url)
+            except KeyError:
+                pass
+
+    def _start_missing(self) -> None:
+        import zmq.asyncio
+
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        for url, state in self.states.items():
+            if url not in self._tasks:
+                sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.config.kv_events_max_message_bytes)
+                self._tasks[url] = asyncio.create_task(sub.run(), name=f"kv-events {url}")
+
+    async def start(self) -> None:
+        if not (self.enabled(PREFILL) or self.enabled(DECODE)):
+            return
+        self._running = True
+        self._start_missing()
+        if not self._tokenizer_loaded:
+            # In the background: the router serves (scoring from its routed index) while it loads.
+            self._tokenizer_loaded = True
+            self._tokenizer_task = asyncio.create_task(self._load_tokenizer())
+
+    async def _load_tokenizer(self) -> None:
+        self._tokenize = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
+        if self._tokenize is not None:
+            log.info("prefix routing hashes prompts with the tokenizer of %s", self.config.tokenizer)
+
+    async def wait_ready(self) -> None:
+        """Until the tokenizer is loaded (or failed to load); for tests and benchmarks."""
+        if self._tokenizer_task is not None:
+            await asyncio.shield(self._tokenizer_task)
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._tokenizer_task is not None and not self._tokenizer_task.done():
+            self._tokenizer_task.cancel()
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    def status(self) -> dict[str, Any]:
+        """For /health: the policies, whether prompts can be hashed, and each event stream."""
+        return {
+            "prefill_policy": self.policies[PREFILL], "decode_policy": self.policies[DECODE],
+            "tokenizer": self._tokenize is not None,
+            "streams": {url: {"synced": s.synced, "batches": s.received, "blocks": len(s.index),
+                              "last_seq": s.tracker.last} for url, s in self.states.items()},
+        }
+
+    # ---- choosing ----------------------------------------------------------------
+
+    def keys_for(self, body: Mapping[str, Any], chat: bool) -> PromptKeys:
+        entry = self._keys.get(id(body))
+        if entry is not None and entry[0] is body:
+            return entry[1]
+        tokens = None
+        if not chat:
+            prompt = body.get("prompt")
+            try:
+                if isinstance(prompt, str) and self._tokenize is not None:
+                    tokens = self._tokenize(prompt)
+                elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+                    tokens = prompt
+            except Exception as exc:  # a tokenizer failure must not fail the request
+                log.warning("tokenizing a prompt failed: %r", exc)
+        salt = body.get("cache_salt")
+        text = prompt_text(body, chat)
+        keys = PromptKeys(tokens, salt if isinstance(salt, str) else None, text_keys(text) if text else [])
+        self._keys[id(body)] = (body, keys)
+        while len(self._keys) > 256:
+            self._keys.popitem(last=False)
+        return keys
+
+    def pick(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
+             outstanding: Mapping[str, int], exclude: Collection[str], ejected: Collection[str],
+             tiebreak: int) -> str | None:
+        keys = self.keys_for(body, chat)
+        allowed = [c for c in candidates if c not in exclude]
+        # Endpoints whose event stream is synced are scored from it; the others from what
+        # the router routed there itself (an estimate in tokens).
+        exact = {}
+        if keys.tokens is not None:
+            exact = {c: s.index.__contains__ for c in allowed
+                     if (s := self.states.get(c)) is not None and s.synced}
+        approx = [c for c in allowed if c not in exact]
+        cached: dict[str, int] = {}
+        if exact:
+            blocks = match_lengths(keys.exact(self.hasher), exact)
+            cached.update((c, n * self.config.block_size) for c, n in blocks.items())
+        if approx and keys.text:
+            chunks = match_lengths(keys.text, {c: self.routed.holds(c) for c in approx})
+            cached.update((c, n * TEXT_CHUNK_CHARS // _CHARS_PER_TOKEN) for c, n in chunks.items())
+        source = (EVENTS if not approx else MIXED if exact else ROUTED if keys.text else None) if allowed else None
+        choice = choose_endpoint(candidates, cached, outstanding, exclude=exclude, ejected=ejected,
+                                 max_imbalance=self.config.prefix_max_imbalance, tiebreak=tiebreak)
+        self._account(role, source, choice)
+        if choice.url is not None and keys.text:
+            self.routed.record(choice.url, keys.text)
+        return choice.url
+
+    def _account(self, role: str, source: str | None, choice: Choice) -> None:
+        m = self.metrics
+        m.prefix_decisions.labels(role, source or "none").inc()
+        if source is not None:
+            m.prefix_cached_tokens.labels(role, "chosen", source).inc(choice.cached_tokens)
+            m.prefix_cached_tokens.labels(role, "available", source).inc(choice.best_tokens)
+
+
+def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
+    """The served model's tokenizer as vLLM applies it to a completion prompt, or None."""
+    if not name:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # no transformers, no files, no network: route without exact hashes
+        log.warning("no tokenizer for %s (%r): prefix routing uses what the router routed itself", name, exc)
+        return None
+    backend = getattr(tok, "_tokenizer", None) if getattr(tok, "is_fast", False) else None
+    if backend is not None:
+        encode = backend.encode
+        return lambda text: encode(text, add_special_tokens=True).ids
+    return lambda text: tok(text, add_special_tokens=True)["input_ids"]
+
+
+__all__ = ["PrefixRouting", "PromptKeys", "match_lengths", "load_tokenizer", "LEAST_OUTSTANDING", "PREFIX_AWARE"]

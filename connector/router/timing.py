@@ -1,0 +1,92 @@
+"""What users feel, per request, for the SLO planner: time to first token, inter-token
+latency, legs waiting for an engine, streams in progress.
+
+One `RequestTiming` per client request lives in a context variable set by the request's
+handler, so the hooks in app.py are one line each and need no extra arguments: the
+handler task runs the prefill leg, the decode leg and the relay itself. Without a current
+request (tests calling the router's parts directly) every hook does nothing.
+
+- TTFT: from the request (body read) to the first byte of decode's answer body that is
+  relayed to the client (the first token, streamed or not).
+- ITL: on streams, the gap between answer chunks divided by the server-sent events in the
+  chunk (a chunk may carry several tokens when the network coalesced them).
+- waiting: prefill legs sent and not answered, decode legs sent and without their first
+  byte yet: work queued in (or on its way to) an engine.
+- streams: decode legs between their first byte and their end: the decode work in progress.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from typing import Any, Optional
+
+_current: contextvars.ContextVar[Optional["RequestTiming"]] = contextvars.ContextVar("pdfleet_request_timing",
+                                                                                      default=None)
+_SSE_EVENT = b"data:"
+
+
+class RequestTiming:
+    __slots__ = ("metrics", "revision", "started", "last_chunk", "decode_streaming")
+
+    def __init__(self, metrics: Any, revision: str) -> None:
+        self.metrics = metrics
+        self.revision = revision
+        self.started = time.perf_counter()
+        self.last_chunk: Optional[float] = None
+        self.decode_streaming = False
+
+    def _gauge(self, name: str, *labels: str) -> Any:
+        return getattr(self.metrics, name).labels(*labels, self.revision)
+
+
+def begin(metrics: Any, revision: str) -> None:
+    """Start timing the current request (called once per client request, in its handler task)."""
+    _current.set(RequestTiming(metrics, revision))
+
+
+def leg_started(role: str) -> None:
+    t = _current.get()
+    if t is None:
+        return
+    if role == "decode":
+        t.decode_streaming = False
+    t._gauge("legs_waiting", role).inc()
+
+
+def first_byte() -> None:
+    """Decode answered (its headers arrived): the leg stops waiting and starts streaming."""
+    t = _current.get()
+    if t is None or t.decode_streaming:
+        return
+    t.decode_streaming = True
+    t._gauge("legs_waiting", "decode").dec()
+    t.metrics.streams.labels(t.revision).inc()
+
+
+def leg_ended(role: str) -> None:
+    t = _current.get()
+    if t is None:
+        return
+    if role == "decode" and t.decode_streaming:
+        t.decode_streaming = False
+        t.metrics.streams.labels(t.revision).dec()
+    else:
+        t._gauge("legs_waiting", role).dec()
+
+
+def chunk(data: bytes) -> None:
+    """A piece of decode's answer went to the client."""
+    t = _current.get()
+    if t is None or not data:
+        return
+    now = time.perf_counter()
+    if t.last_chunk is None:
+        t.metrics.ttft.labels(t.revision).observe(now - t.started)
+    else:
+        events = max(1, data.count(_SSE_EVENT))
+        gap = (now - t.last_chunk) / events
+        itl = t.metrics.itl.labels(t.revision)
+        for _ in range(min(events, 64)):
+            itl.observe(gap)
+    t.last_chunk = now

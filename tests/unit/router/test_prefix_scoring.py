@@ -1,0 +1,151 @@
+"""Pure parts of KV-cache-aware routing: scoring, prefix matching, block hashing, text keys."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
+from pdfleet.connector.router.prefix_routing import match_lengths, prompt_text
+from pdfleet.connector.router.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
+
+
+@pytest.mark.parametrize(
+    "cached, outstanding, exclude, ejected, imbalance, tiebreak, expected, chosen_tokens, best",
+    [
+        ({}, {}, (), (), 4, 0, "a", 0, 0),  # nothing cached: least outstanding, rotate ties
+        ({}, {}, (), (), 4, 1, "b", 0, 0),
+        ({}, {"a": 1}, (), (), 4, 0, "b", 0, 0),
+        ({"b": 320}, {}, (), (), 4, 0, "b", 320, 320),  # longest cached prefix wins
+        ({"a": 64, "b": 320}, {"b": 3}, (), (), 4, 0, "b", 320, 320),  # ...even with some load
+        ({"a": 64, "b": 320}, {"b": 5}, (), (), 4, 0, "a", 64, 320),  # ...but not beyond the bound
+        ({"a": 64, "b": 320}, {"b": 5, "a": 1}, (), (), 4, 0, "b", 320, 320),  # bound is relative
+        ({"b": 320}, {"b": 1}, (), (), 0, 0, "a", 0, 320),  # bound 0: load alone
+        ({"a": 320, "b": 320}, {"a": 2, "b": 1}, (), (), 4, 0, "b", 320, 320),  # equal cache: lighter
+        ({"a": 320, "b": 320}, {}, (), (), 4, 1, "b", 320, 320),  # equal everything: rotate
+        ({"b": 320}, {}, ("b",), (), 4, 0, "a", 0, 0),  # tried already: never again
+        ({"b": 320}, {}, (), ("b",), 4, 0, "a", 0, 0),  # failed recently: avoided
+        ({"b": 320}, {}, ("a",), ("b",), 4, 0, "b", 320, 320),  # ...unless nothing else is left
+        ({"a": 1, "b": 1}, {}, ("a", "b"), (), 4, 0, None, 0, 0),
+    ],
+)
+def test_choose_endpoint(cached, outstanding, exclude, ejected, imbalance, tiebreak, expected, chosen_tokens, best):
+    got = choose_endpoint(("a", "b"), cached, outstanding, exclude=exclude, ejected=ejected,
+                          max_imbalance=imbalance, tiebreak=tiebreak)
+    assert (got.url, got.cached_tokens, got.best_tokens) == (expected, chosen_tokens, best)
+
+
+def test_hot_prefix_spreads_once_the_bound_is_reached():
+    """One prefix, many concurrent requests: the cached replica takes 1 + bound more, then the rest spread."""
+    outstanding: dict[str, int] = {}
+    picks = []
+    for i in range(12):
+        url = choose_endpoint(("a", "b", "c"), {"a": 640}, outstanding, max_imbalance=2, tiebreak=i).url
+        outstanding[url] = outstanding.get(url, 0) + 1
+        picks.append(url)
+    assert picks[:3] == ["a", "a", "a"]
+    assert max(outstanding.values()) - min(outstanding.values()) <= 3
+    assert outstanding["a"] > outstanding["b"]
+
+
+@pytest.mark.parametrize("held, keys, expected", [
+    (set(), [1, 2, 3], 0), ({1, 2, 3}, [1, 2, 3], 3), ({1, 3}, [1, 2, 3], 1), ({2, 3}, [1, 2, 3], 0), ({1}, [], 0),
+])
+def test_matched_prefix(held, keys, expected):
+    assert matched_prefix(keys, held.__contains__) == expected
+
+
+def test_match_lengths_stops_hashing_after_the_last_match():
+    pulled = []
+
+    def keys():
+        for k in range(100):
+            pulled.append(k)
+            yield k
+
+    got = match_lengths(keys(), {"a": {0, 1, 2}.__contains__, "b": {0}.__contains__, "c": set().__contains__})
+    assert got == {"a": 3, "b": 1, "c": 0}
+    assert pulled == [0, 1, 2, 3]  # no block hashed past the first miss on every endpoint
+
+
+def test_routed_index_is_bounded_lru():
+    idx = RoutedIndex(max_keys=3)
+    idx.record("a", [1, 2, 3])
+    idx.record("a", [1, 4])  # 1 refreshed, 2 evicted
+    assert [idx.holds("a")(k) for k in (1, 2, 3, 4)] == [True, False, True, True]
+    assert idx.size("a") == 3 and not idx.holds("b")(1)
+    idx.forget("a")
+    assert idx.size("a") == 0
+
+
+# ---- hashing ------------------------------------------------------------------------
+
+
+def test_cbor_matches_cbor2_canonical():
+    cbor2 = pytest.importorskip("cbor2")
+    samples = [None, True, 0, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, b"", b"x" * 32, "vllm-none-hash",
+               "é", (b"a" * 32, tuple(range(300)), None), (("cache_salt", "s"),), [1, [2, [3]]]]
+    for obj in samples:
+        assert cbor(obj) == cbor2.dumps(obj, canonical=True), obj
+
+
+def _reference(tokens, bs, seed="vllm-none-hash", salt=None):
+    """Block hashes spelled out with an independent encoder (cbor2), as vLLM's sha256_cbor hashes them."""
+    cbor2 = pytest.importorskip("cbor2")
+    h = lambda obj: hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()  # noqa: E731
+    parent, out = h(seed), []
+    for i in range(0, len(tokens) - bs + 1, bs):
+        extra = (("cache_salt", salt),) if (salt and i == 0) else None
+        parent = h((parent, tuple(tokens[i:i + bs]), extra))
+        out.append(int.from_bytes(parent, "big") & (2**64 - 1))
+    return out
+
+
+@pytest.mark.parametrize("n, bs, seed, salt", [
+    (0, 16, "vllm-none-hash", None), (15, 16, "vllm-none-hash", None), (100, 16, "vllm-none-hash", None),
+    (100, 32, "vllm-none-hash", None), (4096, 16, "vllm-none-hash", None), (100, 32, "42", None),
+    (100, 32, "vllm-none-hash", "tenant-a"),
+])
+def test_block_keys_match_an_independent_encoding(n, bs, seed, salt):
+    tokens = [(i * 7919) % 200_000 for i in range(n)]
+    assert BlockHasher(HashConfig(bs, seed=seed)).keys(tokens, salt) == _reference(tokens, bs, seed, salt)
+
+
+def test_block_keys_depend_on_block_size_seed_and_every_earlier_token():
+    tokens = list(range(1000, 1128))
+    base = BlockHasher(HashConfig(32)).keys(tokens)
+    assert len(base) == 4
+    assert BlockHasher(HashConfig(16)).keys(tokens)[1] != base[0]
+    assert not set(BlockHasher(HashConfig(32, seed="other")).keys(tokens)) & set(base)
+    changed = BlockHasher(HashConfig(32)).keys([7] + tokens[1:])
+    assert all(a != b for a, b in zip(changed, base))  # chained: a change in block 0 changes every hash
+
+
+@pytest.mark.parametrize("config", [dict(block_size=0), dict(block_size=16, algo="sha256")])
+def test_hash_config_refuses_what_it_cannot_reproduce(config):
+    with pytest.raises(ValueError):
+        HashConfig(**config)
+
+
+def test_bad_token_ids_are_refused():
+    with pytest.raises(ValueError, match="token ids"):
+        BlockHasher(HashConfig(2)).keys([1, -1])
+
+
+def test_text_keys_are_chained_prefixes():
+    a = text_keys("x" * 300 + "tail A")
+    b = text_keys("x" * 300 + "tail B" + "y" * 200)
+    assert len(a) == 2 and a == b[:2] and len(b) == 3
+    assert text_keys("short") == []
+
+
+@pytest.mark.parametrize("body, chat, expected", [
+    ({"prompt": "hi"}, False, "hi"),
+    ({"prompt": [1, 2]}, False, "[1,2]"),
+    ({"prompt": ["a", "b"]}, False, None),  # batches are not scored
+    ({"messages": [{"role": "user", "content": "hi"}]}, True, '[{"role":"user","content":"hi"}]'),
+    ({"messages": "x"}, True, None),
+])
+def test_prompt_text(body, chat, expected):
+    assert prompt_text(body, chat) == expected
