@@ -13,6 +13,7 @@ real API server does:
 - server-side apply (`application/apply-patch+yaml`) creates a missing object, requires a
   fieldManager, and removes fields the same manager applied before and no longer sends;
 - JSON patch with a failing `test` op gives 422, an unknown patch type 415;
+- a merge patch of `/scale` changes only `.spec.replicas` (the response is the object, not a Scale);
 - list/watch honour `labelSelector`; watch honours `resourceVersion` and `timeoutSeconds`;
 - owner-reference garbage collection (background) and finalizers on delete;
 - every request is recorded as an RBAC tuple (verb, group, resource, namespaced) and counted;
@@ -399,7 +400,15 @@ class FakeKube(kmock.KubernetesEmulator):
         if precondition is not None and str(precondition) != str(cur_meta.get("resourceVersion")):
             raise _error(409, "Conflict", "the object has been modified; please apply your changes to the latest version and try again")
 
-        if request.subresource == "status":
+        if request.subresource == "scale":
+            # The body is an autoscaling/v1 Scale: only its spec.replicas reaches the resource
+            # (specReplicasPath .spec.replicas, the path pdfleet's scaler and the built-ins use).
+            replicas = ((request.data or {}).get("spec") or {}).get("replicas") if isinstance(request.data, dict) else None
+            if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+                raise _error(422, "Invalid", "Scale.spec.replicas: must be a non-negative integer")
+            new = copy.deepcopy(current)
+            new.setdefault("spec", {})["replicas"] = replicas
+        elif request.subresource == "status":
             new = copy.deepcopy(current)
             if "status" in patched:
                 new["status"] = patched["status"]
@@ -636,6 +645,62 @@ class FakeKube(kmock.KubernetesEmulator):
             "observedGeneration": sts["metadata"]["generation"],
             "replicas": replicas, "readyReplicas": ready, "availableReplicas": ready,
             "currentReplicas": replicas, "updatedReplicas": replicas,
+        })
+        return pods
+
+    async def simulate_leaderworkerset(self, namespace: str, name: str, *, ready: int | None = None,
+                                       ip_prefix: str = "10.2",
+                                       init_message: str | None = None) -> list[dict[str, Any]]:
+        """Play the LeaderWorkerSet controller and kubelet: per group g a leader `name-g` and workers
+        `name-g-w` (labels as LWS sets them), the first `ready` groups Ready. `init_message`: the
+        termination message of every pod's first init container (e.g. a fabric preflight verdict)."""
+        resource = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
+        lws = self.get(resource, namespace, name)
+        assert lws is not None, f"no LeaderWorkerSet {namespace}/{name}"
+        replicas = int(lws["spec"].get("replicas", 1))
+        ready = replicas if ready is None else min(ready, replicas)
+        lwt = lws["spec"]["leaderWorkerTemplate"]
+        size = int(lwt.get("size", 1))
+        pods = []
+        for g in range(replicas):
+            for w in range(size):
+                template = lwt["leaderTemplate"] if w == 0 else lwt["workerTemplate"]
+                pod_name = f"{name}-{g}" if w == 0 else f"{name}-{g}-{w}"
+                ip = f"{ip_prefix}.{abs(hash(name)) % 250}.{g * size + w + 2}"
+                status: dict[str, Any] = {
+                    "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                    "conditions": [{"type": "Ready", "status": "True" if g < ready else "False"}],
+                }
+                inits = (template.get("spec") or {}).get("initContainers") or []
+                if init_message is not None and inits:
+                    status["initContainerStatuses"] = [{
+                        "name": inits[0]["name"], "ready": False, "restartCount": 0, "image": inits[0]["image"],
+                        "imageID": "", "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                                                "message": init_message}},
+                    }]
+                pod = {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {
+                        "name": pod_name, "namespace": namespace,
+                        "labels": {**(template.get("metadata", {}).get("labels") or {}),
+                                   "leaderworkerset.sigs.k8s.io/name": name,
+                                   "leaderworkerset.sigs.k8s.io/group-index": str(g),
+                                   "leaderworkerset.sigs.k8s.io/worker-index": str(w)},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": name if w == 0 else f"{name}-{g}",
+                                             "uid": lws["metadata"]["uid"], "controller": True}],
+                    },
+                    "spec": copy.deepcopy(template.get("spec", {})),
+                    "status": status,
+                }
+                if self.get("v1/pods", namespace, pod_name) is None:
+                    pods.append(await self.put("v1/pods", namespace, pod))
+                else:
+                    await self.set_status("v1/pods", namespace, pod_name, status)
+                    pods.append(self.get("v1/pods", namespace, pod_name))
+        await self.set_status(resource, namespace, name, {
+            "observedGeneration": lws["metadata"]["generation"],
+            "replicas": replicas, "readyReplicas": ready, "updatedReplicas": replicas,
         })
         return pods
 

@@ -157,31 +157,42 @@ def crd() -> dict[str, Any]:
             }
         ],
     }
+    return crd_document(
+        name=CRD_NAME, kind=KIND, plural=PLURAL, singular=SINGULAR, short_names=SHORT_NAMES,
+        categories=CATEGORIES, subresources={"status": {}}, columns=_printer_columns(), root=root,
+    )
+
+
+def crd_document(
+    *, name: str, kind: str, plural: str, singular: str, short_names: list[str], categories: list[str],
+    subresources: dict[str, Any], columns: list[dict[str, Any]], root: dict[str, Any],
+) -> dict[str, Any]:
+    """The CustomResourceDefinition around one namespaced pdfleet.io kind's schema (every pdfleet CRD)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": CRD_NAME,
+            "name": name,
             "labels": {"app.kubernetes.io/name": "pdfleet", "app.kubernetes.io/part-of": "pdfleet"},
         },
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-                "categories": list(CATEGORIES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
+                "categories": list(categories),
             },
             "versions": [
                 {
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": _printer_columns(),
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": root},
                 }
             ],

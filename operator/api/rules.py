@@ -12,6 +12,7 @@ fields (tensorParallelSize, kvTransfer, engine, ...) are always present.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -31,7 +32,16 @@ OWNED_FLAGS = (
     "--dtype",
     "--max-model-len",
     "--kv-transfer-config",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--headless",
+    "--kv-events-config",  # the router subscribes where the plan says engines publish
+    "--prefix-caching-hash-algo",  # the router reproduces the plan's block hash
 )
+# The engines' KV event ports (operator/plan/engine.py KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT).
+KV_EVENTS_PORTS = (5557, 5558)
 RESERVED_LABEL_PREFIXES = ("pdfleet.io/", "app.kubernetes.io/")
 
 
@@ -58,9 +68,14 @@ class Rule:
         return f"spec.{self.field}"
 
 
+def ranks_per_pod(role: RoleSpec) -> int:
+    """TP ranks one pod runs: the role's TP split over its nodesPerReplica pods."""
+    return max(1, role.tensor_parallel_size // role.nodes_per_replica)
+
+
 def gpus(role: RoleSpec) -> int:
-    """GPUs a pod of this role gets: one per TP rank unless set."""
-    return role.tensor_parallel_size if role.resources.gpus is None else role.resources.gpus
+    """GPUs a pod of this role gets: one per TP rank it runs unless set."""
+    return ranks_per_pod(role) if role.resources.gpus is None else role.resources.gpus
 
 
 def is_cpu_engine(role: RoleSpec) -> bool:
@@ -79,7 +94,7 @@ def _tp_compatible(spec: DisaggregatedInferenceSpec) -> bool:
 def _cuda_gpus(role_name: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
     def check(spec: DisaggregatedInferenceSpec) -> bool:
         role = spec.role(role_name)
-        return spec.kv_transfer.buffer_device != "cuda" or gpus(role) >= role.tensor_parallel_size
+        return spec.kv_transfer.buffer_device != "cuda" or gpus(role) >= ranks_per_pod(role)
 
     return check
 
@@ -87,6 +102,12 @@ def _cuda_gpus(role_name: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
 def _ports_distinct(spec: DisaggregatedInferenceSpec) -> bool:
     first = spec.kv_transfer.side_channel_port
     return not (first <= spec.engine.port < first + max_tp(spec))
+
+
+def _kv_events_ports_free(spec: DisaggregatedInferenceSpec) -> bool:
+    first = spec.kv_transfer.side_channel_port
+    side = range(first, first + max_tp(spec))
+    return not any(p == spec.engine.port or p in side for p in KV_EVENTS_PORTS)
 
 
 def _side_channel_range(spec: DisaggregatedInferenceSpec) -> bool:
@@ -117,7 +138,7 @@ _MAX_TP_CEL = (
 def _role_cel_gpus(role: str) -> str:
     return (
         f"self.kvTransfer.bufferDevice != 'cuda' || !has(self.{role}.resources.gpus)"
-        f" || self.{role}.resources.gpus >= self.{role}.tensorParallelSize"
+        f" || self.{role}.resources.gpus * self.{role}.nodesPerReplica >= self.{role}.tensorParallelSize"
     )
 
 
@@ -137,7 +158,8 @@ SPEC_RULES: tuple[Rule, ...] = (
     *(
         Rule(
             field=f"{role}.resources.gpus",
-            message=f"kvTransfer.bufferDevice 'cuda' needs at least {role}.tensorParallelSize GPUs per pod",
+            message=f"kvTransfer.bufferDevice 'cuda' needs at least {role}.tensorParallelSize / "
+            f"{role}.nodesPerReplica GPUs per pod (one per TP rank the pod runs)",
             check=_cuda_gpus(role),
             cel=_role_cel_gpus(role),
         )
@@ -149,6 +171,15 @@ SPEC_RULES: tuple[Rule, ...] = (
         check=_ports_distinct,
         cel=f"self.engine.port < self.kvTransfer.sideChannelPort"
         f" || self.engine.port >= self.kvTransfer.sideChannelPort + {_MAX_TP_CEL}",
+    ),
+    Rule(
+        field="kvTransfer.sideChannelPort",
+        message=f"engine.port and the side-channel ports must not include {KV_EVENTS_PORTS[0]} or"
+        f" {KV_EVENTS_PORTS[1]} (the engines' KV event ports)",
+        check=_kv_events_ports_free,
+        cel=f"self.engine.port != {KV_EVENTS_PORTS[0]} && self.engine.port != {KV_EVENTS_PORTS[1]}"
+        f" && (self.kvTransfer.sideChannelPort > {KV_EVENTS_PORTS[1]}"
+        f" || self.kvTransfer.sideChannelPort + {_MAX_TP_CEL} - 1 < {KV_EVENTS_PORTS[0]})",
     ),
     Rule(
         field="kvTransfer.sideChannelPort",
@@ -177,6 +208,184 @@ SPEC_RULES: tuple[Rule, ...] = (
 )
 
 
+# --- autoscaling: bounds, ratio, planner ------------------------------------
+
+
+def replica_range(role: RoleSpec) -> tuple[int, int]:
+    """Replicas a role may have: its autoscaling bounds, else exactly its replicas."""
+    a = role.autoscaling
+    return (a.min_replicas, a.max_replicas) if a is not None else (role.replicas, role.replicas)
+
+
+def ratio_bounds(spec: DisaggregatedInferenceSpec) -> tuple[Optional[float], Optional[float]]:
+    r = spec.scaling.ratio
+    return (r.min, r.max) if r is not None else (None, None)
+
+
+def ratio_ok(prefill: int, decode: int, bounds: tuple[Optional[float], Optional[float]]) -> bool:
+    """min <= prefill/decode <= max, multiplied out (no decode allows no prefill under a max)."""
+    low, high = bounds
+    eps = 1e-9
+    return (low is None or prefill >= low * decode - eps) and (high is None or prefill <= high * decode + eps)
+
+
+def _bounds_ordered(role_name: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
+    def check(spec: DisaggregatedInferenceSpec) -> bool:
+        a = spec.role(role_name).autoscaling
+        return a is None or a.min_replicas <= a.max_replicas
+
+    return check
+
+
+def _ratio_ordered(spec: DisaggregatedInferenceSpec) -> bool:
+    low, high = ratio_bounds(spec)
+    return low is None or high is None or low <= high
+
+
+def _ratio_reachable(spec: DisaggregatedInferenceSpec) -> bool:
+    """Some real prefill/decode pair within the bounds meets the ratio (CEL can say this much)."""
+    (p_min, p_max), (d_min, d_max) = replica_range(spec.prefill), replica_range(spec.decode)
+    low, high = ratio_bounds(spec)
+    return (low is None or p_max >= low * d_min - 1e-9) and (high is None or p_min <= high * d_max + 1e-9)
+
+
+def ratio_satisfiable(spec: DisaggregatedInferenceSpec) -> bool:
+    """Some whole-number prefill/decode pair within the bounds meets the ratio."""
+    (p_min, p_max), (d_min, d_max) = replica_range(spec.prefill), replica_range(spec.decode)
+    bounds = ratio_bounds(spec)
+    for d in range(d_min, d_max + 1):
+        low = p_min if bounds[0] is None else max(p_min, math.ceil(bounds[0] * d - 1e-9))
+        high = p_max if bounds[1] is None else min(p_max, math.floor(bounds[1] * d + 1e-9))
+        if low <= high:
+            return True
+    return False
+
+
+def _planner_has_router(spec: DisaggregatedInferenceSpec) -> bool:
+    p = spec.scaling.planner
+    return p is None or not p.enabled or spec.router.enabled
+
+
+def _planner_has_target(spec: DisaggregatedInferenceSpec) -> bool:
+    p = spec.scaling.planner
+    return p is None or not p.enabled or any(spec.role(r).autoscaling is not None for r in ROLES)
+
+
+def _range_cel(role: str) -> tuple[str, str]:
+    a = f"self.{role}.autoscaling"
+    return (f"double(has({a}) ? {a}.minReplicas : self.{role}.replicas)",
+            f"double(has({a}) ? {a}.maxReplicas : self.{role}.replicas)")
+
+
+_P_RANGE, _D_RANGE = _range_cel("prefill"), _range_cel("decode")
+_PLANNER_ON_CEL = "has(self.scaling.planner) && self.scaling.planner.enabled"
+
+SCALING_RULES: tuple[Rule, ...] = (
+    *(
+        Rule(
+            field=f"{role}.autoscaling.minReplicas",
+            message="must not be greater than maxReplicas",
+            check=_bounds_ordered(role),
+            cel=f"!has(self.{role}.autoscaling) || self.{role}.autoscaling.minReplicas <= self.{role}.autoscaling.maxReplicas",
+        )
+        for role in ROLES
+    ),
+    Rule(
+        field="scaling.ratio.min",
+        message="must not be greater than scaling.ratio.max",
+        check=_ratio_ordered,
+        cel="!has(self.scaling.ratio) || !has(self.scaling.ratio.min) || !has(self.scaling.ratio.max)"
+        " || self.scaling.ratio.min <= self.scaling.ratio.max",
+    ),
+    Rule(
+        field="scaling.ratio",
+        message="no prefill and decode replicas within their bounds (autoscaling min/max, else replicas) "
+        "give a prefill/decode ratio inside [min, max]",
+        check=_ratio_reachable,
+        cel="!has(self.scaling.ratio) || ("
+        f"(!has(self.scaling.ratio.min) || {_P_RANGE[1]} >= self.scaling.ratio.min * {_D_RANGE[0]} - 0.000000001) && "
+        f"(!has(self.scaling.ratio.max) || {_P_RANGE[0]} <= self.scaling.ratio.max * {_D_RANGE[1]} + 0.000000001))",
+    ),
+    Rule(
+        field="scaling.planner.enabled",
+        message="the planner reads the router's metrics: it needs router.enabled",
+        check=_planner_has_router,
+        cel=f"!({_PLANNER_ON_CEL}) || self.router.enabled",
+    ),
+    Rule(
+        field="scaling.planner.enabled",
+        message="the planner sets scalers: set prefill.autoscaling or decode.autoscaling (or both)",
+        check=_planner_has_target,
+        cel=f"!({_PLANNER_ON_CEL}) || has(self.prefill.autoscaling) || has(self.decode.autoscaling)",
+    ),
+)
+SPEC_RULES = SPEC_RULES + SCALING_RULES
+
+
+# --- multi-node roles, gang scheduling, placement (issue 12) ------------------
+
+
+def _tp_divides(role_name: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
+    def check(spec: DisaggregatedInferenceSpec) -> bool:
+        role = spec.role(role_name)
+        return role.tensor_parallel_size % role.nodes_per_replica == 0
+
+    return check
+
+
+def _required_placement_has_key(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.placement.mode != "required" or spec.placement.topology_key is not None
+
+
+def _gang_has_a_group(spec: DisaggregatedInferenceSpec) -> bool:
+    """A gang is one replica's pods; a one-pod replica is a group of one, which no gang scheduler needs."""
+    if spec.scheduling.gang.provider == "none":
+        return True
+    return any(spec.role(r).nodes_per_replica > 1 and spec.role(r).replicas > 0 for r in ROLES)
+
+
+def _kueue_has_queue(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.scheduling.gang.provider != "kueue" or spec.scheduling.queue_name is not None
+
+
+TOPOLOGY_RULES: tuple[Rule, ...] = (
+    *(
+        Rule(
+            field=f"{role}.nodesPerReplica",
+            message=f"must divide {role}.tensorParallelSize evenly (every pod of a replica runs "
+            f"tensorParallelSize / nodesPerReplica TP ranks)",
+            check=_tp_divides(role),
+            cel=f"self.{role}.tensorParallelSize % self.{role}.nodesPerReplica == 0",
+        )
+        for role in ROLES
+    ),
+    Rule(
+        field="placement.topologyKey",
+        message="is required when placement.mode is 'required' (the node label whose domain decode must share "
+        "with prefill)",
+        check=_required_placement_has_key,
+        cel="self.placement.mode != 'required' || has(self.placement.topologyKey)",
+    ),
+    Rule(
+        field="scheduling.gang.provider",
+        message="a gang is the pods of one replica: it needs a role with nodesPerReplica > 1 and replicas >= 1 "
+        "(with nodesPerReplica 1 every replica is a single pod and cannot form a group); set provider 'none'",
+        check=_gang_has_a_group,
+        cel="self.scheduling.gang.provider == 'none'"
+        " || (self.prefill.nodesPerReplica > 1 && self.prefill.replicas > 0)"
+        " || (self.decode.nodesPerReplica > 1 && self.decode.replicas > 0)",
+    ),
+    Rule(
+        field="scheduling.queueName",
+        message="is required with scheduling.gang.provider 'kueue' (Kueue admits only pods labelled with a "
+        "LocalQueue)",
+        check=_kueue_has_queue,
+        cel="self.scheduling.gang.provider != 'kueue' || has(self.scheduling.queueName)",
+    ),
+)
+SPEC_RULES = SPEC_RULES + TOPOLOGY_RULES
+
+
 def _owned_flag(arg: str) -> Optional[str]:
     flag = arg.split("=", 1)[0]
     return flag if flag in OWNED_FLAGS else None
@@ -203,6 +412,9 @@ def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
                         f"labels under {' and '.join(RESERVED_LABEL_PREFIXES)} are set by pdfleet",
                     )
                 )
+    if _ratio_reachable(spec) and not ratio_satisfiable(spec):
+        errors.append(FieldError("spec.scaling.ratio", "no whole numbers of prefill and decode replicas within "
+                                 "their bounds give a prefill/decode ratio inside [min, max]"))
     return errors
 
 

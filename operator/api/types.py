@@ -107,10 +107,22 @@ class Toleration(Model):
     toleration_seconds: Optional[int] = None
 
 
+class AutoscalingSpec(Model):
+    """Bounds of a role's scale target (a DisaggregatedInferenceScaler named <fleet>-<role>)."""
+
+    min_replicas: Replicas = Field(default=1, description="Fewest replicas any scaler value is clamped to.")
+    max_replicas: Replicas = Field(description="Most replicas any scaler value is clamped to.")
+
+
 class RoleSpec(Model):
     """One side of the fleet; prefill and decode have the same shape."""
 
-    replicas: Replicas = 1
+    replicas: Replicas = Field(
+        default=1, description="Replicas; with autoscaling set, only the starting size of the role's scaler."
+    )
+    autoscaling: Optional[AutoscalingSpec] = Field(
+        default=None, description="Scale this role through its DisaggregatedInferenceScaler (HPA, KEDA, planner)."
+    )
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     resources: Resources = Field(default_factory=Resources)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -120,6 +132,11 @@ class RoleSpec(Model):
     env: list[EnvVar] = Field(default_factory=list)
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     pod_labels: dict[str, str] = Field(default_factory=dict)
+    nodes_per_replica: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=1,
+        description="Pods (nodes) one replica spans; above 1 the role runs as a LeaderWorkerSet and "
+        "tensorParallelSize is split evenly over them.",
+    )
 
 
 class EngineSpec(Model):
@@ -145,7 +162,9 @@ class KVTransferSpec(Model):
         default=120, description="How long prefill holds a request's blocks for decode to read."
     )
     auth_secret_ref: Optional[SecretKeyRef] = Field(
-        default=None, description="Secret key holding the shared side-channel secret; enables HMAC signing."
+        default=None,
+        description="Secret key holding the shared side-channel key. Unset: the operator generates one per fleet"
+        " (Secret <name>-kv-auth); the side channel is always signed.",
     )
     load_failure_policy: Literal["recompute", "fail"] = "recompute"
 
@@ -163,15 +182,54 @@ class RDMASpec(Model):
     )
 
 
+class PreflightSpec(Model):
+    enabled: bool = Field(
+        default=True,
+        description="Before an engine starts, check in its pod that UCX sees the requested transports and that a "
+        "loopback NIXL READ reaches minGBps; the result is the KVTransport condition.",
+    )
+    min_g_bps: Annotated[float, Field(ge=0, le=10_000)] = Field(
+        default=0, alias="minGBps", description="Slowest acceptable loopback READ, in GB/s (0: no floor)."
+    )
+
+
 class NetworkSpec(Model):
     rdma: Optional[RDMASpec] = None
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec)
     ucx_transports: list[Annotated[str, StringConstraints(pattern=r"^\^?[a-z0-9_]+$")]] = Field(
         default_factory=list, description="UCX_TLS entries, e.g. rc, ud, cuda_copy, tcp."
     )
     host_network: bool = False
     network_policy: bool = Field(
-        default=False, description="Allow only the fleet's pods and its router to reach http and side-channel ports."
+        default=True, description="Allow only the fleet's pods and its router to reach http and side-channel ports."
     )
+
+
+class GangSpec(Model):
+    provider: Literal["none", "kueue", "volcano", "coscheduling"] = Field(
+        default="none", description="Who starts each multi-node replica's pods together or not at all."
+    )
+
+
+class SchedulingSpec(Model):
+    gang: GangSpec = Field(default_factory=GangSpec)
+    queue_name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS1123_SUBDOMAIN)]] = (
+        Field(default=None, description="Kueue LocalQueue, or Volcano queue, the fleet's pods are admitted through.")
+    )
+
+
+class PlacementSpec(Model):
+    topology_key: Optional[Annotated[str, StringConstraints(min_length=1, max_length=316)]] = Field(
+        default=None,
+        description="Node label whose value is one fast-fabric domain (an NVLink clique, a rack, a zone): decode "
+        "pods go where prefill pods are.",
+    )
+    mode: Literal["preferred", "required"] = Field(
+        default="preferred", description="Whether decode must (required) or should (preferred) share the domain."
+    )
+
+
+RoutingPolicy = Literal["prefixAware", "leastOutstanding"]
 
 
 class RouterSpec(Model):
@@ -179,6 +237,16 @@ class RouterSpec(Model):
     replicas: Replicas = 1
     port: Port = 8000
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    prefill_policy: RoutingPolicy = Field(
+        default="prefixAware",
+        description="How the router picks a prefill: prefixAware (longest cached prompt prefix, from the engines'"
+        " KV events, bounded by load) or leastOutstanding (fewest requests in flight).",
+    )
+    decode_policy: RoutingPolicy = Field(
+        default="prefixAware",
+        description="How the router picks a decode: prefixAware (the decode already holding the longest prefix,"
+        " so fewer blocks are pulled) or leastOutstanding.",
+    )
 
 
 class PDBSpec(Model):
@@ -189,6 +257,33 @@ class DisruptionSpec(Model):
     enabled: bool = True
     prefill: PDBSpec = Field(default_factory=PDBSpec)
     decode: PDBSpec = Field(default_factory=PDBSpec)
+
+
+Ratio = Annotated[float, Field(ge=0.01, le=100)]
+
+
+class RatioSpec(Model):
+    """Bounds of prefill replicas / decode replicas; either may be left out."""
+
+    min: Optional[Ratio] = None
+    max: Optional[Ratio] = None
+
+
+class PlannerSpec(Model):
+    """pdfleet's SLO planner: reads the router's metrics and sets the scalers' replicas."""
+
+    enabled: bool = False
+    ttft_ms: Annotated[int, Field(ge=1, le=3_600_000)] = Field(default=800, description="p90 time to first token target.")
+    itl_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(default=60, description="p90 inter-token latency target.")
+    interval_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(default=30, description="How often it decides.")
+    scale_down_delay_seconds: Annotated[int, Field(ge=0, le=86_400)] = Field(
+        default=300, description="How long a lower size must be wanted before scaling down."
+    )
+
+
+class ScalingSpec(Model):
+    ratio: Optional[RatioSpec] = None
+    planner: Optional[PlannerSpec] = None
 
 
 class DisaggregatedInferenceSpec(Model):
@@ -205,6 +300,9 @@ class DisaggregatedInferenceSpec(Model):
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     router: RouterSpec = Field(default_factory=RouterSpec)
     disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
     def role(self, role: str) -> RoleSpec:
         return {"prefill": self.prefill, "decode": self.decode}[role]
@@ -222,10 +320,21 @@ class Condition(Model):
     observed_generation: Optional[int] = None
 
 
+class KVTransportStatus(Model):
+    """The fabric preflight's verdict for one role (the KVTransport condition, per role)."""
+
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    transport: Optional[str] = None
+    g_bps: Optional[float] = Field(default=None, alias="gBps")
+
+
 class RoleStatus(Model):
     replicas: int = 0
     ready_replicas: int = 0
     updated_replicas: int = 0
+    kv_transport: Optional[KVTransportStatus] = None
 
 
 class PrefillEndpoint(Model):
@@ -234,6 +343,7 @@ class PrefillEndpoint(Model):
     side_channel_port: int
     http_port: int
     revision: str
+    kv_events_port: Optional[int] = Field(default=None, description="The engine's KV event (ZMQ PUB) port.")
 
 
 class EndpointsStatus(Model):
@@ -248,6 +358,20 @@ class RolloutStatus(Model):
     switched_at: Optional[str] = None
 
 
+class RoleScalingStatus(Model):
+    requested_replicas: int = 0
+    replicas: int = 0
+    reason: str = ""
+
+
+class ScalingStatus(Model):
+    """Per autoscaled role: what its scaler asked, what was applied and why; the planner's last decision."""
+
+    prefill: Optional[RoleScalingStatus] = None
+    decode: Optional[RoleScalingStatus] = None
+    planner: Optional[str] = None
+
+
 class DisaggregatedInferenceStatus(Model):
     observed_generation: Optional[int] = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -258,6 +382,7 @@ class DisaggregatedInferenceStatus(Model):
     endpoints: Optional[EndpointsStatus] = None
     url: Optional[str] = None
     rollout: Optional[RolloutStatus] = None
+    scaling: Optional[ScalingStatus] = None
 
 
 class ObjectMeta(Model):

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 from pdfleet.operator.api import DisaggregatedInference, parse
-from pdfleet.operator.plan import engines, naming, policy, router
+from pdfleet.operator.plan import engines, naming, policy, roles, router
 from pdfleet.operator.plan.meta import Context, owner_reference
 
 DEFAULT_IMAGE = "ghcr.io/pdfleet/pdfleet-runtime:0.1.0"
 ROLES = ("prefill", "decode")
 KIND_ORDER = (
-    "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "StatefulSet",
-    "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+    "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "PodGroup", "StatefulSet",
+    "LeaderWorkerSet", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
 )  # fmt: skip
 
 
@@ -63,7 +63,7 @@ def plan(
     ctx = context(resource, options)
     objects: list[dict[str, Any]] = [engines.kv_config_map(ctx, spec)]
     for role in ROLES:
-        objects += [engines.headless_service(ctx, spec, role), engines.statefulset(ctx, spec, role)]
+        objects += [roles.headless_service(ctx, spec, role), *roles.workloads(ctx, spec, role)]
     if spec.router.enabled:
         serving = options.serving_revision or ctx.revision
         objects += [*router.rbac(ctx), router.deployment(ctx, spec, serving), router.service(ctx, spec)]

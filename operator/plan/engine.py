@@ -10,6 +10,7 @@ import json
 from typing import Any, Optional
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
+from pdfleet.operator.plan import drain
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 CONNECTOR_MODULE = "pdfleet.connector"
@@ -17,6 +18,29 @@ CONNECTOR_CLASS = "PdfleetConnector"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 SECRET_DIR = "/var/run/secrets/pdfleet"
 SECRET_FILE = "side-channel-secret"
+# KV cache events (the router's prefix index): a ZMQ PUB port and its replay port on every engine.
+KV_EVENTS_PORT = 5557
+KV_EVENTS_REPLAY_PORT = 5558
+# The block hash the router can reproduce without Python pickling (connector/router/prefix_hash.py).
+PREFIX_HASH_ALGO = "sha256_cbor"
+DEFAULT_HASH_SEED = "vllm-none-hash"  # vLLM's seed of the first block's parent, unless PYTHONHASHSEED is set
+
+
+def kv_events_config(endpoint: str, replay: Optional[str]) -> dict[str, Any]:
+    """vLLM's --kv-events-config: publish block stored/removed/cleared events over ZMQ."""
+    config: dict[str, Any] = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+    if replay:
+        config["replay_endpoint"] = replay
+    return config
+
+
+def hash_seed(spec: DisaggregatedInferenceSpec) -> str:
+    """The seed the engines' block hashes start from (the router must use the same)."""
+    seed = DEFAULT_HASH_SEED
+    for var in [*spec.engine.env, *spec.prefill.env, *spec.decode.env]:
+        if var.name == "PYTHONHASHSEED":
+            seed = var.value
+    return seed
 
 
 def kv_transfer_config(
@@ -31,10 +55,8 @@ def kv_transfer_config(
         # refuse each other's handshake, even if something routes across a rollout.
         "compat_extra": f"pdfleet-revision={revision}",
     }
-    if secret_file:
-        extra["auth_secret_file"] = secret_file
-    elif kv.auth_secret_ref is not None:
-        extra["auth_secret_file"] = f"{SECRET_DIR}/{SECRET_FILE}"
+    # Always signed: the user's Secret (authSecretRef) or the fleet's generated one is mounted there.
+    extra["auth_secret_file"] = secret_file or f"{SECRET_DIR}/{SECRET_FILE}"
     return {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
@@ -62,11 +84,13 @@ def vllm_args(
     host: Optional[str] = None,
     port: Optional[int] = None,
     secret_file: Optional[str] = None,
+    kv_events: Optional[tuple[str, Optional[str]]] = None,
 ) -> list[str]:
     """Arguments after `python -m vllm.entrypoints.openai.api_server`.
 
-    `model`, `host`, `port` and `secret_file` let `pdfleet local` substitute a
-    generated model, loopback and free ports; pods use the spec's values.
+    `model`, `host`, `port`, `secret_file` and `kv_events` (PUB, replay) let
+    `pdfleet local` substitute a generated model, loopback, free ports and local
+    sockets; pods use the spec's values (KV events bound on the pod's ports).
     """
     r = spec.role(role)
     args = [
@@ -78,6 +102,8 @@ def vllm_args(
     ]  # fmt: skip
     if host:
         args += ["--host", host]
+    # Drain, not drop, on SIGTERM (vLLM's default 0 aborts in-flight requests): see drain.py.
+    args += ["--shutdown-timeout", str(drain.shutdown_timeout(spec, role))]
     if spec.model.dtype != "auto":
         args += ["--dtype", spec.model.dtype]
     if spec.model.max_model_len:
@@ -86,18 +112,31 @@ def vllm_args(
         args += ["--revision", spec.model.source.hf.revision]
     config = kv_transfer_config(spec, role, revision, secret_file)
     args += ["--kv-transfer-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
+    events = kv_events or (f"tcp://*:{KV_EVENTS_PORT}", f"tcp://*:{KV_EVENTS_REPLAY_PORT}")
+    args += [
+        "--enable-prefix-caching", "--prefix-caching-hash-algo", PREFIX_HASH_ALGO,
+        "--kv-events-config", json.dumps(kv_events_config(*events), sort_keys=True, separators=(",", ":")),
+    ]  # fmt: skip
     return args + list(spec.engine.extra_args) + list(r.extra_args)
+
+
+# UCX reads GPU memory of another process on the same host over TCP unless cuda_ipc GET
+# is enabled (it is off without NVLink): 0.4 vs 245 GB/s on an H100 (docs/connector.md).
+UCX_CUDA_IPC_GET_ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
 
 
 def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     """Plain environment of an engine. The side-channel host is not here: pods
-    take it from the downward API (status.podIP), local runs use loopback."""
+    take it from the downward API (status.podIP), local runs use loopback.
+    A variable the user sets in the spec's env always wins."""
     env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.kv_transfer.side_channel_port)}
     net = spec.network
     if net.rdma and net.rdma.devices:
         env["UCX_NET_DEVICES"] = ",".join(net.rdma.devices)
     if net.ucx_transports:
         env["UCX_TLS"] = ",".join(net.ucx_transports)
+    if spec.kv_transfer.buffer_device == "cuda":  # CPU-only UCX would warn about an unused variable
+        env[UCX_CUDA_IPC_GET_ZCOPY] = "y"
     for var in [*spec.engine.env, *spec.role(role).env]:
         env[var.name] = var.value
     return env

@@ -7,9 +7,12 @@ from typing import Any
 
 from pdfleet.operator.api.rules import gpus
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import naming
+from pdfleet.operator.plan import drain, naming
+from pdfleet.operator.plan.auth import auth_secret
 from pdfleet.operator.plan.engine import (
     ENGINE_MODULE,
+    KV_EVENTS_PORT,
+    KV_EVENTS_REPLAY_PORT,
     SECRET_DIR,
     SECRET_FILE,
     engine_env,
@@ -20,6 +23,9 @@ from pdfleet.operator.plan.meta import Context, metadata
 
 HTTP_PORT_NAME = "http"
 SIDE_CHANNEL_PORT_NAME = "nixl-side"
+KV_EVENTS_PORT_NAME = "kv-events"  # read by the router's discovery (connector/router/discovery.py)
+KV_EVENTS_REPLAY_PORT_NAME = "kv-events-replay"
+KV_EVENTS_PORTS = ((KV_EVENTS_PORT_NAME, KV_EVENTS_PORT), (KV_EVENTS_REPLAY_PORT_NAME, KV_EVENTS_REPLAY_PORT))
 KV_CONFIG_DIR = "/etc/pdfleet"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 # Model loading (download, weights to GPU, CUDA graphs) may take many minutes.
@@ -94,15 +100,16 @@ def _volumes(ctx: Context, spec: DisaggregatedInferenceSpec) -> tuple[list[dict[
     if source and source.hf:
         volumes.append({"name": "hf-cache", "emptyDir": {}})
         mounts.append({"name": "hf-cache", "mountPath": "/cache/huggingface"})
-    ref = spec.kv_transfer.auth_secret_ref
-    if ref is not None:
-        volumes.append(
-            {
-                "name": "side-channel-secret",
-                "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": SECRET_FILE}], "defaultMode": 0o400},
-            }
-        )
-        mounts.append({"name": "side-channel-secret", "mountPath": SECRET_DIR, "readOnly": True})
+    # Always mounted (secure by default): the user's Secret or the fleet's generated one.
+    secret_name, secret_key = auth_secret(ctx.fleet, spec)
+    volumes.append(
+        {
+            "name": "side-channel-secret",
+            "secret": {"secretName": secret_name, "items": [{"key": secret_key, "path": SECRET_FILE}],
+                       "defaultMode": 0o400},
+        }
+    )
+    mounts.append({"name": "side-channel-secret", "mountPath": SECRET_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -123,10 +130,8 @@ def _probes(port_name: str) -> dict[str, Any]:
 
 
 def _termination_grace(spec: DisaggregatedInferenceSpec, role: str) -> int:
-    # A terminating prefill still serves reads of blocks it leased to decodes.
-    if role == "prefill":
-        return min(spec.kv_transfer.lease_seconds + 30, 600)
-    return 60
+    # A terminating prefill still serves reads of blocks it leased to decodes (see drain.py).
+    return drain.termination_grace(spec, role)
 
 
 def pod_template(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> dict[str, Any]:
@@ -134,6 +139,7 @@ def pod_template(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> d
     volumes, mounts = _volumes(ctx, spec)
     ports = [{"name": HTTP_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
     ports += [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in side_channel_ports(spec, role)]
+    ports += [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in KV_EVENTS_PORTS]
     container: dict[str, Any] = {
         "name": "vllm",
         "image": ctx.image,
@@ -204,6 +210,7 @@ def headless_service(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) 
     name = naming.role_workload_name(ctx.fleet, role, ctx.revision)
     ports = [{"name": HTTP_PORT_NAME, "port": spec.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}]
     ports += [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in side_channel_ports(spec, role)]
+    ports += [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in KV_EVENTS_PORTS]
     return {
         "apiVersion": "v1",
         "kind": "Service",

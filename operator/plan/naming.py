@@ -11,6 +11,7 @@ from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 FLEET_LABEL = "pdfleet.io/fleet"
 ROLE_LABEL = "pdfleet.io/role"
 REVISION_LABEL = "pdfleet.io/revision"
+GROUP_LABEL = "pdfleet.io/group"  # replica index of a per-replica LeaderWorkerSet (gang scheduling)
 ROUTER = "router"
 REVISION_LENGTH = 10
 
@@ -59,13 +60,21 @@ def revision_inputs(spec: DisaggregatedInferenceSpec, image: str) -> dict[str, A
     Replicas, resources and placement are left out on purpose: scaling or
     moving pods must not start a paired rollout.
     """
-    return {
+    inputs: dict[str, Any] = {
         "image": image,
         "model": spec.model.model_dump(mode="json", by_alias=True, exclude_none=True),
         "blockSize": spec.engine.block_size,
         "engineExtraArgs": list(spec.engine.extra_args),
         "kvTransfer": spec.kv_transfer.model_dump(mode="json", by_alias=True, exclude_none=True),
+        # Side channel v2, always signed: engines from before it never pair with these.
+        "sideChannel": "signed-v2",
     }
+    # A role that spans several pods is another kind of workload (LeaderWorkerSet): a new
+    # revision comes up beside the old one. Absent when 1, so single-node revisions stay as they were.
+    nodes = {r: spec.role(r).nodes_per_replica for r in ("prefill", "decode") if spec.role(r).nodes_per_replica != 1}
+    if nodes:
+        inputs["nodesPerReplica"] = nodes
+    return inputs
 
 
 def revision(spec: DisaggregatedInferenceSpec, image: str) -> str:

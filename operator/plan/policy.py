@@ -6,7 +6,7 @@ from typing import Any
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
-from pdfleet.operator.plan.engines import side_channel_ports
+from pdfleet.operator.plan.engines import KV_EVENTS_PORTS, side_channel_ports
 from pdfleet.operator.plan.meta import Context, metadata
 
 ROLES = ("prefill", "decode")
@@ -43,7 +43,8 @@ def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, 
             "ingress": [
                 {
                     "from": [{"podSelector": {"matchLabels": {naming.FLEET_LABEL: ctx.fleet}}}],
-                    "ports": [{"protocol": "TCP", "port": spec.engine.port}, side],
+                    "ports": [{"protocol": "TCP", "port": spec.engine.port}, side,
+                              *({"protocol": "TCP", "port": p} for _, p in KV_EVENTS_PORTS)],
                 }
             ],
         },

@@ -6,6 +6,7 @@ from typing import Any
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
+from pdfleet.operator.plan.engine import hash_seed, model_path
 from pdfleet.operator.plan.meta import Context, metadata
 
 RESTRICTED_CONTAINER_SECURITY = {
@@ -26,7 +27,13 @@ def router_args(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision
         "--kubernetes",
         "--namespace", ctx.namespace,
         "--fleet", ctx.fleet,
-        "--revision", serving_revision,
+        "--prefill-policy", spec.router.prefill_policy,
+        "--decode-policy", spec.router.decode_policy,
+        # the engines' block hashing, so that the router computes the same hashes
+        "--tokenizer", model_path(spec),
+        "--block-size", str(spec.engine.block_size),
+        "--hash-seed", hash_seed(spec),
+        "--revision", serving_revision,  # last: the rollout logic and its tests read it there
     ]  # fmt: skip
 
 

@@ -14,10 +14,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
+from pdfleet.operator.reconcile.kvtransport import PodTransport, from_pod_status
+
 FLEET_LABEL = "pdfleet.io/fleet"
 ROLE_LABEL = "pdfleet.io/role"
 REVISION_LABEL = "pdfleet.io/revision"
 HASH_ANNOTATION = "pdfleet.io/applied-hash"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 FIELD_MANAGER = "pdfleet"
 
 
@@ -59,8 +62,18 @@ OWNED_KINDS: tuple[Kind, ...] = (
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
 )
+# Multi-node roles (issue 12): LeaderWorkerSets are watched like StatefulSets; a gang
+# provider's PodGroups only when the operator is told the provider is installed (the
+# chart's values grant RBAC for exactly those), see handlers.OperatorOptions.gang_providers.
+LWS = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
+OWNED_KINDS = OWNED_KINDS + (LWS,)
+GANG_KINDS: dict[str, Kind] = {
+    "volcano": Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups"),
+    "coscheduling": Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
+}
+WORKLOAD_KINDS = ("StatefulSet", "Deployment", "LeaderWorkerSet")
 POD = Kind("v1", "Pod", "pods")
-_BY_KIND = {(k.api_version, k.kind): k for k in OWNED_KINDS}
+_BY_KIND = {(k.api_version, k.kind): k for k in (*OWNED_KINDS, *GANG_KINDS.values())}
 
 
 def kind_of(obj: Mapping[str, Any]) -> Kind:
@@ -152,6 +165,8 @@ class ObservedPod:
     ready: bool
     deleting: bool
     ports: tuple[tuple[str, int], ...] = ()
+    worker: bool = False                           # a LeaderWorkerSet worker: no API, no side channel of record
+    kv_transport: Optional[PodTransport] = None    # the fabric preflight's verdict
 
 
 def _int(value: Any) -> int:
@@ -176,6 +191,8 @@ def observe_child(body: Mapping[str, Any]) -> ObservedChild:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     template_spec = ((spec.get("template") or {}).get("spec") or {}) if isinstance(spec, Mapping) else {}
+    if isinstance(spec, Mapping) and "leaderWorkerTemplate" in spec:  # a LeaderWorkerSet: the leader serves
+        template_spec = ((spec["leaderWorkerTemplate"] or {}).get("leaderTemplate") or {}).get("spec") or {}
     return ObservedChild(
         ref=ChildRef.of(body),
         uid=meta.get("uid") or "",
@@ -185,7 +202,8 @@ def observe_child(body: Mapping[str, Any]) -> ObservedChild:
         revision=labels.get(REVISION_LABEL),
         deleting=bool(meta.get("deletionTimestamp")),
         generation=_int(meta.get("generation")),
-        replicas=_int(spec.get("replicas", 1)) if isinstance(spec, Mapping) and "template" in spec else 0,
+        replicas=_int(spec.get("replicas", 1))
+        if isinstance(spec, Mapping) and ("template" in spec or "leaderWorkerTemplate" in spec) else 0,
         observed_generation=_int(status.get("observedGeneration")),
         status_replicas=_int(status.get("replicas")),
         ready_replicas=_int(status.get("readyReplicas")),
@@ -208,6 +226,8 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         ready=ready and status.get("phase", "Running") == "Running",
         deleting=bool(meta.get("deletionTimestamp")),
         ports=_template_ports(body.get("spec") or {}),
+        worker=labels.get(LWS_WORKER_INDEX_LABEL, "0") != "0",
+        kv_transport=from_pod_status(status),
     )
 
 
@@ -224,7 +244,7 @@ class Actions:
 
 def _replicas_drifted(desired: Mapping[str, Any], have: ObservedChild) -> bool:
     """The one field people change by hand on workloads: put it back even though the hash matches."""
-    if desired.get("kind") not in ("StatefulSet", "Deployment") or have.deleting:
+    if desired.get("kind") not in WORKLOAD_KINDS or have.deleting:
         return False
     want = (desired.get("spec") or {}).get("replicas")
     return want is not None and have.replicas != int(want)
@@ -237,12 +257,15 @@ def diff(
     owner_uid: str,
     keep_revisions: Iterable[str] = (),
     recently_applied: Mapping[ChildRef, str] = {},
+    current_revision: Optional[str] = None,
 ) -> Actions:
     """Writes that turn `observed` into `desired`.
 
     Apply a desired child when its observed hash differs (or it is missing or being deleted).
     Delete an observed child this CR controls when the plan no longer has it, unless it belongs
-    to a revision in `keep_revisions` (the old pair during a paired rollout).
+    to a revision in `keep_revisions` (the old pair during a paired rollout). Children of
+    `current_revision` the plan no longer has are deleted even though it is kept (a scaled-down
+    per-replica LeaderWorkerSet and its PodGroup, a workload whose kind changed).
     `recently_applied` covers applies whose watch event has not arrived yet.
     """
     keep = set(keep_revisions)
@@ -266,6 +289,7 @@ def diff(
             to_apply.append(dict(obj))
     to_delete = tuple(
         o for ref, o in sorted(seen.items())
-        if ref not in wanted and not o.deleting and owner_uid in o.owner_uids and o.revision not in keep
+        if ref not in wanted and not o.deleting and owner_uid in o.owner_uids
+        and (o.revision not in keep or (current_revision is not None and o.revision == current_revision))
     )
     return Actions(apply=tuple(to_apply), delete=to_delete, unchanged=unchanged)

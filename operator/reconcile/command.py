@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-seconds", type=float, default=30.0,
                         help="keep the old prefill/decode pair this long after the router switched")
     parser.add_argument("--workers", type=int, default=4, help="fleets reconciled at the same time")
+    parser.add_argument("--gang-provider", action="append", default=[], choices=("volcano", "coscheduling"),
+                        help="a gang scheduler whose PodGroups the operator may create (repeatable; kueue needs none)")
     parser.add_argument("--log-format", choices=("plain", "json"), default="plain",
                         help="json: one object per line with namespace and name of the fleet")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     instance = os.environ.get("POD_ID") or os.uname().nodename
     options = OperatorOptions(
         reconcile=ReconcileOptions(default_image=args.default_image, drain_seconds=args.drain_seconds,
-                                   workers=args.workers, instance=instance),
+                                   workers=args.workers, instance=instance,
+                                   gang_providers=tuple(dict.fromkeys(args.gang_provider))),
         metrics_port=args.metrics_port,
     )
     try:

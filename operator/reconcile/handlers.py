@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import kopf
 
 from pdfleet.operator import api
+from pdfleet.operator.autoscale.scalers import SCALER_KIND, observe_scaler
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile.kube import KubeClient, RetryPolicy
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
@@ -62,9 +63,25 @@ def _child_key(body: Any) -> Optional[tuple[str, str]]:
     return (meta.get("namespace") or "", fleet) if fleet else None
 
 
+def _scaler_target(body: Any) -> Optional[tuple[str, str]]:
+    """(namespace, scaler name) an HPA scales, when it is a DisaggregatedInferenceScaler."""
+    ref = (body.get("spec") or {}).get("scaleTargetRef") or {}
+    if ref.get("kind") == SCALER_KIND.kind and str(ref.get("apiVersion", "")).startswith(f"{api.GROUP}/"):
+        return ((body.get("metadata") or {}).get("namespace") or "", ref.get("name") or "")
+    return None
+def _index_id(kind: ch.Kind) -> str:
+    # kind.plural alone is ambiguous (two podgroups kinds); the first one keeps its old id.
+    if kind in ch.GANG_KINDS.values():
+        return f"pdfleet_children_{kind.plural}_{kind.group.split('.')[-2]}"
+    return f"pdfleet_children_{kind.plural}"
+
+
 def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     runtime = options.runtime
+    # LeaderWorkerSets always (kopf skips a kind whose CRD is not installed); PodGroups of
+    # the gang providers the operator was told about only (their RBAC comes with them).
+    watched = (*ch.OWNED_KINDS, *(ch.GANG_KINDS[p] for p in options.reconcile.gang_providers))
     fleet_selector = {ch.FLEET_LABEL: kopf.PRESENT}
 
     @kopf.on.login(registry=registry)
@@ -80,11 +97,13 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
         settings.watching.client_timeout = options.watch_client_timeout
         settings.watching.reconnect_backoff = options.watch_reconnect_backoff
         settings.networking.request_timeout = options.request_timeout
-        for kind in (*ch.OWNED_KINDS, ch.POD):
+        for kind in (*watched, ch.POD, SCALER_KIND):
             settings.watching.label_selectors[kind.group, kind.plural] = ch.FLEET_LABEL
         indices = {name: idx for name, idx in kwargs.items() if isinstance(idx, kopf.Index)}
-        child_indices = [indices[f"pdfleet_children_{k.plural}"] for k in ch.OWNED_KINDS]
+        child_indices = [indices[_index_id(k)] for k in watched]
         pod_index = indices["pdfleet_pods"]
+        scaler_index = indices["pdfleet_scalers"]
+        hpa_index = indices["pdfleet_hpas"]
 
         def snapshot(key: tuple[str, str]) -> tuple[list[ch.ObservedChild], list[ch.ObservedPod]]:
             children = [v for idx in child_indices for v in idx.get(key, ())]
@@ -92,7 +111,9 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
 
         metrics = OperatorMetrics()
         client = KubeClient(settings, policy=options.retry, on_request=metrics.record_request)
-        reconciler = Reconciler(client, metrics, options.reconcile, snapshot)
+        reconciler = Reconciler(client, metrics, options.reconcile, snapshot,
+                                scalers=lambda key: list(scaler_index.get(key, ())),
+                                autoscalers=lambda key: list(hpa_index.get(key, ())))
         reconciler.queue.start()
         runtime.update(reconciler=reconciler, metrics=metrics, settings=settings)
         if options.metrics_port is not None:
@@ -124,7 +145,23 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
             if reconciler is not None:
                 reconciler.on_child_event(event.get("type"), event["object"])
 
-    for kind in ch.OWNED_KINDS:
-        _register_child(kind, f"pdfleet_children_{kind.plural}", ch.observe_child)
+    for kind in watched:
+        _register_child(kind, _index_id(kind), ch.observe_child)
     _register_child(ch.POD, "pdfleet_pods", ch.observe_pod)
+    _register_child(SCALER_KIND, "pdfleet_scalers", observe_scaler)
+
+    # HPAs (KEDA's included) that target a scaler: the planner must not drive those fleets.
+    @kopf.index("autoscaling", "v2", "horizontalpodautoscalers", id="pdfleet_hpas", registry=registry)
+    def _hpa_index(body: Any, **_: Any) -> Optional[dict[tuple[str, str], str]]:
+        target = _scaler_target(body)
+        return {target: body["metadata"]["name"]} if target else None
+
+    @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", id="pdfleet_hpas_event", registry=registry)
+    async def _hpa_event(event: dict[str, Any], **_: Any) -> None:
+        reconciler: Optional[Reconciler] = runtime.get("reconciler")
+        target = _scaler_target(event["object"])
+        if reconciler is not None and target:
+            fleet = (target[0], target[1].rpartition("-")[0])
+            if fleet in reconciler.crs:
+                reconciler.queue.add(fleet)
     return registry

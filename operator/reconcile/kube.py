@@ -80,7 +80,7 @@ class KubeClient:
         self._sleep = sleep
 
     async def _call(self, verb: str, kind: str, method: str, url: str, *, payload: Any = None,
-                    headers: Optional[dict[str, str]] = None) -> Any:
+                    headers: Optional[dict[str, str]] = None, final_statuses: tuple[int, ...] = ()) -> Any:
         """THE retry loop: every write of the operator passes here."""
         what = f"{method.upper()} {url}"
         for attempt in range(1, self._policy.attempts + 1):
@@ -97,7 +97,7 @@ class KubeClient:
                 status = exc.status if isinstance(exc, kopf_errors.APIError) else None
                 self._on_request(verb, kind, status or 0)
                 message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-                if not _retriable(exc) or attempt == self._policy.attempts:
+                if not _retriable(exc) or status in final_statuses or attempt == self._policy.attempts:
                     raise ApiFailure(what, status, message) from exc
                 delay = self._policy.delay(attempt, _retry_after(exc))
                 logger.info("retrying %s after %s (attempt %d/%d, %.2fs)", what, status or type(exc).__name__,
@@ -112,6 +112,11 @@ class KubeClient:
         url = kind.path(meta.get("namespace"), meta["name"]) + f"?fieldManager={FIELD_MANAGER}&force=true"
         return await self._call("patch", kind.plural, "patch", url, payload=dict(obj),
                                 headers={"Content-Type": "application/apply-patch+yaml"})
+
+    async def create(self, kind: Kind, obj: Mapping[str, Any]) -> Any:
+        """Create only (POST): an existing object answers 409 and is left untouched."""
+        return await self._call("create", kind.plural, "post", kind.path(obj["metadata"].get("namespace")),
+                                payload=dict(obj), final_statuses=(409,))  # AlreadyExists is an answer
 
     async def delete(self, ref: ChildRef, kind: Kind, *, uid: Optional[str] = None) -> None:
         """Delete in the background; a precondition on uid never deletes a same-named successor."""

@@ -4,11 +4,13 @@ so that several operators in one test process do not share counters)."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from pdfleet.operator.reconcile.fleet_metrics import fleet_series
 
 logger = logging.getLogger("pdfleet.operator")
 
@@ -16,19 +18,59 @@ logger = logging.getLogger("pdfleet.operator")
 class OperatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.reconciles = Counter("pdfleet_reconciles", "Reconciles run, by result",
-                                  ["result"], registry=self.registry)
-        self.duration = Histogram("pdfleet_reconcile_duration_seconds", "Time of one reconcile",
+        r = self.registry
+        self.reconciles = Counter("pdfleet_operator_reconciles", "Reconciles run, by result", ["result"], registry=r)
+        self.duration = Histogram("pdfleet_operator_reconcile_duration_seconds", "Time of one reconcile",
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-                                  registry=self.registry)
-        self.errors = Counter("pdfleet_reconcile_errors", "Reconciles that failed, by reason",
-                              ["reason"], registry=self.registry)
-        self.writes = Counter("pdfleet_api_writes", "Write requests sent to the API, by verb, resource and code",
-                              ["verb", "resource", "code"], registry=self.registry)
-        self.children = Gauge("pdfleet_children", "Child objects the plan wants, per fleet",
-                              ["namespace", "name"], registry=self.registry)
-        self.fleets = Gauge("pdfleet_fleets", "DisaggregatedInference objects known", registry=self.registry)
+                                  registry=r)
+        self.errors = Counter("pdfleet_operator_reconcile_errors", "Reconciles that failed, by exception class",
+                              ["reason"], registry=r)
+        self.writes = Counter("pdfleet_operator_api_writes",
+                              "Write requests sent to the API, by verb, resource and code",
+                              ["verb", "resource", "code"], registry=r)
+        self.children = Gauge("pdfleet_operator_children", "Child objects the plan wants, per fleet",
+                              ["namespace", "fleet"], registry=r)
+        self.fleets = Gauge("pdfleet_operator_fleets", "DisaggregatedInference objects known", registry=r)
+        self.fleet_replicas = Gauge(
+            "pdfleet_operator_fleet_replicas",
+            "Replicas per fleet, role and state (desired from the spec; replicas, ready, updated of the serving "
+            "revision from the status)", ["namespace", "fleet", "role", "state"], registry=r)
+        self.fleet_condition = Gauge(
+            "pdfleet_operator_fleet_condition", "1 where the fleet's condition has this status",
+            ["namespace", "fleet", "type", "status"], registry=r)
+        self.fleet_revision = Gauge(
+            "pdfleet_operator_fleet_revision_info", "1 for the revision that serves a fleet",
+            ["namespace", "fleet", "revision"], registry=r)
+        self._fleet_labels: dict[tuple[str, str], list[tuple[Gauge, tuple[str, ...]]]] = {}
         self._runner: Optional[web.AppRunner] = None
+
+    def observe_fleet(self, namespace: str, fleet: str, status: Mapping[str, Any], desired: Mapping[str, int]) -> None:
+        """Set a fleet's replica, condition and revision gauges from the status just computed."""
+        series = fleet_series(status, desired)
+        wanted: list[tuple[Gauge, tuple[str, ...], float]] = []
+        for (role, state), value in series.replicas.items():
+            wanted.append((self.fleet_replicas, (namespace, fleet, role, state), value))
+        for type_, ok in series.conditions.items():
+            wanted.append((self.fleet_condition, (namespace, fleet, type_, "true"), 1.0 if ok else 0.0))
+            wanted.append((self.fleet_condition, (namespace, fleet, type_, "false"), 0.0 if ok else 1.0))
+        if series.revision:
+            wanted.append((self.fleet_revision, (namespace, fleet, series.revision), 1.0))
+        keep = {(id(g), labels) for g, labels, _ in wanted}
+        for gauge, labels in self._fleet_labels.get((namespace, fleet), []):
+            if (id(gauge), labels) not in keep:
+                gauge.remove(*labels)  # e.g. the revision that stopped serving
+        for gauge, labels, value in wanted:
+            gauge.labels(*labels).set(value)
+        self._fleet_labels[(namespace, fleet)] = [(g, labels) for g, labels, _ in wanted]
+
+    def forget_fleet(self, namespace: str, fleet: str) -> None:
+        """Drop every series of a deleted fleet."""
+        for gauge, labels in self._fleet_labels.pop((namespace, fleet), []):
+            gauge.remove(*labels)
+        try:
+            self.children.remove(namespace, fleet)
+        except KeyError:
+            pass
 
     def count(self, name: str, labels: Optional[dict[str, str]] = None) -> float:
         """A sample's value (tests and the bench read counters through this)."""

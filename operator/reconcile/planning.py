@@ -6,7 +6,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.plan import PlanOptions, plan, revision_of
-from pdfleet.operator.plan.engines import HTTP_PORT_NAME, SIDE_CHANNEL_PORT_NAME
+from pdfleet.operator.plan.engines import HTTP_PORT_NAME, KV_EVENTS_PORT_NAME, SIDE_CHANNEL_PORT_NAME
 from pdfleet.operator.reconcile.children import ObservedChild
 
 
@@ -25,12 +25,23 @@ def revision_ports(children: Iterable[ObservedChild], cr: DisaggregatedInference
     so that the endpoints of an older revision keep that revision's ports."""
     out: dict[str, tuple[int, int]] = {}
     for c in children:
-        if c.ref.kind != "StatefulSet" or c.role != "prefill" or not c.revision:
+        if c.ref.kind not in ("StatefulSet", "LeaderWorkerSet") or c.role != "prefill" or not c.revision:
             continue
         ports = dict(c.ports)
         side = ports.get(SIDE_CHANNEL_PORT_NAME, cr.spec.kv_transfer.side_channel_port)
         http = ports.get(HTTP_PORT_NAME, cr.spec.engine.port)
         out[c.revision] = (side, http)
+    return out
+
+
+def revision_kv_events_ports(children: Iterable[ObservedChild]) -> dict[str, int]:
+    """revision -> the engines' KV event port, read from each prefill StatefulSet's pod template."""
+    out: dict[str, int] = {}
+    for c in children:
+        if c.ref.kind == "StatefulSet" and c.role == "prefill" and c.revision:
+            port = dict(c.ports).get(KV_EVENTS_PORT_NAME)
+            if port is not None:
+                out[c.revision] = port
     return out
 
 

@@ -15,12 +15,23 @@ import time
 from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
 
 from pdfleet.operator import api
+from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
+from pdfleet.operator.autoscale.planner_edge import PlannerEdge
+from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
+from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.reconcile.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
-from pdfleet.operator.reconcile.planning import desired_children, revision_ports, router_url, target_revision
+from pdfleet.operator.reconcile.planning import (
+    desired_children,
+    revision_kv_events_ports,
+    revision_ports,
+    router_url,
+    target_revision,
+)
 from pdfleet.operator.reconcile.workqueue import WorkQueue
 
 logger = logging.getLogger("pdfleet.operator")
@@ -37,6 +48,8 @@ class ReconcileOptions:
     workers: int = 4
     apply_concurrency: int = 8
     instance: str = "pdfleet-operator"
+    # Gang providers whose PodGroup CRD the cluster has and the operator may write (chart values).
+    gang_providers: tuple[str, ...] = ()
 
 
 class ReconcileError(Exception):
@@ -63,7 +76,9 @@ def _utcnow() -> datetime.datetime:
 class Reconciler:
     def __init__(self, client: KubeClient, metrics: OperatorMetrics, options: ReconcileOptions,
                  snapshot: Callable[[Key], tuple[list[ch.ObservedChild], list[ch.ObservedPod]]],
-                 *, clock: Callable[[], datetime.datetime] = _utcnow):
+                 *, clock: Callable[[], datetime.datetime] = _utcnow,
+                 scalers: Callable[[Key], list[ObservedScaler]] = lambda key: [],
+                 autoscalers: Callable[[Key], list[str]] = lambda scaler_key: []):
         self.client = client
         self.metrics = metrics
         self.options = options
@@ -73,8 +88,13 @@ class Reconciler:
         self.recently_applied: dict[Key, dict[ch.ChildRef, str]] = {}
         self._reported: dict[Key, tuple[Any, ...]] = {}
         self.queue = WorkQueue(self.reconcile, workers=options.workers)
+        self.auth_secrets = AuthSecrets(client)
         self._apply_slots = asyncio.Semaphore(options.apply_concurrency)
         self.runs = 0
+        self.scalers = scalers
+        self.scaling = ScalingEdge(client, self._event)
+        self.autoscalers = autoscalers   # (namespace, scaler name) -> HPAs that target it
+        self.planner = PlannerEdge(client, self._event)
 
     # ------------------------------------------------------------------ watch side
     def on_cr_event(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
@@ -84,11 +104,11 @@ class Reconciler:
             self.crs.pop(key, None)
             self.recently_applied.pop(key, None)
             self._reported.pop(key, None)
+            self.scaling.forget(key)
+            self.planner.forget(key)
+            self.auth_secrets.forget(*key)
             self.queue.forget(key)
-            try:
-                self.metrics.children.remove(*key)
-            except KeyError:
-                pass
+            self.metrics.forget_fleet(*key)
         else:
             self.crs[key] = dict(body)
             self.queue.add(key)
@@ -134,10 +154,17 @@ class Reconciler:
 
         try:
             cr = api.parse({k: v for k, v in body.items() if k != "status"})
+            provider = cr.spec.scheduling.gang.provider
+            if provider in ch.GANG_KINDS and provider not in self.options.gang_providers:
+                raise api.InvalidResource([api.FieldError(
+                    "spec.scheduling.gang.provider",
+                    f"{provider!r} is not enabled in this operator (enabled: "
+                    f"{', '.join(self.options.gang_providers) or 'none'}; chart value gangScheduling.{provider})")])
         except api.InvalidResource as exc:
             problems = [str(e) for e in exc.errors]
             status = st.build_status(st.StatusInputs(generation, previous, invalid=problems), now=now)
             await self._write_status(key, body, previous, status)
+            self.metrics.observe_fleet(namespace, name, status, {})
             if self._reported.get(key) != ("invalid", generation, tuple(problems)):
                 self._reported[key] = ("invalid", generation, tuple(problems))
                 log.warning("invalid spec: %s", "; ".join(problems))
@@ -150,13 +177,17 @@ class Reconciler:
         uid = meta.get("uid", "")
         owned = [c for c in observed if uid in c.owner_uids]
         pods = [p for p in pods if p.namespace == namespace]
-        present = {c.revision for c in owned if c.revision and c.ref.kind == "StatefulSet" and not c.deleting}
+        present = {c.revision for c in owned
+                   if c.revision and c.ref.kind in ("StatefulSet", "LeaderWorkerSet") and not c.deleting}
         roll = previous.get("rollout") or {}
         state = rollout.RolloutState(serving=previous.get("revision"), previous=roll.get("previousRevision"),
                                      switched_at=roll.get("switchedAt"))
         decision = rollout.decide(target, state, pods, present, now=now, drain_seconds=self.options.drain_seconds)
 
         owner = ch.owner_reference(body)
+        # Autoscaled roles: the scalers' replicas, clamped, replace the spec's in the plan.
+        scaling = plan_scaling(cr, self.scalers(key), owned, owner=owner, namespace=namespace, revision=target)
+        cr = scaling.applied(cr)
         desired = [ch.stamp(obj, owner, namespace)
                    for obj in desired_children(cr, owner=owner, image=image, router_revision=decision.serving)]
         self.metrics.children.labels(namespace, name).set(len(desired))
@@ -165,11 +196,16 @@ class Reconciler:
         for c in owned:  # the watch caught up with what was applied
             if recent.get(c.ref) == c.applied_hash:
                 del recent[c.ref]
-        actions = ch.diff(desired, owned, owner_uid=uid, keep_revisions=decision.keep, recently_applied=recent)
+        actions = ch.diff(desired, owned, owner_uid=uid, keep_revisions=decision.keep, recently_applied=recent,
+                          current_revision=target)
 
         errors: list[str] = []
+        # The side-channel key Secret the engines mount (created once, never read back).
+        secret_error = await self.auth_secrets.ensure(namespace, name, cr.spec, owner)
+        if secret_error:
+            errors.append(secret_error)
         if actions.apply or actions.delete:
-            errors = await self._write_children(key, actions, owned)
+            errors += await self._write_children(key, actions, owned)
             created = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) not in {c.ref for c in owned}]
             updated = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) in {c.ref for c in owned}]
             log.info("created %d, updated %d, deleted %d children (%d unchanged)%s",
@@ -181,6 +217,10 @@ class Reconciler:
                 await self._event(body, "Normal", "Updated", _summary("updated", updated))
             if actions.delete:
                 await self._event(body, "Normal", "Deleted", _summary("deleted", [str(c.ref) for c in actions.delete]))
+        errors += await self.scaling.sync(key, body, scaling, owned, serving=decision.serving, target=target)
+        conflicts = [f"HorizontalPodAutoscaler/{h}" for role in scaling.autoscaled
+                     for h in self.autoscalers((namespace, f"{name}-{role}"))]
+        planned = await self.planner.run(key, body, cr, pods, scaling, conflicts)
         if decision.state.serving != state.serving and state.serving is not None:
             await self._event(body, "Normal", "RolloutSwitched",
                               f"router switched from revision {state.serving} to {decision.state.serving}")
@@ -191,18 +231,30 @@ class Reconciler:
             await self._event(body, "Warning", "ApplyFailed", "; ".join(errors)[:1000])
 
         ports = revision_ports(owned, cr)
-        endpoints = rollout.router_endpoints(pods, decision.serving, ports)
+        endpoints = rollout.router_endpoints(pods, decision.serving, ports,
+                                             kv_events_ports=revision_kv_events_ports(owned))
+        want = {"prefill": cr.spec.prefill.replicas, "decode": cr.spec.decode.replicas,
+                "router": cr.spec.router.replicas if cr.spec.router.enabled else 0}
+        kv_transport = {}
+        if cr.spec.network.preflight.enabled:
+            kv_transport = {role: role_transport((p.name, p.kv_transport) for p in pods
+                                                 if p.role == role and p.revision == decision.serving and not p.deleting)
+                            for role in ("prefill", "decode")}
         status = st.build_status(st.StatusInputs(
+            kv_transport=kv_transport,
             generation=generation, previous=previous, decision=decision, children=owned, endpoints=endpoints,
             router_enabled=cr.spec.router.enabled, url=router_url(desired, cr),
             error="; ".join(errors)[:1000] if errors else None, pending_writes=actions.writes,
-            desired={"prefill": cr.spec.prefill.replicas, "decode": cr.spec.decode.replicas,
-                     "router": cr.spec.router.replicas if cr.spec.router.enabled else 0},
+            desired=want,
+            scaling={**(scaling.fleet_status() or {}), **({"planner": planned.status} if planned.status else {})},
+            scaling_condition=scaling_condition(scaling),
         ), now=now)
         await self._write_status(key, body, previous, status)
+        self.metrics.observe_fleet(namespace, name, status, want)
         if errors:
             raise ReconcileError("; ".join(errors))
-        return decision.requeue_after, ("changed" if actions.writes else "unchanged")
+        requeue = min((r for r in (decision.requeue_after, planned.requeue_after) if r is not None), default=None)
+        return requeue, ("changed" if actions.writes else "unchanged")
 
     async def _write_children(self, key: Key, actions: ch.Actions, owned: Sequence[ch.ObservedChild]) -> list[str]:
         recent = self.recently_applied.setdefault(key, {})
@@ -227,8 +279,8 @@ class Reconciler:
             return None
 
         # Service accounts, roles and configs first: pods that start need them.
-        first = [o for o in actions.apply if o["kind"] not in ("StatefulSet", "Deployment")]
-        then = [o for o in actions.apply if o["kind"] in ("StatefulSet", "Deployment")]
+        first = [o for o in actions.apply if o["kind"] not in ch.WORKLOAD_KINDS]
+        then = [o for o in actions.apply if o["kind"] in ch.WORKLOAD_KINDS]
         results = list(await asyncio.gather(*(apply(o) for o in first)))
         results += await asyncio.gather(*(apply(o) for o in then))
         results += await asyncio.gather(*(delete(c) for c in actions.delete))

@@ -114,10 +114,14 @@ class Endpoint:
     side_channel_port: int
     http_port: int
     revision: str
+    kv_events_port: int | None = None
 
     def as_status(self) -> dict[str, object]:
-        return {"pod": self.pod, "ip": self.ip, "sideChannelPort": self.side_channel_port,
-                "httpPort": self.http_port, "revision": self.revision}
+        out: dict[str, object] = {"pod": self.pod, "ip": self.ip, "sideChannelPort": self.side_channel_port,
+                                  "httpPort": self.http_port, "revision": self.revision}
+        if self.kv_events_port is not None:
+            out["kvEventsPort"] = self.kv_events_port
+        return out
 
 
 def router_endpoints(
@@ -125,6 +129,7 @@ def router_endpoints(
     serving: str,
     ports: Mapping[str, tuple[int, int]],
     role: str = "prefill",
+    kv_events_ports: Mapping[str, int] | None = None,
 ) -> list[Endpoint]:
     """Ready pods of one role at the serving revision only: the set handed to the router.
 
@@ -134,10 +139,12 @@ def router_endpoints(
     if serving not in ports:
         return []
     side, http = ports[serving]
+    events = (kv_events_ports or {}).get(serving)
     chosen = [
-        Endpoint(p.name, p.ip, side, http, serving)
+        Endpoint(p.name, p.ip, side, http, serving, events)
         for p in pods
         if p.role == role and p.revision == serving and p.ready and not p.deleting and p.ip
+        and not getattr(p, "worker", False)  # a multi-node replica is reached through its leader
     ]
     return sorted(chosen, key=lambda e: _ordinal_key(e.pod))
 

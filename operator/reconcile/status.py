@@ -13,15 +13,16 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pdfleet.operator.reconcile.children import ObservedChild, ObservedPod
+from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
 from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled", "KVTransport")
 
 
 @dataclass(frozen=True)
 class Cond:
     type: str
-    status: bool
+    status: bool | str  # a bool, or "Unknown"
     reason: str
     message: str = ""
 
@@ -45,7 +46,7 @@ def merge_conditions(
     before = {c.get("type"): c for c in previous or []}
     out = []
     for cond in wanted:
-        status = "True" if cond.status else "False"
+        status = cond.status if isinstance(cond.status, str) else ("True" if cond.status else "False")
         old = before.get(cond.type)
         ltt = old.get("lastTransitionTime") if old and old.get("status") == status else None
         out.append({
@@ -76,7 +77,7 @@ def role_counts(children: Iterable[ObservedChild], role: str, revision: Optional
     replicas = ready = updated = desired = 0
     settled = True
     for c in children:
-        if c.role != role or c.ref.kind not in ("StatefulSet", "Deployment") or c.deleting:
+        if c.role != role or c.ref.kind not in ("StatefulSet", "Deployment", "LeaderWorkerSet") or c.deleting:
             continue
         if revision is not None and c.revision not in (None, revision):
             continue
@@ -101,6 +102,9 @@ class StatusInputs:
     error: Optional[str] = None      # last apply failure
     pending_writes: int = 0          # children written in this reconcile
     desired: Mapping[str, int] = field(default_factory=dict)   # replicas the spec asks for, per role
+    scaling: Optional[Mapping[str, Any]] = None                 # autoscaled roles: requested, applied, why
+    scaling_condition: Optional[tuple[bool, str, str]] = None   # ScalingLimited (status, reason, message)
+    kv_transport: Mapping[str, RoleTransport] = field(default_factory=dict)  # per role; empty: preflight off
 
 
 def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]:
@@ -133,9 +137,14 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
                     for r, t in target_roles.items()) and
                 (router_want == 0 or (router.settled and router.desired == router_want and router.ready == router_want)))
 
+    fabric = fleet_transport(inp.kv_transport) if inp.kv_transport else None
+    fabric_bad = fabric is not None and fabric.status == "False"
     conds: list[Cond] = []
     if inp.error:
         conds.append(Cond("Ready", False, "ApplyFailed", inp.error))
+    elif fabric_bad and fabric is not None:
+        # Serving over the wrong fabric (e.g. TCP where RDMA was asked) is not Ready, whatever the pods say.
+        conds.append(Cond("Ready", False, "KVTransportDegraded", f"KVTransport {fabric.reason}: {fabric.message}"))
     elif pairs_ready and have_prefill_endpoint and router_ready:
         conds.append(Cond("Ready", True, "Ready" if complete else "Serving",
                           f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"))
@@ -158,8 +167,15 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
 
     if inp.error:
         conds.append(Cond("Degraded", True, "ApplyFailed", inp.error))
+    elif fabric_bad and fabric is not None:
+        conds.append(Cond("Degraded", True, fabric.reason, fabric.message))
     else:
         conds.append(Cond("Degraded", False, "AsExpected", ""))
+    if inp.scaling_condition is not None:
+        conds.append(Cond("ScalingLimited", *inp.scaling_condition))
+    if fabric is not None:
+        conds.append(Cond(KV_TRANSPORT, fabric.status if fabric.status == "Unknown" else fabric.status == "True",
+                          fabric.reason, fabric.message))
 
     out: dict[str, Any] = {
         "observedGeneration": inp.generation,
@@ -169,6 +185,9 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         "decode": roles["decode"].as_status(),
         "endpoints": {"prefill": [e.as_status() for e in inp.endpoints]},
     }
+    for role, rt in inp.kv_transport.items():
+        if rt.status != "Unknown":  # pending shows in the KVTransport condition only
+            out[role]["kvTransport"] = rt.as_status()
     if inp.router_enabled:
         out["router"] = router.as_status()
     if inp.url:
@@ -179,6 +198,8 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     if d.state.switched_at:
         rollout["switchedAt"] = d.state.switched_at
     out["rollout"] = rollout
+    if inp.scaling:
+        out["scaling"] = dict(inp.scaling)
     return out
 
 

@@ -91,7 +91,7 @@ class K8sDriver:
 
     def operator_writes(self) -> float:
         metrics = self.operator.runtime["metrics"] if self.operator else None
-        return metrics.count("pdfleet_api_writes_total") if metrics else 0.0
+        return metrics.count("pdfleet_operator_api_writes_total") if metrics else 0.0
 
     def operator_runs(self) -> int:
         return int(self.operator.runtime["reconciler"].runs) if self.operator else 0

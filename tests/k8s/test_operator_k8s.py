@@ -63,7 +63,7 @@ async def test_noop_resync_writes_nothing(k8s_driver: K8sDriver):
     # Children's status keeps changing on a real cluster (pods failing to pull the test image),
     # which may change the fleet's status; children themselves must not be written again.
     metrics = op.runtime["metrics"]
-    child_writes = sum(metrics.count("pdfleet_api_writes_total", {"resource": r})
+    child_writes = sum(metrics.count("pdfleet_operator_api_writes_total", {"resource": r})
                        for r in ("statefulsets", "deployments", "services", "configmaps", "serviceaccounts",
                                  "poddisruptionbudgets", "roles", "rolebindings", "networkpolicies"))
     assert child_writes == 0

@@ -14,6 +14,22 @@ watches every namespace, by a Role in each watched namespace otherwise.
 - apiGroups: ["pdfleet.io"]
   resources: ["disaggregatedinferences/status"]
   verbs: ["patch"]
+# Per-role scale targets: created when a role has autoscaling, recreated when deleted,
+# deleted when autoscaling is removed; their status written (.spec is the autoscaler's).
+- apiGroups: ["pdfleet.io"]
+  resources: ["disaggregatedinferencescalers"]
+  verbs: ["list", "watch", "create", "delete"]
+- apiGroups: ["pdfleet.io"]
+  resources: ["disaggregatedinferencescalers/status"]
+  verbs: ["patch"]
+# The SLO planner scales the scalers as an HPA does, and stands down while an HPA
+# (or KEDA's) targets one of them.
+- apiGroups: ["pdfleet.io"]
+  resources: ["disaggregatedinferencescalers/scale"]
+  verbs: ["patch"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list", "watch"]
 # Not an API call: children's ownerReferences set blockOwnerDeletion, which the
 # OwnerReferencesPermissionEnforcement admission plugin checks against this.
 - apiGroups: ["pdfleet.io"]
@@ -36,6 +52,27 @@ watches every namespace, by a Role in each watched namespace otherwise.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# Roles whose replicas span several nodes (nodesPerReplica > 1).
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+{{- if .Values.gangScheduling.volcano }}
+# Volcano gangs: one PodGroup per multi-node replica.
+- apiGroups: ["scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+{{- end }}
+{{- if .Values.gangScheduling.coscheduling }}
+# scheduler-plugins coscheduling gangs: one PodGroup per multi-node replica.
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+{{- end }}
+# Each fleet's generated side-channel key Secret (<fleet>-kv-auth): created once,
+# never read, listed, patched or watched, so the operator cannot read any key.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 # Fleet pods: readiness and the prefill pods' IPs for the handshake endpoints.
 - apiGroups: [""]
   resources: ["pods"]

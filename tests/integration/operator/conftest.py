@@ -12,6 +12,7 @@ import pathlib
 import sys
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
+import kmock
 import kopf
 import pytest
 
@@ -33,6 +34,10 @@ from pdfleet.operator.reconcile.reconciler import ReconcileOptions  # noqa: E402
 HERE = pathlib.Path(__file__).resolve().parent
 RECORD_FILE = HERE / "recorded_api_calls.json"
 CRD = (api.GROUP, api.VERSION, api.PLURAL, api.KIND)
+SCALER_CRD = (api.GROUP, api.VERSION, api.scaler.PLURAL, api.scaler.KIND)
+# Third-party CRDs a multi-node fleet uses (issue 12); the cluster the tests emulate has them installed.
+LWS_CRD = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
+VOLCANO_PODGROUP_CRD = ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
 
 _recorded: set[tuple[str, str, str, bool]] = set()
 _state = {"collected": 0, "passed": 0}
@@ -64,12 +69,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture
 async def kube() -> AsyncIterator[FakeKube]:
-    async with fake_kube([CRD]) as server:
+    async with fake_kube([CRD, SCALER_CRD, LWS_CRD, VOLCANO_PODGROUP_CRD]) as server:
+        server.resources[f"{api.GROUP}/{api.VERSION}/{api.scaler.PLURAL}"] = kmock.ResourceInfo(
+            kind=api.scaler.KIND, singular=api.scaler.SINGULAR, namespaced=True,
+            verbs={"get", "list", "watch", "create", "patch", "update", "delete", "deletecollection"},
+            subresources={"status", "scale"})
         server.namespaces.add(NAMESPACE)
         try:
             yield server
         finally:
             _recorded.update(server.rbac_calls())
+
+
+@pytest.fixture
+def operator_options_of() -> Callable[..., OperatorOptions]:
+    """operator_options for a test that starts its own server (tests cannot import from conftest:
+    pytest's rootdir-relative imports make `conftest` whichever conftest.py was loaded first)."""
+    return operator_options
 
 
 def operator_options(server_url: str, **overrides: Any) -> OperatorOptions:

@@ -44,6 +44,8 @@ class FakeDriver:
     async def make_ready(self, kind: str, name: str, ready: Optional[int] = None) -> None:
         if kind == "StatefulSet":
             await self.kube.simulate_statefulset(NAMESPACE, name, ready=ready)
+        elif kind == "LeaderWorkerSet":
+            await self.kube.simulate_leaderworkerset(NAMESPACE, name, ready=ready)
         else:
             await self.kube.simulate_deployment(NAMESPACE, name, ready=ready)
 

@@ -13,6 +13,9 @@ import pytest
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import eventually, write_kubeconfig
 from operator_scenarios import STS, fleet
+from observability_assets import OPERATOR_PREFIX, all_queries, split_by_source
+
+from pdfleet.operator.observability.promql import exported_names, missing_metrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,12 +47,20 @@ async def test_operator_command_serves_a_namespace(kube, tmp_path):
             for _ in range(200):  # the counter moves when the reconcile (status write included) ends
                 async with http.get(f"http://127.0.0.1:{metrics}/metrics") as resp:
                     text = await resp.text()
-                if 'pdfleet_reconciles_total{result="changed"}' in text:
+                if 'pdfleet_operator_reconciles_total{result="changed"}' in text:
                     break
                 await asyncio.sleep(0.05)
-        assert 'pdfleet_reconciles_total{result="changed"}' in text
-        assert 'pdfleet_children{name="llama",namespace="team-a"} 13.0' in text
-        assert "pdfleet_reconcile_duration_seconds_bucket" in text
+        assert 'pdfleet_operator_reconciles_total{result="changed"}' in text
+        assert 'pdfleet_operator_children{fleet="llama",namespace="team-a"} 13.0' in text
+        assert "pdfleet_operator_reconcile_duration_seconds_bucket" in text
+        # Every operator metric the dashboard and the alert rules query is on this page (the fleet's
+        # replicas, conditions and revision included); a misspelled one would not be.
+        queried = [(where, expr) for where, expr in all_queries() if OPERATOR_PREFIX in expr]
+        operator_missing, _ = split_by_source(missing_metrics(queried, exported_names(text)))
+        assert queried and operator_missing == {}
+        misspelled = [("negative control", "pdfleet_operator_fleet_replica")]
+        assert missing_metrics(misspelled, exported_names(text)) == {"pdfleet_operator_fleet_replica": ["negative control"]}
+        assert 'pdfleet_operator_fleet_condition{fleet="llama",namespace="team-a",status="true",type="Ready"}' in text
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -16,6 +16,7 @@ import yaml
 
 from pdfleet.operator.api import SPEC_RULES, DisaggregatedInferenceSpec
 from pdfleet.operator.api.crd import crd, crd_yaml
+from pdfleet.operator.api.rules import SCALING_RULES, TOPOLOGY_RULES
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import _apply_defaults, root_schema  # noqa: E402
 
@@ -80,14 +81,16 @@ GRID = {
     "prefill_gpus": [None, 0],
     "decode_gpus": [None, 0, 1],
     "buffer": ["cuda", "cpu"],
-    "side_port": [5600, 65535],
-    "engine_port": [8000, 5601],
+    "side_port": [5600, 65535, 5556],  # 5556 + TP 2 reaches the KV event port 5557
+    "engine_port": [8000, 5601, 5558],
     "block": [16, 32],
     "rdma": [None, {"resourceName": "rdma/ib", "count": 0}, {"count": 0}, {"resourceName": "rdma/ib"}],
     "source": [None, {"pvc": {"claimName": "m"}, "hf": {}}, {"hf": {}}],
 }
 SAMPLES = random.Random(7).sample(list(itertools.product(*GRID.values())), 200)
-CEL_RULES = [r for r in SPEC_RULES if r.cel]
+# The scaling rules (test_scaling_api.py) and the multi-node/gang/placement rules (test_topology_rules.py)
+# have their own grids.
+CEL_RULES = [r for r in SPEC_RULES if r.cel and r not in SCALING_RULES and r not in TOPOLOGY_RULES]
 
 
 def _spec(prefill_tp, decode_tp, prefill_gpus, decode_gpus, buffer, side_port, engine_port, block, rdma, source):

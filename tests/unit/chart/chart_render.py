@@ -20,6 +20,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "namespaced-peering": {"watchNamespaces": ["team-a"], "replicaCount": 3, "peering": {"enabled": True}},
     "servicemonitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}}},
+    "observability": {
+        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+                    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}}},
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+    },
     "custom": {
         "image": {"repository": "registry.example.com/ml/pdfleet-operator", "tag": "0.1.0-rc1",
                   "pullPolicy": "Always"},

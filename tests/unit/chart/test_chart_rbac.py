@@ -21,7 +21,8 @@ Triple = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
 _APPLIED = [("apps", "statefulsets"), ("apps", "deployments"), ("", "services"), ("", "configmaps"),
             ("", "serviceaccounts"), ("policy", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "roles"),
-            ("rbac.authorization.k8s.io", "rolebindings"), ("networking.k8s.io", "networkpolicies")]
+            ("rbac.authorization.k8s.io", "rolebindings"), ("networking.k8s.io", "networkpolicies"),
+            ("leaderworkerset.x-k8s.io", "leaderworkersets")]
 
 # Granted although the recording cannot show them. Each entry says why.
 NOT_RECORDABLE: dict[Triple, str] = {
@@ -89,9 +90,14 @@ def excess(granted: set[Triple], calls: set[Triple], allowed: dict[Triple, str])
     return granted - calls - set(allowed)
 
 
+# PodGroup calls are recorded by the gang tests, whose operator runs with --gang-provider: the chart
+# grants them only with gangScheduling values (test_podgroup_rbac_and_flag_only_for_the_gang_providers_enabled).
+GANG_GROUPS = {"scheduling.volcano.sh", "scheduling.x-k8s.io"}
+
+
 @pytest.fixture(scope="module")
 def calls():
-    return recorded_calls()
+    return {c for c in recorded_calls() if c[0] not in GANG_GROUPS}
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +181,25 @@ def test_service_account_is_bound(rendered):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "pdfleet-system"}]
     assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == sa
+
+
+@pytest.mark.parametrize("provider,group", [("volcano", "scheduling.volcano.sh"), ("coscheduling", "scheduling.x-k8s.io")])
+def test_podgroup_rbac_and_flag_only_for_the_gang_providers_enabled(rendered, provider, group):
+    # The chart cannot know which gang scheduler a cluster runs: values say so, and only then
+    # does the operator get RBAC for that provider's PodGroups (and the flag that makes it watch them).
+    def podgroup_grants(docs):
+        return {t for t in grants(by_kind(docs, "ClusterRole")) if t[1] == "podgroups"}
+
+    def args(docs):
+        return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert podgroup_grants(rendered["default"]) == set()
+    assert not [a for a in args(rendered["default"]) if a.startswith("--gang-provider")]
+    docs = render_docs({"gangScheduling": {provider: True}})
+    assert podgroup_grants(docs) == {(group, "podgroups", v) for v in ("list", "watch", "create", "patch", "delete")}
+    recorded = {c for c in recorded_calls() if c[0] == group}
+    assert recorded <= podgroup_grants(docs), "every PodGroup call the gang tests made is granted"
+    assert f"--gang-provider={provider}" in args(docs)
+    from pdfleet.operator.reconcile.children import GANG_KINDS
+
+    assert GANG_KINDS[provider].group == group

@@ -69,7 +69,8 @@ def test_chart_crds_validate(kube):
         for doc in yaml.safe_load_all(entry["data"]):
             kubernetes_validate.validate(doc, kube, strict=True)
             names.add(doc["metadata"]["name"])
-    assert names == {"disaggregatedinferences.pdfleet.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert names == {"disaggregatedinferences.pdfleet.io", "disaggregatedinferencescalers.pdfleet.io",
+                     "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
 
 
 def test_chart_crd_is_the_generated_one():
@@ -176,7 +177,8 @@ def test_service_monitor(rendered):
     monitor = one(rendered["servicemonitor"], "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "honorLabels": True,
+                                             "interval": "30s", "scrapeTimeout": "10s"}]
 
 
 def test_custom_values_reach_the_pod(rendered):

@@ -29,6 +29,12 @@ BAD_VALUES = {
     "bad port": ({"metrics": {"port": 70000}}, "/metrics/port", "maximum"),
     "unknown log format": ({"logFormat": "yaml"}, "/logFormat", "must be one of"),
     "non-string annotation": ({"podAnnotations": {"a": 1}}, "/podAnnotations/a", "want string"),
+    "fallback share above 1": ({"metrics": {"prometheusRule": {"fallbackShare": 5}}},
+                               "/metrics/prometheusRule/fallbackShare", "maximum"),
+    "bad alert duration": ({"metrics": {"prometheusRule": {"notReadyFor": "ten minutes"}}},
+                           "/metrics/prometheusRule/notReadyFor", "pattern"),
+    "numeric dashboard label": ({"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}},
+                                "/grafanaDashboard/labels/grafana_dashboard", "want string"),
 }
 
 
@@ -58,6 +64,8 @@ def test_replicas_with_peering_are_allowed():
 # values are typed, but their keys cannot be listed.
 STRING_MAPS = {
     "/serviceAccount/annotations", "/metrics/serviceMonitor/labels",
+    "/metrics/podMonitor/labels", "/metrics/prometheusRule/labels",
+    "/grafanaDashboard/labels", "/grafanaDashboard/annotations",
     "/podAnnotations", "/podLabels", "/nodeSelector",
 }
 

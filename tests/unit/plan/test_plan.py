@@ -44,10 +44,11 @@ def env(container: dict[str, Any]) -> dict[str, Any]:
 
 
 # example, kinds expected, {role: (replicas, tp, gpus, rdma resource or None)}, network policy
+# (on by default since the secure-by-default change: every example has one)
 TABLE = [
-    ("tiny-cpu", 12, {"prefill": (1, 1, None, None), "decode": (1, 1, None, None)}, False),
+    ("tiny-cpu", 13, {"prefill": (1, 1, None, None), "decode": (1, 1, None, None)}, True),
     ("gpu-rdma", 13, {"prefill": (2, 1, 1, "rdma/ib"), "decode": (2, 2, 2, "rdma/ib")}, True),
-    ("hetero-tp", 12, {"prefill": (3, 1, 1, "rdma/hca_shared_devices_a"), "decode": (1, 4, 4, "rdma/hca_shared_devices_a")}, False),
+    ("hetero-tp", 13, {"prefill": (3, 1, 1, "rdma/hca_shared_devices_a"), "decode": (1, 4, 4, "rdma/hca_shared_devices_a")}, True),
 ]
 
 
@@ -218,3 +219,40 @@ def test_router_pod_is_restricted() -> None:
     sc = router["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_secure_by_default_mounts_the_generated_secret_and_never_carries_a_key() -> None:
+    """No authSecretRef: engines mount <fleet>-kv-auth and sign; the plan holds no Secret and no key."""
+    resource = load("tiny-cpu")
+    assert "authSecretRef" not in resource["spec"].get("kvTransfer", {})
+    objs = plan(resource)
+    assert not by_kind(objs, "Secret")
+    for role in ("prefill", "decode"):
+        template = sts(objs, role)["spec"]["template"]
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes["side-channel-secret"]["secret"]["secretName"] == "tiny-kv-auth"
+        assert volumes["side-channel-secret"]["secret"]["items"] == [{"key": "key", "path": "side-channel-secret"}]
+        kv = json.loads(arg(engine_container(objs, role), "--kv-transfer-config"))
+        assert kv["kv_connector_extra_config"]["auth_secret_file"] == "/var/run/secrets/pdfleet/side-channel-secret"
+        assert "allow_unauthenticated" not in kv["kv_connector_extra_config"]
+    # Opt-out of the network policy is explicit.
+    off = copy.deepcopy(resource)
+    off["spec"].setdefault("network", {})["networkPolicy"] = False
+    assert not by_kind(plan(off), "NetworkPolicy") and by_kind(objs, "NetworkPolicy")
+
+
+@pytest.mark.parametrize("lease, prefill_grace, prefill_drain", [
+    (30, 60, 45), (120, 150, 135), (3600, 600, 585), (1, 31, 16),
+])
+def test_engines_drain_on_sigterm_within_their_grace_period(lease, prefill_grace, prefill_drain) -> None:
+    """Prefill drains one lease (+ margin) before vLLM aborts anything; decode finishes its streams;
+    the kubelet's SIGKILL (grace period) always comes after vLLM's drain ends."""
+    resource = load("tiny-cpu")
+    resource["spec"]["kvTransfer"]["leaseSeconds"] = lease
+    objs = plan(resource)
+    for role, grace, drain in (("prefill", prefill_grace, prefill_drain), ("decode", 60, 45)):
+        pod = sts(objs, role)["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert arg(engine_container(objs, role), "--shutdown-timeout") == str(drain)
+        assert drain < grace
+    assert prefill_drain >= min(lease, 585)

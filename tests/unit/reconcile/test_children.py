@@ -85,3 +85,18 @@ def test_replicas_changed_by_hand_are_put_back():
     observed[sts] = as_observed([drifted])[0]  # same hash annotation, other replicas
     actions = diff(want, observed, owner_uid="uid-1")
     assert [ChildRef.of(o) for o in actions.apply] == [ChildRef.of(want[sts])]
+
+
+def test_a_kept_current_revision_still_loses_what_the_plan_dropped():
+    """Scaling a gang role down drops a per-replica LeaderWorkerSet and PodGroup of the current revision."""
+    gang = dict(decode={"replicas": 2, "tensorParallelSize": 2, "nodesPerReplica": 2, "resources": {"gpus": 1}},
+                scheduling={"gang": {"provider": "volcano"}})
+    before = desired(**gang)
+    after = desired(**{**gang, "decode": {**gang["decode"], "replicas": 1}})
+    rev = next(o["metadata"]["labels"]["pdfleet.io/revision"] for o in after if o["kind"] == "LeaderWorkerSet")
+    observed = as_observed(before)
+    dropped = {(c.ref.kind, c.ref.name) for c in
+               diff(after, observed, owner_uid="uid-1", keep_revisions={rev}, current_revision=rev).delete}
+    assert dropped == {("LeaderWorkerSet", f"f-decode-{rev}-1"), ("PodGroup", f"f-decode-{rev}-1")}
+    # Without naming the current revision, keep_revisions protects them (the behaviour for old revisions).
+    assert diff(after, observed, owner_uid="uid-1", keep_revisions={rev}).delete == ()

@@ -1,0 +1,1 @@
+"""Per-role autoscaling: clamping scaler replicas (pure), the SLO planner (pure), and their edges."""

@@ -1,0 +1,94 @@
+"""The scalers' writes (I/O edge of scalers.py): create, delete, status, events, and the
+serving pair's size during a paired rollout. Called once per reconcile by the reconciler."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
+
+from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
+from pdfleet.operator.reconcile.children import ChildRef, Kind, ObservedChild
+from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+
+logger = logging.getLogger("pdfleet.operator")
+STS_KIND = Kind("apps/v1", "StatefulSet", "statefulsets")
+PostEvent = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
+
+
+class ScalingEdge:
+    def __init__(self, client: KubeClient, post_event: PostEvent):
+        self.client = client
+        self.post_event = post_event
+        self._reported: dict[tuple[str, str], str] = {}   # fleet -> last clamp summary sent as an event
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._reported.pop(key, None)
+
+    async def sync(self, key: tuple[str, str], body: Mapping[str, Any], plan: ScalingPlan,
+                   children: Sequence[ObservedChild], *, serving: str, target: str) -> list[str]:
+        """Make the scalers and the serving pair match `plan`; the errors, for the fleet's status."""
+        namespace = key[0]
+        errors: list[str] = []
+        for manifest in plan.create:
+            try:
+                await self.client._call("create", SCALER_KIND.plural, "post", SCALER_KIND.path(namespace),
+                                        payload=manifest)
+            except ApiFailure as exc:
+                if exc.status != 409:  # already there: the watch has not told us yet
+                    errors.append(f"create scaler {manifest['metadata']['name']}: {exc.status} {exc.message}")
+        for scaler in plan.delete:
+            try:
+                await self.client.delete(ChildRef(SCALER_KIND.api_version, SCALER_KIND.kind, namespace, scaler.name),
+                                         SCALER_KIND, uid=scaler.uid)
+            except ApiFailure as exc:
+                errors.append(f"delete scaler {scaler.name}: {exc.status} {exc.message}")
+        for name, status in plan.status_patches:
+            try:
+                await self.client.patch_status(SCALER_KIND, namespace, name, status)
+            except ApiFailure as exc:
+                if exc.status != 404:
+                    errors.append(f"status of scaler {name}: {exc.status} {exc.message}")
+        if plan.result is not None and serving != target:
+            errors += await self._scale_serving_pair(namespace, plan, children, serving)
+        await self._report(key, body, plan)
+        return errors
+
+    async def _scale_serving_pair(self, namespace: str, plan: ScalingPlan, children: Sequence[ObservedChild],
+                                  serving: str) -> list[str]:
+        """During a paired rollout the old pair still takes all traffic: it follows the scalers too
+        (the new pair gets the same size through the plan)."""
+        assert plan.result is not None
+        errors = []
+        for c in children:
+            if (c.ref.kind != "StatefulSet" or c.revision != serving or c.deleting or c.role not in plan.autoscaled
+                    or c.replicas == plan.result.replicas[c.role]):
+                continue
+            url = STS_KIND.path(namespace, c.ref.name)
+            try:
+                await self.client._call("patch", "statefulsets", "patch", url,
+                                        payload={"spec": {"replicas": plan.result.replicas[c.role]}},
+                                        headers={"Content-Type": "application/merge-patch+json"})
+            except ApiFailure as exc:
+                errors.append(f"scale {c.ref}: {exc.status} {exc.message}")
+        return errors
+
+    async def _report(self, key: tuple[str, str], body: Mapping[str, Any], plan: ScalingPlan) -> None:
+        summary = plan.clamp_summary()
+        if summary == self._reported.get(key, ""):
+            return
+        self._reported[key] = summary
+        if summary:
+            logger.info("%s/%s: scaler replicas clamped: %s", key[0], key[1], summary)
+            await self.post_event(body, "Warning", "ScalingClamped", f"scaler replicas clamped: {summary}")
+        else:
+            await self.post_event(body, "Normal", "ScalingWithinBounds", "every scaler's replicas is applied as asked")
+
+
+def scaling_condition(plan: ScalingPlan) -> Optional[tuple[bool, str, str]]:
+    """(status, reason, message) of the fleet's ScalingLimited condition; None without autoscaling."""
+    if not plan.active:
+        return None
+    summary = plan.clamp_summary()
+    if summary:
+        return True, "Clamped", summary
+    return False, "WithinBounds", "every scaler's replicas is applied as asked"

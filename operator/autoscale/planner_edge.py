@@ -1,0 +1,161 @@
+"""The planner's I/O edge: every intervalSeconds, scrape the fleet's router pods' /metrics,
+call the pure decision (planner.py) and write the result to the scalers through `/scale`,
+as an HPA would. Called by the reconciler; the reconcile is requeued for the next interval.
+
+Refused (nothing written, the reason in status.scaling.planner and a Warning event) while an
+HPA targets one of the fleet's scalers (KEDA works through an HPA too): two controllers
+writing one replica count undo each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
+
+import aiohttp
+
+from pdfleet.operator.api import DisaggregatedInference
+from pdfleet.operator.api import scaler as scaler_api
+from pdfleet.operator.api.rules import replica_range
+from pdfleet.operator.autoscale.clamp import Bounds, Ratio
+from pdfleet.operator.autoscale.planner import PlannerConfig, PlannerState, decide
+from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
+from pdfleet.operator.autoscale.signals import MetricsError, RouterSample, interval_signals, parse_router_metrics
+from pdfleet.operator.plan import naming
+from pdfleet.operator.reconcile.children import ObservedPod
+from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+
+logger = logging.getLogger("pdfleet.operator")
+SCRAPE_TIMEOUT_S = 3.0
+MAX_METRICS_BYTES = 4 << 20
+Key = tuple[str, str]
+PostEvent = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
+Fetch = Callable[[str], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class PlannerOutcome:
+    requeue_after: Optional[float] = None
+    status: Optional[str] = None
+
+
+async def _fetch(url: str) -> str:
+    timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                raise MetricsError(f"HTTP {resp.status}")
+            body = await resp.content.read(MAX_METRICS_BYTES + 1)
+            if len(body) > MAX_METRICS_BYTES:
+                raise MetricsError("metrics larger than 4 MiB")
+            return body.decode("utf-8", "replace")
+
+
+def config_of(cr: DisaggregatedInference) -> PlannerConfig:
+    p = cr.spec.scaling.planner
+    assert p is not None
+    ratio = cr.spec.scaling.ratio
+    return PlannerConfig(
+        targets_s={"prefill": p.ttft_ms / 1000, "decode": p.itl_ms / 1000},
+        scale_down_delay_s=float(p.scale_down_delay_seconds),
+        bounds={role: Bounds(*replica_range(cr.spec.role(role))) for role in ("prefill", "decode")},
+        ratio=Ratio(ratio.min, ratio.max) if ratio else Ratio(),
+    )
+
+
+class PlannerEdge:
+    def __init__(self, client: KubeClient, post_event: PostEvent, *, fetch: Fetch = _fetch,
+                 clock: Callable[[], float] = time.monotonic):
+        self.client = client
+        self.post_event = post_event
+        self.fetch = fetch
+        self.clock = clock
+        self._samples: dict[Key, dict[str, RouterSample]] = {}
+        self._state: dict[Key, PlannerState] = {}
+        self._last_run: dict[Key, float] = {}
+        self._status: dict[Key, str] = {}
+        self._conflict_reported: dict[Key, str] = {}
+
+    def forget(self, key: Key) -> None:
+        for store in (self._samples, self._state, self._last_run, self._status, self._conflict_reported):
+            store.pop(key, None)
+
+    async def run(self, key: Key, body: Mapping[str, Any], cr: DisaggregatedInference, pods: Sequence[ObservedPod],
+                  plan: ScalingPlan, conflicts: Sequence[str]) -> PlannerOutcome:
+        p = cr.spec.scaling.planner
+        if p is None or not p.enabled or plan.result is None:
+            self.forget(key)
+            return PlannerOutcome()
+        if conflicts:
+            reason = (f"refused: {', '.join(conflicts)} also scale(s) this fleet's scalers; the planner and "
+                      "an HPA/KEDA must not both drive one fleet: remove the HPA/ScaledObject or disable the planner")
+            if self._conflict_reported.get(key) != reason:
+                self._conflict_reported[key] = reason
+                logger.warning("%s/%s: planner %s", key[0], key[1], reason)
+                await self.post_event(body, "Warning", "PlannerConflict", f"planner {reason}")
+            self._samples.pop(key, None)
+            return PlannerOutcome(None, reason)
+        self._conflict_reported.pop(key, None)
+
+        now = self.clock()
+        interval = float(p.interval_seconds)
+        due = self._last_run.get(key, -1e18) + interval
+        if now < due:
+            return PlannerOutcome(due - now, self._status.get(key))
+        self._last_run[key] = now
+
+        cur, failures = await self._scrape(pods, cr)
+        prev = self._samples.get(key)
+        if not cur:
+            why = "; ".join(failures) or "no ready router pod"
+            return self._keep(key, interval, f"waiting: no router metrics ({why})")
+        self._samples[key] = cur
+        if prev is None:
+            return self._keep(key, interval, "measuring: the first interval starts now")
+
+        signals = interval_signals(prev, cur)
+        for role, sig in signals.items():   # replicas still starting hold further scale-ups back
+            ready = sum(1 for q in pods if q.role == role and q.ready and not q.deleting)
+            signals[role] = replace(sig, ready=ready)
+        state = self._state.get(key, PlannerState())
+        decision = decide(now, signals, plan.result.replicas, state, config_of(cr), roles=plan.autoscaled)
+        self._state[key] = decision.state
+        changed = []
+        for role in plan.autoscaled:
+            want = decision.replicas[role]
+            if want != plan.result.requested[role]:
+                name = scaler_api.scaler_name(cr.metadata.name, role)
+                try:
+                    await self.client._call("patch", f"{SCALER_KIND.plural}/scale", "patch",
+                                            SCALER_KIND.path(key[0], name, "scale"),
+                                            payload={"spec": {"replicas": want}},
+                                            headers={"Content-Type": "application/merge-patch+json"})
+                    changed.append(f"{role} {plan.result.requested[role]} -> {want}")
+                except ApiFailure as exc:
+                    logger.warning("%s/%s: planner could not scale %s: %s", key[0], key[1], name, exc)
+        summary = decision.summary()
+        if changed:
+            await self.post_event(body, "Normal", "PlannerScaled", f"{', '.join(changed)}: {summary}")
+        return self._keep(key, interval, summary)
+
+    def _keep(self, key: Key, interval: float, status: str) -> PlannerOutcome:
+        self._status[key] = status
+        return PlannerOutcome(interval, status)
+
+    async def _scrape(self, pods: Sequence[ObservedPod], cr: DisaggregatedInference,
+                      ) -> tuple[dict[str, RouterSample], list[str]]:
+        routers = [p for p in pods if p.role == naming.ROUTER and p.ready and p.ip and not p.deleting]
+
+        async def one(pod: ObservedPod) -> tuple[str, Any]:
+            port = dict(pod.ports).get("http", cr.spec.router.port)
+            try:
+                return pod.name, parse_router_metrics(await self.fetch(f"http://{pod.ip}:{port}/metrics"))
+            except (MetricsError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return pod.name, f"{pod.name}: {type(exc).__name__} {exc}".strip()
+
+        results = await asyncio.gather(*(one(p) for p in routers))
+        samples = {name: r for name, r in results if isinstance(r, RouterSample)}
+        return samples, [r for _, r in results if isinstance(r, str)]

@@ -1,0 +1,101 @@
+"""The router's Prometheus text -> the planner's signals for one interval (pure).
+
+Histograms are cumulative, so an interval's p90 comes from the difference of two scrapes
+(summed over the fleet's router pods and revisions), computed like PromQL's
+histogram_quantile. A router that restarted (a count went down) counts from zero.
+Gauges are read as they are at the end of the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdfleet.operator.autoscale.planner import RoleSignal
+
+TTFT = "pdfleet_router_ttft_seconds"
+ITL = "pdfleet_router_itl_seconds"
+WAITING = "pdfleet_router_legs_waiting"
+STREAMS = "pdfleet_router_streams"
+
+
+class MetricsError(ValueError):
+    """The text is not Prometheus exposition format."""
+
+
+@dataclass(frozen=True)
+class RouterSample:
+    """One scrape of one router: cumulative bucket counts (le -> count) and gauges."""
+
+    ttft: Mapping[float, float] = field(default_factory=dict)
+    itl: Mapping[float, float] = field(default_factory=dict)
+    prefill_waiting: float = 0.0
+    decode_waiting: float = 0.0
+    streams: float = 0.0
+
+
+def parse_router_metrics(text: str) -> RouterSample:
+    ttft: dict[float, float] = {}
+    itl: dict[float, float] = {}
+    waiting = {"prefill": 0.0, "decode": 0.0}
+    streams = 0.0
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises ValueError and others on garbage
+        raise MetricsError(f"not Prometheus text: {exc}") from None
+    for family in families:
+        for s in family.samples:
+            if s.name == f"{TTFT}_bucket":
+                le = float(s.labels["le"])
+                ttft[le] = ttft.get(le, 0.0) + s.value
+            elif s.name == f"{ITL}_bucket":
+                le = float(s.labels["le"])
+                itl[le] = itl.get(le, 0.0) + s.value
+            elif s.name == WAITING and s.labels.get("leg") in waiting:
+                waiting[s.labels["leg"]] += s.value
+            elif s.name == STREAMS:
+                streams += s.value
+    return RouterSample(ttft, itl, waiting["prefill"], waiting["decode"], streams)
+
+
+def _delta(cur: Mapping[float, float], prev: Optional[Mapping[float, float]]) -> dict[float, float]:
+    if prev is None or any(cur.get(le, 0.0) < count for le, count in prev.items()):
+        return dict(cur)  # first scrape of this router, or it restarted
+    return {le: count - prev.get(le, 0.0) for le, count in cur.items()}
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> Optional[float]:
+    """histogram_quantile over cumulative buckets; None when empty."""
+    ordered = sorted(buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    total = ordered[-1][1]
+    rank = q * total
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in ordered:
+        if count >= rank:
+            if math.isinf(le):
+                return lower_le  # beyond the last finite bucket: its bound, as PromQL does
+            width = count - lower_count
+            return lower_le + (le - lower_le) * ((rank - lower_count) / width if width > 0 else 1.0)
+        lower_le, lower_count = le, count
+    return ordered[-1][0]
+
+
+def interval_signals(prev: Mapping[str, RouterSample], cur: Mapping[str, RouterSample]) -> dict[str, RoleSignal]:
+    """Signals per role from two scrapes of every router pod (keyed by pod)."""
+    ttft: dict[float, float] = {}
+    itl: dict[float, float] = {}
+    for pod, sample in cur.items():
+        before = prev.get(pod)
+        for le, n in _delta(sample.ttft, before.ttft if before else None).items():
+            ttft[le] = ttft.get(le, 0.0) + n
+        for le, n in _delta(sample.itl, before.itl if before else None).items():
+            itl[le] = itl.get(le, 0.0) + n
+    prefill_load = sum(s.prefill_waiting for s in cur.values())
+    decode_load = sum(s.streams + s.decode_waiting for s in cur.values())
+    return {"prefill": RoleSignal(quantile(0.9, ttft), prefill_load),
+            "decode": RoleSignal(quantile(0.9, itl), decode_load)}

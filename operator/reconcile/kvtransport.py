@@ -1,0 +1,96 @@
+"""The KVTransport condition, from the fabric preflight's verdicts in pod statuses (pure).
+
+Each engine pod's `kv-preflight` init container writes its verdict (JSON, see
+pdfleet.connector.fabric) as its termination message; the kubelet copies it into
+`status.initContainerStatuses[].state.terminated.message`, which the operator sees
+through its pod watch. Per role, at the serving revision: False if any pod's verdict is
+False (the first such pod named), True when every pod that reported is True, Unknown
+while none has reported. The fleet's condition is the worst of its roles.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+CONDITION_TYPE = "KVTransport"
+PREFLIGHT_CONTAINER = "kv-preflight"  # pdfleet.operator.plan.fabric.CONTAINER_NAME
+PENDING = "Pending"
+
+
+@dataclass(frozen=True)
+class PodTransport:
+    """One pod's verdict."""
+
+    status: str          # "True" | "False"
+    reason: str
+    message: str
+    transport: Optional[str] = None
+    gbps: Optional[float] = None
+
+
+def from_pod_status(status: Mapping[str, Any]) -> Optional[PodTransport]:
+    """The verdict the pod's preflight wrote, or None (not run yet, disabled, or unreadable)."""
+    for cs in status.get("initContainerStatuses") or []:
+        if cs.get("name") != PREFLIGHT_CONTAINER:
+            continue
+        terminated = ((cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+                      or {})
+        try:
+            verdict = json.loads(terminated.get("message") or "")
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(verdict, dict) or verdict.get("status") not in ("True", "False"):
+            return None
+        gbps = verdict.get("gBps")
+        return PodTransport(str(verdict["status"]), str(verdict.get("reason") or ""),
+                            str(verdict.get("message") or "")[:500], verdict.get("transport") or None,
+                            float(gbps) if isinstance(gbps, (int, float)) else None)
+    return None
+
+
+@dataclass(frozen=True)
+class RoleTransport:
+    status: str      # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    transport: Optional[str] = None
+    gbps: Optional[float] = None
+
+    def as_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "reason": self.reason, "message": self.message}
+        if self.transport:
+            out["transport"] = self.transport
+        if self.gbps is not None:
+            out["gBps"] = round(self.gbps, 3)
+        return out
+
+
+def role_transport(pods: Iterable[tuple[str, Optional[PodTransport]]]) -> RoleTransport:
+    """(pod name, verdict) of one role's pods at one revision -> the role's verdict."""
+    reported = [(name, v) for name, v in sorted(pods, key=lambda p: p[0]) if v is not None]
+    bad = [(name, v) for name, v in reported if v.status != "True"]
+    if bad:
+        name, v = bad[0]
+        more = f" (and {len(bad) - 1} more pods)" if len(bad) > 1 else ""
+        return RoleTransport("False", v.reason, f"pod {name}{more}: {v.message}", v.transport, v.gbps)
+    if not reported:
+        return RoleTransport("Unknown", PENDING, "no pod has reported its fabric preflight yet")
+    transports = sorted({v.transport for _, v in reported if v.transport})
+    rates = [v.gbps for _, v in reported if v.gbps is not None]
+    slowest = min(rates) if rates else None
+    rate = f" at >= {slowest:.2f} GB/s" if slowest is not None else ""
+    return RoleTransport("True", reported[0][1].reason, f"{len(reported)} pods over {', '.join(transports) or 'UCX'}"
+                         f"{rate}", ",".join(transports) or None, slowest)
+
+
+def fleet_transport(roles: Mapping[str, RoleTransport]) -> RoleTransport:
+    """The KVTransport condition: the first failing role, else Unknown while one is pending, else True."""
+    for want in ("False", "Unknown"):
+        for role, rt in roles.items():
+            if rt.status == want:
+                return RoleTransport(want, rt.reason, f"{role}: {rt.message}", rt.transport, rt.gbps)
+    return RoleTransport("True", "TransportVerified",
+                         "; ".join(f"{role}: {rt.message}" for role, rt in roles.items()),
+                         None, min((rt.gbps for rt in roles.values() if rt.gbps is not None), default=None))

@@ -1,0 +1,95 @@
+"""Secure by default, end to end in kopf's real loop: the fleet's side-channel key Secret is created
+once, kept across reconciles and an operator restart, mounted by the engines, and its key appears
+nowhere else (status, events, other children, the rendered plan, the operator's logs)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+
+import pytest
+from fake_env import NAMESPACE, FakeDriver
+from kube_fixture import eventually
+from operator_scenarios import CR_RESOURCE, STS, fleet, scenario_create, settle
+
+from pdfleet.operator.plan import plan
+
+pytestmark = pytest.mark.timeout(60)
+SECRETS = "v1/secrets"
+
+
+def secret_creates(kube, since: int = 0) -> list:
+    return [c for c in kube.operator_calls(since) if c.resource == "secrets"]
+
+
+async def test_generated_key_secret_created_once_kept_and_never_leaked(kube, start_operator, caplog):
+    caplog.set_level(logging.DEBUG)  # every logger, kopf's included
+    d = FakeDriver(kube)
+    d.operator = await start_operator()
+    cr = await scenario_create(d)
+    secret = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "llama-kv-auth"), what="the key Secret")
+    key = base64.b64decode(secret["data"]["key"]).decode()
+    assert len(key) == 64 and int(key, 16) >= 0  # 32 random bytes, hex
+    owner = secret["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "DisaggregatedInference", "llama", cr["metadata"]["uid"], True)
+    version = secret["metadata"]["resourceVersion"]
+    for sts in kube.list(STS, NAMESPACE):
+        vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+        assert vols["side-channel-secret"]["secret"]["secretName"] == "llama-kv-auth"
+
+    # More reconciles (spec and metadata changes) leave the Secret alone: no further create.
+    runs = d.operator_runs()
+    await d.patch_cr("llama", {"spec": {"decode": {"replicas": 2}}})
+    await d.patch_cr("llama", {"metadata": {"annotations": {"touched": "yes"}}})
+    await eventually(lambda: d.operator_runs() >= runs + 2, what="two more reconciles")
+    await settle(d)
+    assert len(secret_creates(kube)) == 1
+
+    # An operator restart tries once, gets 409 AlreadyExists, and keeps the key.
+    await d.operator.astop()
+    mark = len(kube.calls)
+    d.operator = await start_operator()
+    await eventually(lambda: secret_creates(kube, mark), what="the restarted operator's check")
+    await settle(d)
+    again = kube.get(SECRETS, NAMESPACE, "llama-kv-auth")
+    assert again["data"] == secret["data"] and again["metadata"]["resourceVersion"] == version
+    assert [c.status for c in secret_creates(kube, mark)] == [409]
+    assert [c.verb for c in secret_creates(kube)] == ["create", "create"]  # never read, patched or listed
+
+    # The key is nowhere but in the Secret.
+    haystacks = {
+        "status and metadata of the CR": json.dumps(kube.get(CR_RESOURCE, NAMESPACE, "llama")),
+        "events": json.dumps(kube.list("v1/events", NAMESPACE)),
+        "every other object": json.dumps([o for res in ("apps/v1/statefulsets", "apps/v1/deployments",
+                                                        "v1/configmaps", "v1/services")
+                                          for o in kube.list(res, NAMESPACE)]),
+        "the rendered plan": json.dumps(plan(fleet())),
+        "logs": "\n".join(r.getMessage() for r in caplog.records),
+    }
+    b64 = secret["data"]["key"]
+    for where, text in haystacks.items():
+        assert key not in text and b64 not in text, f"the key leaked into {where}"
+    # Negative control: the same search finds the key where it is.
+    assert key in base64.b64decode(json.dumps(again).split('"key": "')[1].split('"')[0]).decode()
+
+
+async def test_user_secret_ref_is_mounted_and_no_secret_is_generated(driver: FakeDriver, kube):
+    await driver.create_cr(fleet("own", kvTransfer={"authSecretRef": {"name": "my-key", "key": "k"}}))
+    await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the StatefulSets")
+    await settle(driver)
+    for sts in kube.list(STS, NAMESPACE):
+        vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+        assert vols["side-channel-secret"]["secret"] == {
+            "secretName": "my-key", "items": [{"key": "k", "path": "side-channel-secret"}], "defaultMode": 0o400}
+    assert kube.get(SECRETS, NAMESPACE, "own-kv-auth") is None
+    assert not secret_creates(kube)
+
+
+async def test_two_fleets_get_different_keys(driver: FakeDriver, kube):
+    await driver.create_cr(fleet("a"))
+    await driver.create_cr(fleet("b"))
+    a = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "a-kv-auth"), what="a's Secret")
+    b = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "b-kv-auth"), what="b's Secret")
+    assert a["data"]["key"] != b["data"]["key"]

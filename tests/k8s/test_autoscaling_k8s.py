@@ -1,0 +1,74 @@
+"""Per-role scalers against a real API server (KUBECONFIG): the scaler CRD's /scale subresource,
+as `kubectl scale` and an HPA use it, drives the StatefulSet through the operator's clamp.
+
+Written without a cluster at hand (none can be installed on the development machines): it
+runs, like the rest of tests/k8s, with `make test-k8s`."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from typing import Any, Callable
+
+import aiohttp
+import pytest
+import yaml
+from k8s_env import K8sDriver
+from operator_scenarios import STS, fleet
+
+from pdfleet.operator import api
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
+SCALER_CRD = pathlib.Path(__file__).resolve().parents[2] / "crds" / "pdfleet.io_disaggregatedinferencescalers.yaml"
+SCALERS = f"{api.GROUP}/{api.VERSION}/{api.scaler.PLURAL}"
+
+
+@pytest.fixture
+async def scaler_crd(k8s_http: aiohttp.ClientSession) -> None:
+    crd = yaml.safe_load(SCALER_CRD.read_text())
+    async with k8s_http.patch(f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+                              "?fieldManager=pdfleet-tests&force=true", json=crd,
+                              headers={"Content-Type": "application/apply-patch+yaml"}) as resp:
+        assert resp.status in (200, 201), await resp.text()
+    for _ in range(100):
+        async with k8s_http.get(f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}") as r:
+            if any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (await r.json()).get("status", {}).get("conditions", [])):
+                return
+        await asyncio.sleep(0.1)
+    pytest.fail("the scaler CRD was not established")
+
+
+async def until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    for _ in range(int(timeout / 0.2)):
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_scale_subresource_drives_the_statefulset_with_clamp(scaler_crd: None, k8s_driver: K8sDriver):
+    d = k8s_driver
+    await d.create_cr(fleet(decode={"replicas": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}}))
+    scaler = await until(lambda: d.get(SCALERS, "llama-decode"), "the decode scaler")
+    assert scaler["spec"]["replicas"] == 2 and scaler["metadata"]["ownerReferences"][0]["kind"] == api.KIND
+    scale_url = f"apis/{api.GROUP}/{api.VERSION}/namespaces/{d.namespace}/{api.scaler.PLURAL}/llama-decode/scale"
+    async with d.http.patch(scale_url, json={"spec": {"replicas": 9}},
+                            headers={"Content-Type": "application/merge-patch+json"}) as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["kind"] == "Scale"
+
+    async def decode_at_max() -> bool:
+        sts = [s for s in await d.list(STS, {"pdfleet.io/fleet": "llama", "pdfleet.io/role": "decode"})]
+        return bool(sts) and all(s["spec"]["replicas"] == 4 for s in sts)
+
+    await until(decode_at_max, "decode clamped to maxReplicas 4")
+    async def scale_status() -> Any:   # what an HPA reads
+        async with d.http.get(scale_url) as resp:
+            scale = await resp.json()
+        return scale if scale.get("status", {}).get("replicas") == 4 else None
+
+    scale = await until(scale_status, "the Scale's status.replicas at 4")
+    assert scale["spec"]["replicas"] == 9
+    assert scale["status"]["selector"] == "pdfleet.io/fleet=llama,pdfleet.io/role=decode"
