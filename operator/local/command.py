@@ -8,8 +8,9 @@ are healthy, starts the P/D router in this process and prints exactly one line
 
 Without --smoke it serves until Ctrl-C or SIGTERM, restarting an engine that
 exits (a few times, like a StatefulSet would). With --smoke it sends a few
-requests through the router, prints the P/D output and the KV transfer figures,
-and exits 0 only if all passed. Every child process is stopped on the way out.
+requests through the router, prints the P/D output and a table of KV transfer figures
+per engine (--metrics-raw: the raw metric lines too), and exits 0 only if all passed.
+Every child process is stopped on the way out.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-port", type=int, default=0, help="router port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--smoke", action="store_true",
                         help="send a few requests through the router, print output and KV transfer figures, then stop")
+    parser.add_argument("--metrics-raw", action="store_true",
+                        help="with --smoke, also print the raw connector and router metric lines")
     parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="SECONDS",
                         help="how long engines may take to become healthy (default 600)")
     parser.add_argument("--run-dir", type=Path, default=None,
@@ -46,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the fleet's processes, ports and logs as JSON here (for tests and tools)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="cache of the generated tiny model (default $PDFLEET_CACHE_DIR or ~/.cache/pdfleet)")
+    parser.add_argument("--preflight-only", action="store_true",
+                        help="run the fabric preflight (KVTransport), print it and exit: 0 if True, 1 if False")
     parser.add_argument("--max-restarts", type=int, default=3,
                         help="times an engine that exits is started again before the fleet stops (default 3)")
 
@@ -112,8 +117,10 @@ class LocalRunner:
         self.watchdog = None
         self.router_runner = None
         self.router_url: Optional[str] = None
+        self.model_path: Optional[str] = None
         self.run_dir = args.run_dir
         self.temp_run_dir = args.run_dir is None
+        self.kv_transport: dict[str, Any] = {}
 
     # --- top level ----------------------------------------------------------
 
@@ -145,9 +152,13 @@ class LocalRunner:
         if self.run_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(prefix="pdfleet-local-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.network.preflight.enabled or self.args.preflight_only:
+            if not await self._preflight() or self.args.preflight_only:
+                return EXIT_OK if self.kv_transport.get("status") == "True" else EXIT_FAILED
         model_path = await self._prepare_model()
         if self.stop.is_set():
             return EXIT_FAILED
+        self.model_path = model_path
         self._plan(model_path)
         from pdfleet.operator.local.processes import Watchdog
 
@@ -168,6 +179,19 @@ class LocalRunner:
 
     # --- setup ----------------------------------------------------------------
 
+    async def _preflight(self) -> bool:
+        """KVTransport before any engine starts: a fleet on the wrong fabric does not serve silently."""
+        from pdfleet.operator.local.preflight import condition, local_kv_transport
+
+        verdicts = await asyncio.to_thread(local_kv_transport, self.spec, dict(os.environ))
+        self.kv_transport = condition(verdicts)
+        kv = self.kv_transport
+        line = f"KVTransport: {kv['status']} ({kv['reason']}) {kv['message']}"
+        # stdout carries only the router line in a serving run; --preflight-only prints its verdict there.
+        print(line, flush=True) if self.args.preflight_only else _err(line)
+        self._write_state(healthy=False)
+        return kv["status"] == "True"
+
     async def _prepare_model(self) -> Optional[str]:
         from pdfleet.operator.local import tiny_model
 
@@ -181,25 +205,26 @@ class LocalRunner:
         return str(path)
 
     def _plan(self, model_path: Optional[str]) -> None:
-        from pdfleet.operator.local.fleet import EnginePorts, plan_local
+        from pdfleet.operator.local.fleet import EnginePorts, kv_events_endpoints, plan_local
         from pdfleet.operator.local.processes import reserve_ports
         from pdfleet.operator.plan.engine import SECRET_FILE
         from pdfleet.operator.plan.naming import revision
 
         spec = self.spec
-        secret_file = None
-        if spec.kv_transfer.auth_secret_ref is not None:
-            # Same behaviour as the pods (HMAC on), with a secret made for this run.
-            path = self.run_dir / SECRET_FILE
-            path.write_text(secrets.token_hex(32))
-            path.chmod(0o600)
-            secret_file = str(path)
+        # Same behaviour as the pods (always signed), with a key made for this run only
+        # (created 0600 before any byte is written; never printed).
+        path = self.run_dir / SECRET_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        secret_file = str(path)
         ports: dict[str, list[EnginePorts]] = {}
         for role in ("prefill", "decode"):
             r = spec.role(role)
             http = reserve_ports(r.replicas)
             side = reserve_ports(r.replicas, consecutive=r.tensor_parallel_size)
-            ports[role] = [EnginePorts(h, s) for h, s in zip(http, side)]
+            ports[role] = [EnginePorts(h, s, *kv_events_endpoints(str(self.run_dir.resolve()), f"{role}-{i}"))
+                           for i, (h, s) in enumerate(zip(http, side))]
         plan = plan_local(
             spec,
             revision=revision(spec, "local"),
@@ -238,6 +263,7 @@ class LocalRunner:
             "router": self.router_url,
             "run_dir": str(self.run_dir),
             "watchdog_pid": self.watchdog.proc.pid if self.watchdog else None,
+            "conditions": [self.kv_transport] if self.kv_transport else [],
             "engines": [
                 {
                     "name": name,
@@ -246,6 +272,7 @@ class LocalRunner:
                     "pgid": child.pgid,
                     "url": self.launches[name].url,
                     "side_channel_port": self.launches[name].ports.side_channel,
+                    "kv_events": self.launches[name].ports.kv_events,
                     "cpus": [list(r) for r in self.launches[name].cpus],
                     "log": str(child.log_path),
                     "restarts": self.restarts[name],
@@ -315,10 +342,17 @@ class LocalRunner:
     async def _start_router(self) -> None:
         from pdfleet.connector.router.app import start_router
         from pdfleet.connector.router.config import RouterConfig
+        from pdfleet.operator.plan.engine import hash_seed
 
+        spec = self.spec
         config = RouterConfig(
             prefill=tuple(l.url for l in self.launches.values() if l.role == "prefill"),
             decode=tuple(l.url for l in self.launches.values() if l.role == "decode"),
+            prefill_policy=spec.router.prefill_policy, decode_policy=spec.router.decode_policy,
+            kv_events=tuple((l.url, f"{l.ports.kv_events},{l.ports.kv_events_replay}")
+                            for l in self.launches.values() if l.ports.kv_events),
+            tokenizer=self.model_path or spec.model.name, block_size=spec.engine.block_size,
+            hash_seed=hash_seed(spec),
         )
         try:
             self.router_runner, port = await start_router(config, "127.0.0.1", self.args.router_port)
@@ -358,6 +392,7 @@ class LocalRunner:
         import aiohttp
 
         from pdfleet.operator.local import smoke
+        from pdfleet.operator.local.smoke_report import engine_figures, format_table
         from pdfleet.operator.plan.engine import served_model_name
 
         model = served_model_name(self.spec)
@@ -377,8 +412,12 @@ class LocalRunner:
                 engines.append((name, launch.role, await smoke.fetch_metrics(session, launch.url)))
             router_metrics = await smoke.fetch_metrics(session, self.router_url)
         print("KV transfer:", flush=True)
-        for line in smoke.format_transfer_stats(engines, router_metrics):
+        for line in format_table([engine_figures(*e) for e in engines], router_metrics):
             print(f"  {line}", flush=True)
+        if self.args.metrics_raw:
+            print("Metrics:", flush=True)
+            for line in smoke.format_transfer_stats(engines, router_metrics):
+                print(f"  {line}", flush=True)
         transferred = sum(
             smoke.tokens_by_source(text).get("external_kv_transfer", 0.0)
             for name, role, text in engines if role == "decode" and text

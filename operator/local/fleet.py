@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 from pdfleet.operator.api.rules import FieldError
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan.engine import ENGINE_MODULE, engine_env, vllm_args
+from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, vllm_args
 
 ROLES = ("prefill", "decode")
 LOOPBACK = "127.0.0.1"
@@ -25,6 +25,8 @@ DEFAULT_KVCACHE_GIB = "1"
 class EnginePorts:
     http: int
     side_channel: int  # TP rank r listens on side_channel + r
+    kv_events: Optional[str] = None  # the engine's KV event PUB endpoint (a local socket)
+    kv_events_replay: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,19 @@ def assign_cpus(cpus: Sequence[int], ranks: Sequence[int]) -> tuple[list[list[li
     return out, warnings
 
 
+def kv_events_endpoints(run_dir: str, name: str) -> tuple[str, str]:
+    """A local engine's KV event sockets: ipc files in the run directory, not ports on every
+    interface (vLLM binds a PUB endpoint only as tcp://*:PORT, and events carry prompt tokens)."""
+    return f"ipc://{run_dir}/{name}.kv-events", f"ipc://{run_dir}/{name}.kv-events-replay"
+
+
 def omp_bind(cpus: Sequence[Sequence[int]]) -> str:
     """VLLM_CPU_OMP_THREADS_BIND: one comma list per TP rank, joined by '|'."""
     return "|".join(",".join(str(c) for c in rank) for rank in cpus)
+
+
+def _user_sets(spec: DisaggregatedInferenceSpec, role: str, name: str) -> bool:
+    return any(var.name == name for var in [*spec.engine.env, *spec.role(role).env])
 
 
 def plan_local(
@@ -130,10 +142,14 @@ def plan_local(
     engines = []
     for (role, i), rank_cpus in zip(order, pinning):
         p = ports[role][i]
-        args = vllm_args(spec, role, revision, model=model_path, host=LOOPBACK, port=p.http, secret_file=secret_file)
+        events = (p.kv_events, p.kv_events_replay) if p.kv_events else None
+        args = vllm_args(spec, role, revision, model=model_path, host=LOOPBACK, port=p.http, secret_file=secret_file,
+                         kv_events=events)
         env = dict(engine_env(spec, role))
         if "VLLM_CPU_KVCACHE_SPACE" not in env and "VLLM_CPU_KVCACHE_SPACE" not in base_env:
             env["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_KVCACHE_GIB
+        if UCX_CUDA_IPC_GET_ZCOPY in base_env and not _user_sets(spec, role, UCX_CUDA_IPC_GET_ZCOPY):
+            env.pop(UCX_CUDA_IPC_GET_ZCOPY, None)  # the runner's own setting wins over pdfleet's default
         env.update({
             # Local overrides of what the pod gets from the downward API and the spec.
             "VLLM_NIXL_SIDE_CHANNEL_HOST": LOOPBACK,

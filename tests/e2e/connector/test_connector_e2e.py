@@ -65,7 +65,7 @@ def test_pd_output_is_token_identical_to_a_single_server(reference, fleet):
         assert params["remote_host"] == "127.0.0.1" and params["remote_port"] == fleet["prefill"].side_channel_port
         assert params["remote_instance_id"], params  # the worker's instance id reached the scheduler
     metrics = httpx.get(f"{fleet['decode'].url}/metrics", timeout=10).text
-    pulled = [line for line in metrics.splitlines() if line.startswith("vllm:pdfleet_transfers_total")]
+    pulled = [line for line in metrics.splitlines() if line.startswith("vllm:pdfleet_connector_pulls_total")]
     assert pulled and float(pulled[0].split()[-1]) >= sum(1 for n in LENGTHS if n >= BLOCK), pulled
 
 

@@ -126,10 +126,23 @@ def relay(prefill_url: str, decode_url: str, prompt: list[int], *, max_tokens: i
     return d.json()["choices"][0]["text"], params
 
 
+def secret_file() -> str:
+    """One side-channel key file per test run, shared by prefill and decode (0600)."""
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"pdfleet-e2e-key-{os.getpid()}")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+    return path
+
+
 def pdfleet_kv(role: str, **extra: Any) -> dict:
     return {"kv_connector": "PdfleetConnector", "kv_connector_module_path": "pdfleet.connector",
             "kv_role": role, "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"handshake_timeout": 2.0, "handshake_retries": 1, **extra}}
+            "kv_connector_extra_config": {"handshake_timeout": 2.0, "handshake_retries": 1,
+                                          "auth_secret_file": secret_file(), **extra}}
 
 
 def start_all(*servers: Server) -> None:

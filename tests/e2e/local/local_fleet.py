@@ -148,10 +148,14 @@ class PromptSets:
     concurrent: list[Req]
     kill: list[Req]
     after_restart: list[Req]
+    # test_local_prefix_routing.py: {policy: (first turns, later turns)}, answered by the same reference server
+    prefix_workload: dict[str, tuple[list[Req], list[Req]]] = field(default_factory=dict)
     all: list[Req] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.all = self.identity + self.concurrent + self.kill + self.after_restart
+        for first, later in self.prefix_workload.values():
+            self.all += first + later
 
 
 def corpus_ids(model_dir: Path, n: int) -> list[int]:
@@ -193,7 +197,32 @@ def prompt_sets(model_dir: Path) -> PromptSets:
     kill = [completion(f"kill {i}", ids[24000 + 100 * i:24000 + 100 * i + 40 + 7 * i], max_tokens=32)
             for i in range(40)]
     after_restart = [completion("after restart", ids[29000:29300], max_tokens=16)]
-    return PromptSets(identity, concurrent, kill, after_restart)
+    return PromptSets(identity, concurrent, kill, after_restart, prefix_workload())
+
+
+PREFIX_SYSTEM_PROMPTS = 4
+PREFIX_LATER_TURNS = 3
+
+
+def prefix_workload() -> dict[str, tuple[list[Req], list[Req]]]:
+    """Per routing policy, its own system prompts (a few hundred tokens each): one first turn each,
+    then later user turns on every one of them (sent concurrently by the test)."""
+    from pdfleet.operator.local.tiny_model import build_corpus
+
+    lines = build_corpus(seed=23, sentences=3000)
+    out = {}
+    for p, policy in enumerate(("prefixAware", "leastOutstanding")):
+        first: list[Req] = []
+        later: list[Req] = []
+        for s in range(PREFIX_SYSTEM_PROMPTS):
+            base = 1000 * p + 200 * s
+            system = f"System prompt {policy} {s}. " + " ".join(lines[base:base + 16]) + "\n\nUser: "
+            for t in range(PREFIX_LATER_TURNS + 1):
+                turn = " ".join(lines[base + 100 + 3 * t:base + 103 + 3 * t])
+                req = completion(f"prefix {policy} s{s} t{t}", system + turn, max_tokens=4)
+                (first if t == 0 else later).append(req)
+        out[policy] = (first, later)
+    return out
 
 
 # --- processes ------------------------------------------------------------------------
@@ -210,8 +239,9 @@ def reference_server(workdir: Path, model_dir: Path) -> Iterator[str]:
     spec = tiny_spec()
     port = reserve_ports(1)[0]
     args = vllm_args(spec, "prefill", "reference", model=str(model_dir), host="127.0.0.1", port=port)
-    k = args.index("--kv-transfer-config")
-    args = args[:k] + args[k + 2:]
+    for flag in ("--kv-transfer-config", "--kv-events-config"):  # a plain server: no P/D, no event port
+        k = args.index(flag)
+        args = args[:k] + args[k + 2:]
     env = {"VLLM_CPU_OMP_THREADS_BIND": str(cpu_list()[0]), "VLLM_CPU_KVCACHE_SPACE": "1"}
     log = workdir / "reference.log"
     child = start_child("reference", [sys.executable, "-m", ENGINE_MODULE, *args], env, log, cwd=workdir)

@@ -14,8 +14,10 @@ import httpx
 import psutil
 import pytest
 
-from local_fleet import Answer, Req, ask, ask_all, local_fleet, transferred_tokens
+from local_fleet import Answer, Req, ask, ask_all, local_fleet, metric_sum, transferred_tokens
+from observability_assets import all_queries, split_by_source
 from pdfleet.operator.local.processes import reserve_ports
+from pdfleet.operator.observability.promql import exported_names, missing_metrics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -71,6 +73,28 @@ async def test_32_concurrent_requests_are_all_correct(fleet, prompts, reference)
     answers = await ask_all(fleet.router, prompts.concurrent, concurrency=32)
     assert len(prompts.concurrent) == 32
     assert differences(prompts.concurrent, answers, reference) == []
+
+
+async def test_dashboard_and_alert_metrics_exist_on_the_fleets_metrics_pages(fleet, prompts):
+    # The real /metrics of both engines and of the router, after a request of several KV blocks.
+    # Every metric the dashboard and the alert rules query, except the operator's (checked in
+    # tests/integration/operator/test_operator_command.py), is exported by one of them.
+    (answer,) = await ask_all(fleet.router, [r for r in prompts.identity if r.label == "200 tokens"], concurrency=1)
+    assert answer.status == 200 and not answer.fallback, answer
+    pages = {e["name"]: httpx.get(e["url"] + "/metrics", timeout=10).text for e in fleet.state()["engines"]}
+    pages["router"] = httpx.get(fleet.router + "/metrics", timeout=10).text
+    exported = set().union(*(exported_names(text) for text in pages.values()))
+    queries = all_queries()
+    _, fleet_missing = split_by_source(missing_metrics(queries, exported))
+    assert fleet_missing == {}
+    # The check can fail: a misspelled name in a query is reported, with where it is used.
+    where, expr = next((w, e) for w, e in queries if "vllm:kv_cache_usage_perc" in e)
+    broken = [(where, expr.replace("vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_percent"))]
+    assert missing_metrics(broken, exported) == {"vllm:kv_cache_usage_percent": [where]}
+    # Data, not only declarations: decode pulled bytes, the router counted the requests.
+    decode = pages[fleet.engine("decode")["name"]]
+    assert metric_sum(decode, "vllm:pdfleet_connector_pull_bytes_total") > 0
+    assert metric_sum(pages["router"], "pdfleet_router_requests_total", code="200") > 0
 
 
 async def test_prefill_killed_mid_run_loses_no_request(fleet, prompts, reference):

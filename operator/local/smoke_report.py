@@ -1,0 +1,108 @@
+"""The `pdfleet local --smoke` report: one row per engine from its /metrics page (pure).
+
+Columns: requests finished, prompt tokens by source (computed locally, hit in the local
+prefix cache, pulled by KV transfer), KV bytes pulled and the pull throughput (bytes over
+the time the pulls took, from posting the NIXL reads to their completion), and failures
+(pulls and handshakes that failed, handshakes refused). `--metrics-raw` prints the raw lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from prometheus_client.parser import text_string_to_metric_families
+
+CONNECTOR = "vllm:pdfleet_connector_"
+FAILURE_COUNTERS = ("pull_failures", "handshake_failures", "handshakes_rejected")
+# vLLM 0.32's sources of prompt tokens, in the order shown.
+SOURCES = (("local_compute", "computed"), ("local_cache_hit", "cached"), ("external_kv_transfer", "by KV"))
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    name: str
+    role: str
+    available: bool = True
+    requests: float = 0.0
+    tokens: dict[str, float] = field(default_factory=dict)   # source -> prompt tokens
+    kv_bytes: float = 0.0
+    kv_seconds: float = 0.0
+    pulls: float = 0.0
+    failures: float = 0.0
+
+    @property
+    def gb_per_s(self) -> Optional[float]:
+        return self.kv_bytes / self.kv_seconds / 1e9 if self.kv_seconds > 0 else None
+
+
+def sums(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, ((label, value) kept for grouping,)): value}, summed over other labels."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            keep = tuple((k, v) for k, v in sorted(s.labels.items()) if k in ("source", "code"))
+            out[(s.name, keep)] = out.get((s.name, keep), 0.0) + s.value
+    return out
+
+
+def _total(values: dict, name: str) -> float:
+    return sum(v for (n, _), v in values.items() if n == name)
+
+
+def engine_figures(name: str, role: str, text: Optional[str]) -> EngineFigures:
+    if text is None:
+        return EngineFigures(name, role, available=False)
+    values = sums(text)
+    tokens: dict[str, float] = {}
+    for (sample, labels), value in values.items():
+        if sample == "vllm:prompt_tokens_by_source_total":
+            source = dict(labels).get("source", "")
+            tokens[source] = tokens.get(source, 0.0) + value
+    return EngineFigures(
+        name, role,
+        requests=_total(values, "vllm:request_success_total"),
+        tokens=tokens,
+        kv_bytes=_total(values, CONNECTOR + "pull_bytes_total"),
+        kv_seconds=_total(values, CONNECTOR + "pull_seconds_total"),
+        pulls=_total(values, CONNECTOR + "pulls_total"),
+        failures=sum(_total(values, CONNECTOR + c + "_total") for c in FAILURE_COUNTERS),
+    )
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_table(rows: Iterable[EngineFigures], router_text: Optional[str] = None) -> list[str]:
+    """Aligned lines: a header, one row per engine, and the router's request counts."""
+    header = ["engine", "role", "requests"] + [f"prompt {label}" for _, label in SOURCES] + \
+             ["KV pulled", "pulls", "GB/s", "failures"]
+    table = [header]
+    for r in rows:
+        if not r.available:
+            table.append([r.name, r.role, "/metrics unavailable"])
+            continue
+        rate = r.gb_per_s
+        table.append([r.name, r.role, f"{r.requests:.0f}"] + [f"{r.tokens.get(s, 0):.0f}" for s, _ in SOURCES] +
+                     [human_bytes(r.kv_bytes), f"{r.pulls:.0f}", "-" if rate is None else f"{rate:.2f}",
+                      f"{r.failures:.0f}"])
+    widths = [max(len(row[i]) for row in table if i < len(row)) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i])
+                       for i, cell in enumerate(row)).rstrip() for row in table]
+    if router_text is not None:
+        values = sums(router_text)
+        by_code: dict[str, float] = {}
+        for (sample, labels), value in values.items():
+            if sample == "pdfleet_router_requests_total":
+                code = dict(labels).get("code", "?")
+                by_code[code] = by_code.get(code, 0.0) + value
+        codes = ", ".join(f"{c}: {v:.0f}" for c, v in sorted(by_code.items())) or "none"
+        fallbacks = _total(values, "pdfleet_router_fallbacks_total")
+        retries = _total(values, "pdfleet_router_retries_total")
+        lines.append(f"router: requests by code {codes}; fallbacks {fallbacks:.0f}; retries {retries:.0f}")
+    return lines

