@@ -17,7 +17,7 @@ PYTEST_ARGS    ?=
 # started here (the cwd goes first on sys.path); Python >= 3.11 leaves the cwd out with this.
 export PYTHONSAFEPATH := 1
 
-.PHONY: setup demo test test-k8s test-gpu bench crds lint clean
+.PHONY: setup demo test test-k8s test-gpu bench chaos crds lint clean
 
 setup: $(STAMP)
 
@@ -51,10 +51,17 @@ bench: setup
 	$(PY) bench/router_overhead.py
 	$(PY) bench/operator_reconcile.py
 	$(PY) bench/pd_local.py
+	$(PY) bench/planner.py
+
+# The fault suite: a local fleet under load, one fault at a time (docs/reliability.md).
+chaos: setup
+	$(PY) bench/chaos.py
 
 crds: setup
 	$(VENV)/bin/pdfleet crd -o crds/pdfleet.io_disaggregatedinferences.yaml
 	cp crds/pdfleet.io_disaggregatedinferences.yaml charts/pdfleet/crds/pdfleet.io_disaggregatedinferences.yaml
+	$(VENV)/bin/pdfleet crd --kind scaler -o crds/pdfleet.io_disaggregatedinferencescalers.yaml
+	cp crds/pdfleet.io_disaggregatedinferencescalers.yaml charts/pdfleet/crds/pdfleet.io_disaggregatedinferencescalers.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

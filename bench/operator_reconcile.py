@@ -124,7 +124,7 @@ async def wait_metrics(http: aiohttp.ClientSession, port: int, timeout: float = 
     deadline = time.perf_counter() + timeout
     while True:
         try:
-            await metric(http, port, "pdfleet_fleets")
+            await metric(http, port, "pdfleet_operator_fleets")
             return
         except aiohttp.ClientError:
             if time.perf_counter() > deadline:
@@ -212,7 +212,7 @@ async def main(n_single: int, n_many: int) -> None:
                 deadline = time.perf_counter() + 120
                 while True:
                     try:
-                        if await metric(http, port, "pdfleet_reconciles_total") >= total:
+                        if await metric(http, port, "pdfleet_operator_reconciles_total") >= total:
                             break
                     except aiohttp.ClientError:
                         pass

@@ -108,8 +108,9 @@ def single_server(work: Path, model_dir: Path, run) -> dict:
     spec = parse(yaml.safe_load(CR.read_text())).spec
     port = reserve_ports(1)[0]
     args = vllm_args(spec, "prefill", "single", model=str(model_dir), host="127.0.0.1", port=port)
-    k = args.index("--kv-transfer-config")
-    args = args[:k] + args[k + 2:]
+    for flag in ("--kv-transfer-config", "--kv-events-config"):  # a plain server: no P/D, no event port
+        k = args.index(flag)
+        args = args[:k] + args[k + 2:]
     cpu = sorted(os.sched_getaffinity(0))[0]
     child = start_child("single", [sys.executable, "-m", ENGINE_MODULE, *args],
                         {"VLLM_CPU_OMP_THREADS_BIND": str(cpu), "VLLM_CPU_KVCACHE_SPACE": "1"},

@@ -14,6 +14,14 @@ Then measures, with ``wrk`` when installed (else a pooled aiohttp client):
 Run under the CPU lock on a shared machine:
     flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/router_overhead.py
 Options: --seconds, --concurrency, --event-loop (router's loop: uvloop|asyncio|both).
+
+--prefix-scoring measures instead what KV-cache-aware routing adds: the same
+router with --prefill-policy leastOutstanding and prefixAware, in one run, on
+4k-token text prompts (tiny model's tokenizer, block size 16), with a ZMQ
+publisher (vLLM's wire format) telling the router that one prefill caches the
+whole prompt (the worst case: every block is hashed and looked up). Prints
+p50/p99 of both and the difference, plus an in-process breakdown
+(tokenize, hash, choose) of one prefixAware choice.
 """
 
 from __future__ import annotations
@@ -103,10 +111,10 @@ def _seconds(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def run_wrk(url: str, concurrency: int, seconds: float) -> dict:
+def run_wrk(url: str, concurrency: int, seconds: float, body: bytes = BODY) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                f"wrk.body = {json.dumps(BODY.decode())}\n")
+                f"wrk.body = {json.dumps(body.decode())}\n")
         script = f.name
     try:
         out = subprocess.run(
@@ -125,7 +133,7 @@ def run_wrk(url: str, concurrency: int, seconds: float) -> dict:
             "socket_errors": sock_err.group(1) if sock_err else ""}
 
 
-def run_aiohttp(url: str, concurrency: int, seconds: float) -> dict:
+def run_aiohttp(url: str, concurrency: int, seconds: float, body: bytes = BODY) -> dict:
     import aiohttp
 
     async def main() -> dict:
@@ -138,7 +146,7 @@ def run_aiohttp(url: str, concurrency: int, seconds: float) -> dict:
                 nonlocal errors
                 while time.perf_counter() < deadline:
                     t = time.perf_counter()
-                    async with s.post(url, data=BODY, headers={"Content-Type": "application/json"}) as r:
+                    async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
                         await r.read()
                         if r.status != 200:
                             errors += 1
@@ -196,6 +204,194 @@ def wait_http(url: str, timeout: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+# ---- prefix scoring: prefixAware vs leastOutstanding --------------------------------
+
+PREFIX_BLOCK = 16
+
+
+class _EventPublisher:
+    """vLLM's publisher as the router sees it: PUB + a replay ROUTER (answering END), in a thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import zmq
+
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.replay = self.ctx.socket(zmq.ROUTER)
+        self.replay_port = self.replay.bind_to_random_port("tcp://127.0.0.1")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        self.seq = 0
+
+    def _serve(self) -> None:
+        import zmq
+
+        while not self._stop.is_set():
+            if self.replay.poll(50, zmq.POLLIN):
+                client, _, _start = self.replay.recv_multipart()
+                self.replay.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    def store(self, keys: list[int]) -> None:
+        import msgspec
+
+        event = {"type": "BlockStored", "block_hashes": keys, "parent_block_hash": None, "token_ids": [],
+                 "block_size": PREFIX_BLOCK, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0}
+        self.pub.send_multipart([b"", self.seq.to_bytes(8, "big"), msgspec.msgpack.encode([time.time(), [event], 0])])
+        self.seq += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.ctx.destroy(0)
+
+
+def _prompt_of(tokenize, n_tokens: int) -> str:
+    from pdfleet.operator.local.tiny_model import build_corpus
+
+    words, lines = [], build_corpus(seed=5, sentences=20000)
+    text = ""
+    for i in range(0, len(lines), 200):
+        words += lines[i:i + 200]
+        text = " ".join(words)
+        if len(tokenize(text)) >= n_tokens:
+            break
+    lo, hi = 0, len(text)  # trim to about n_tokens
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if len(tokenize(text[:mid])) >= n_tokens:
+            hi = mid
+        else:
+            lo = mid
+    return text[:hi]
+
+
+def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dict[str, float]:
+    """Median microseconds of each step of one prefixAware choice, in this process."""
+    from pdfleet.connector.router.config import RouterConfig
+    from pdfleet.connector.router.endpoints import pick_least_outstanding
+    from pdfleet.connector.router.metrics import RouterMetrics
+    from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
+    from pdfleet.connector.router.prefix_routing import PrefixRouting, load_tokenizer
+
+    tokenize = load_tokenizer(model_dir)
+    hasher = BlockHasher(HashConfig(PREFIX_BLOCK))
+    tokens = tokenize(prompt)
+    config = RouterConfig(prefill=("http://a", "http://b"), decode=("http://d",), block_size=PREFIX_BLOCK)
+    routing = PrefixRouting(config, RouterMetrics(), tokenize=tokenize)
+    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+
+    routing.set_endpoints([RevisionEndpoints("s", prefill=(Endpoint("http://a", kv_events="tcp://x:1"),
+                                                           Endpoint("http://b", kv_events="tcp://x:2")))])
+    for url in ("http://a", "http://b"):
+        routing.states[url].synced = True
+    routing.states["http://b"].index.hashes.update(hasher.keys(tokens))
+
+    def timed(fn) -> float:
+        samples = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+        samples.sort()
+        return samples[len(samples) // 2] * 1e6
+
+    return {
+        "tokenize": timed(lambda: tokenize(prompt)),
+        "hash all blocks": timed(lambda: hasher.keys(tokens)),
+        "prefixAware pick (tokenize+hash+look up+choose)": timed(lambda: routing.pick(
+            "prefill", ("http://a", "http://b"), {"prompt": prompt}, chat=False, outstanding={}, exclude=(),
+            ejected=(), tiebreak=0)),
+        "leastOutstanding pick": timed(lambda: pick_least_outstanding(("http://a", "http://b"), {})),
+    }
+
+
+def prefix_scoring(args: argparse.Namespace) -> int:
+    from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
+    from pdfleet.connector.router.prefix_routing import load_tokenizer
+    from pdfleet.operator.local.tiny_model import ensure_tiny_model
+
+    client = args.client if args.client != "auto" else ("wrk" if shutil.which("wrk") else "aiohttp")
+    load = run_wrk if client == "wrk" else run_aiohttp
+    model_dir = str(ensure_tiny_model())
+    tokenize = load_tokenizer(model_dir)
+    prompt = _prompt_of(tokenize, args.prompt_tokens)
+    tokens = tokenize(prompt)
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode()
+    me = str(Path(__file__).resolve())
+    procs: list[subprocess.Popen] = []
+    publishers = [_EventPublisher(), _EventPublisher()]  # one per prefill; the second caches the prompt
+    publisher = publishers[1]
+    try:
+        ports = {}
+        for role in ("prefill", "prefill2", "decode"):
+            p = start([sys.executable, me, "--fake-server", "decode" if role == "decode" else "prefill"],
+                      stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            ports[role] = int(p.stdout.readline())
+        prefills = [f"http://127.0.0.1:{ports['prefill']}", f"http://127.0.0.1:{ports['prefill2']}"]
+        print(f"client: {client}; {os.cpu_count()} CPUs; prompt {len(tokens)} tokens ({len(body)} B body), "
+              f"block size {PREFIX_BLOCK}; {args.seconds:.0f} s per run; load average {os.getloadavg()[0]:.2f}")
+        rows = {}
+        for policy in ("leastOutstanding", "prefixAware"):
+            port = free_port()
+            cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port),
+                   "--prefill", prefills[0], "--prefill", prefills[1],
+                   "--decode", f"http://127.0.0.1:{ports['decode']}", "--log-level", "WARNING",
+                   "--prefill-policy", policy, "--decode-policy", "leastOutstanding",
+                   "--max-body-bytes", str(8 * 1024 * 1024)]
+            if policy == "prefixAware":
+                cmd += ["--tokenizer", model_dir, "--block-size", str(PREFIX_BLOCK)]
+                for url, pub in zip(prefills, publishers):
+                    cmd += ["--kv-events", f"{url}=tcp://127.0.0.1:{pub.port},tcp://127.0.0.1:{pub.replay_port}"]
+            router = start(cmd)
+            procs.append(router)
+            wait_http(f"http://127.0.0.1:{port}/health")
+            via = f"http://127.0.0.1:{port}/v1/completions"
+            if policy == "prefixAware":
+                deadline = time.monotonic() + 60
+                while True:  # measure only once the tokenizer is loaded and both streams are synced
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                        status = json.loads(r.read())["prefix_routing"]
+                    if status["tokenizer"] and all(s["synced"] for s in status["streams"].values()):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"router not ready for prefix scoring: {status}")
+                    time.sleep(0.2)
+                publisher.store(BlockHasher(HashConfig(PREFIX_BLOCK)).keys(tokens))
+                time.sleep(0.5)
+            load(via, 2, 1, body)  # warm up (tokenizer load, connection pool)
+            rows[policy] = load(via, 1, args.seconds, body)
+            if policy == "prefixAware":
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    metrics = r.read().decode()
+                chosen = [l for l in metrics.splitlines()
+                          if l.startswith("pdfleet_router_prefix_cached_tokens_total") and 'kind="chosen"' in l]
+                rows[policy]["scored"] = chosen
+            stop(router)
+        print(f"{'prefill policy':<20}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}")
+        for policy, r in rows.items():
+            print(f"{policy:<20}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['errors']:>9}")
+        lo, pa = rows["leastOutstanding"], rows["prefixAware"]
+        add50, add99 = (pa["p50"] - lo["p50"]) * 1e3, (pa["p99"] - lo["p99"]) * 1e3
+        print(f"prefix scoring adds p50 {add50:.3f} ms, p99 {add99:.3f} ms over leastOutstanding "
+              f"(goal p50 <= 0.5 ms: {'met' if add50 <= 0.5 else 'NOT met'}); "
+              f"p50 ratio prefixAware/leastOutstanding {pa['p50'] / lo['p50']:.2f}")
+        print("router's scored tokens (proves the events were used): " + "; ".join(pa.get("scored", [])))
+        print("in-process breakdown, median us:")
+        for step, us in _in_process_breakdown(model_dir, prompt).items():
+            print(f"  {step:<50}{us:>10.1f}")
+    finally:
+        for p in procs:
+            stop(p)
+        for pub in publishers:
+            pub.close()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fake-server", choices=["prefill", "decode"], help=argparse.SUPPRESS)
@@ -203,10 +399,14 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16, 64], help="throughput runs; default %(default)s")
     ap.add_argument("--event-loop", choices=["uvloop", "asyncio", "both"], default="both")
     ap.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto")
+    ap.add_argument("--prefix-scoring", action="store_true", help="measure prefixAware vs leastOutstanding instead")
+    ap.add_argument("--prompt-tokens", type=int, default=4096, help="with --prefix-scoring; default %(default)s")
     args = ap.parse_args()
     if args.fake_server:
         serve_fake(args.fake_server)
         return 0
+    if args.prefix_scoring:
+        return prefix_scoring(args)
 
     client = args.client
     if client == "auto":
