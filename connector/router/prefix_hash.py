@@ -108,20 +108,28 @@ class BlockHasher:
         self._prefix = b"\x83" + _head(2, 32)
         self._tokens_head = _head(4, bs)
 
-    def iter_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None) -> Iterator[bytes]:
-        """Full 32-byte hashes, one per full block, lazily (callers stop at the first miss)."""
+    def iter_hashes(self, token_ids: Sequence[int], cache_salt: str | None = None, *,
+                    start_block: int = 0, parent: bytes | None = None) -> Iterator[bytes]:
+        """Full 32-byte hashes, one per full block, lazily (callers stop at the first miss).
+
+        ``start_block``/``parent`` resume a chain: hashes of blocks ``start_block`` on, given
+        the full hash of block ``start_block - 1``.
+        """
         bs = self.config.block_size
         full = len(token_ids) - len(token_ids) % bs
-        if not full:
+        first = start_block * bs
+        if start_block and parent is None:
+            raise ValueError("resuming a hash chain needs the parent block's hash")
+        if full <= first:
             return
         # One pass encodes every token; block i is then a slice between two offsets.
-        codes = self._codes.codes(token_ids[:full])
+        codes = self._codes.codes(token_ids[first:full])
         encoded = b"".join(codes)
         offsets = [0, *accumulate(map(len, codes))]
-        parent = self.none_hash
+        parent = parent if start_block else self.none_hash
         prefix, head, sha = self._prefix, self._tokens_head, hashlib.sha256
-        extra = cbor((("cache_salt", cache_salt),)) if cache_salt else b"\xf6"
-        for i in range(0, full, bs):
+        extra = cbor((("cache_salt", cache_salt),)) if cache_salt and not start_block else b"\xf6"
+        for i in range(0, full - first, bs):
             parent = sha(b"".join((prefix, parent, head, encoded[offsets[i]:offsets[i + bs]], extra))).digest()
             extra = b"\xf6"
             yield parent
@@ -144,13 +152,12 @@ def text_keys(text: str, chunk_chars: int = TEXT_CHUNK_CHARS) -> list[int]:
     """Chained hashes of whole ``chunk_chars`` character chunks of a prompt's text.
 
     Used where the router cannot tokenize: what it routed itself, keyed by text
-    prefixes, approximates what each engine caches.
+    prefixes, approximates what each engine caches. Chunks are characters.
     """
+    # Python's string hash (per-process seed): the routed index never leaves this process.
     out = []
-    parent = b""
-    data = text.encode("utf-8", "surrogatepass")
-    step = chunk_chars
-    for i in range(0, len(data) - step + 1, step):
-        parent = hashlib.blake2b(parent + data[i:i + step], digest_size=8).digest()
-        out.append(int.from_bytes(parent, "big"))
+    parent = 0
+    for i in range(0, len(text) - chunk_chars + 1, chunk_chars):
+        parent = hash((parent, text[i:i + chunk_chars]))
+        out.append(parent)
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from pdfleet.connector.router import kv_events as ke
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
 from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
 from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
+from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, composes, next_safe_cut
 from pdfleet.connector.router.prefix_scoring import (
     LEAST_OUTSTANDING,
     PREFIX_AWARE,
@@ -44,22 +45,29 @@ EVENTS = "events"
 ROUTED = "routed"
 MIXED = "mixed"
 _CHARS_PER_TOKEN = 4  # for the routed index's token estimate only
+_PIECE_CHARS = 384  # tokenized at a time past the prompt token cache (about 6 blocks of 16)
 _json = msgspec.json.Encoder()
 
 
 @dataclass
 class PromptKeys:
-    tokens: list[int] | None  # None: the router cannot tokenize this request
+    tokens: list[int] | None  # None: the router cannot tokenize this request (unless `source` is given)
     cache_salt: str | None
     text: list[int]
+    source: Iterator[int] | None = None  # block keys from the prompt token cache, tokenizing lazily
     _exact: list[int] | None = None
     _exact_iter: Any = None
 
+    @property
+    def has_exact(self) -> bool:
+        return self.tokens is not None or self.source is not None
+
     def exact(self, hasher: BlockHasher) -> Iterable[int]:
         """Block keys, computed lazily and kept (both legs and retries share them)."""
-        if self._exact is None:
+        if self._exact_iter is None:
+            self._exact_iter = self.source if self.source is not None else hasher.iter_keys(self.tokens or (),
+                                                                                            self.cache_salt)
             self._exact = []
-            self._exact_iter = hasher.iter_keys(self.tokens or (), self.cache_salt)
         done = self._exact
         yield from done
         for k in self._exact_iter:
@@ -127,6 +135,8 @@ class PrefixRouting:
         self.hasher = BlockHasher(HashConfig(config.block_size, config.hash_algo, config.hash_seed))
         self._tokenize = tokenize
         self._tokenizer_loaded = tokenize is not None
+        self._token_cache: PromptTokenCache | None = None
+        self._use_token_cache(tokenize)
         self._tokenizer_task: asyncio.Task | None = None
         self.routed = RoutedIndex()
         self.states: dict[str, EndpointState] = {}
@@ -193,9 +203,17 @@ class PrefixRouting:
             self._tokenizer_task = asyncio.create_task(self._load_tokenizer())
 
     async def _load_tokenizer(self) -> None:
-        self._tokenize = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
-        if self._tokenize is not None:
-            log.info("prefix routing hashes prompts with the tokenizer of %s", self.config.tokenizer)
+        tokenize = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
+        if tokenize is not None:
+            self._use_token_cache(tokenize)
+            log.info("prefix routing hashes prompts with the tokenizer of %s (prompt token cache %s)",
+                     self.config.tokenizer, "on" if self._token_cache is not None else "off: it does not compose")
+        self._tokenize = tokenize
+
+    def _use_token_cache(self, tokenize: Any) -> None:
+        encode = getattr(tokenize, "encode", None)
+        if encode is not None and getattr(tokenize, "composes", False):
+            self._token_cache = PromptTokenCache()
 
     async def wait_ready(self) -> None:
         """Until the tokenizer is loaded (or failed to load); for tests and benchmarks."""
@@ -230,23 +248,72 @@ class PrefixRouting:
         entry = self._keys.get(id(body))
         if entry is not None and entry[0] is body:
             return entry[1]
-        tokens = None
+        tokens = source = None
+        salt = body.get("cache_salt")
+        salt = salt if isinstance(salt, str) else None
         if not chat:
             prompt = body.get("prompt")
             try:
                 if isinstance(prompt, str) and self._tokenize is not None:
-                    tokens = self._tokenize(prompt)
+                    if self._token_cache is not None:
+                        source = self._cached_keys(prompt, salt)
+                    else:
+                        tokens = self._tokenize(prompt)
                 elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
                     tokens = prompt
             except Exception as exc:  # a tokenizer failure must not fail the request
                 log.warning("tokenizing a prompt failed: %r", exc)
-        salt = body.get("cache_salt")
         text = prompt_text(body, chat)
-        keys = PromptKeys(tokens, salt if isinstance(salt, str) else None, text_keys(text) if text else [])
+        keys = PromptKeys(tokens, salt, text_keys(text) if text else [], source)
         self._keys[id(body)] = (body, keys)
         while len(self._keys) > 256:
             self._keys.popitem(last=False)
         return keys
+
+    def _cached_keys(self, prompt: str, salt: str | None) -> Iterator[int]:
+        """Block keys of a prompt: the prompt token cache's, then the rest tokenized a piece at a
+        time as far as scoring asks (it stops at the first block no endpoint holds). Remembering
+        the whole prompt for later requests is deferred past the routing decision."""
+        assert self._token_cache is not None
+        hit = self._token_cache.lookup(prompt, salt)
+        if hit.chars < len(prompt):
+            self.defer(lambda: self._remember(prompt, salt, hit))
+        return self._keys_after(prompt, salt, hit)
+
+    def _keys_after(self, prompt: str, salt: str | None, hit: Cached) -> Iterator[int]:
+        yield from hit.keys
+        tokens, parent, done, pos = list(hit.ids), hit.last_hash, len(hit.keys), hit.chars
+        try:
+            while pos < len(prompt):
+                end = next_safe_cut(prompt, pos + _PIECE_CHARS)
+                tokens += self._tokenize.encode(prompt[pos:end], pos == 0).ids  # BOS at the start only
+                pos = end
+                for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
+                    done, parent = done + 1, h
+                    yield int.from_bytes(h, "big") & _MASK
+        except Exception as exc:  # a tokenizer failure must not fail the request: score what we have
+            log.warning("tokenizing a prompt failed: %r", exc)
+
+    def _remember(self, prompt: str, salt: str | None, hit: Cached) -> None:
+        """Tokenize what the cache lacks of a prompt and store it (after the request is on its way)."""
+        try:
+            cache = self._token_cache
+            assert cache is not None
+            tail = self._tokenize.encode(prompt[hit.chars:], hit.chars == 0)
+            tokens = hit.ids + list(tail.ids)
+            hashes = list(self.hasher.iter_hashes(tokens, salt, start_block=len(hit.keys), parent=hit.last_hash))
+            keys = hit.keys + [int.from_bytes(h, "big") & _MASK for h in hashes]
+            cache.store(prompt, hit, tail, keys, hashes, self.config.block_size)
+        except Exception as exc:
+            log.warning("remembering a prompt's tokens failed: %r", exc)
+
+    @staticmethod
+    def defer(job: Callable[[], None]) -> None:
+        """Run ``job`` once the current request has been sent on (now, outside an event loop)."""
+        try:
+            asyncio.get_running_loop().call_soon(job)
+        except RuntimeError:
+            job()
 
     def pick(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
              outstanding: Mapping[str, int], exclude: Collection[str], ejected: Collection[str],
@@ -256,7 +323,7 @@ class PrefixRouting:
         # Endpoints whose event stream is synced are scored from it; the others from what
         # the router routed there itself (an estimate in tokens).
         exact = {}
-        if keys.tokens is not None:
+        if keys.has_exact:
             exact = {c: s.index.__contains__ for c in allowed
                      if (s := self.states.get(c)) is not None and s.synced}
         approx = [c for c in allowed if c not in exact]
@@ -283,6 +350,40 @@ class PrefixRouting:
             m.prefix_cached_tokens.labels(role, "available", source).inc(choice.best_tokens)
 
 
+class Tokenizer:
+    """A fast (Rust) tokenizer as vLLM applies it to a completion prompt: ``tok(text)`` gives ids;
+    ``encode`` gives offsets too, for the prompt token cache."""
+
+    def __init__(self, backend: Any) -> None:
+        self._encode = backend.encode
+        self.composes = composes(self.encode, _COMPOSE_SAMPLE)
+
+    def __call__(self, text: str) -> list[int]:
+        return self._encode(text, add_special_tokens=True).ids
+
+    def encode(self, text: str, special: bool) -> _RustEncoding:
+        return _RustEncoding(self._encode(text, add_special_tokens=special))
+
+
+class _RustEncoding:
+    """A tokenizers.Encoding as prompt_tokens.Encoding, without copying its offsets into Python."""
+
+    __slots__ = ("ids", "_enc")
+
+    def __init__(self, enc: Any) -> None:
+        self._enc = enc
+        self.ids = enc.ids
+
+    def token_starting_at(self, char: int) -> int | None:
+        i = self._enc.char_to_token(char)
+        return i if i is not None and self._enc.token_to_chars(i)[0] == char else None
+
+
+_COMPOSE_SAMPLE = ("You are a careful assistant.  Answer in JSON, please: {\"a\": [1, 2, 12345]}\n\n"
+                   "User: what's the time in Zürich? It's 10:30 -- isn't it?\tThanks!  Bye.")
+_MASK = (1 << 64) - 1
+
+
 def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
     """The served model's tokenizer as vLLM applies it to a completion prompt, or None."""
     if not name:
@@ -296,8 +397,7 @@ def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
         return None
     backend = getattr(tok, "_tokenizer", None) if getattr(tok, "is_fast", False) else None
     if backend is not None:
-        encode = backend.encode
-        return lambda text: encode(text, add_special_tokens=True).ids
+        return Tokenizer(backend)
     return lambda text: tok(text, add_special_tokens=True)["input_ids"]
 
 

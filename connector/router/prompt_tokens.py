@@ -1,0 +1,213 @@
+"""Token ids and block keys of prompt prefixes the router has tokenized before (pure; LRU).
+
+Tokenizing a 4k-token prompt costs milliseconds; prompts that share a prefix
+(system prompts, multi-turn chat, templates) share its tokens. The cache keys
+chunks of text by a chain of hashes (chunk ``i``'s key covers characters
+``[0, (i + 1) * chunk_chars)``) and keeps, per chunk, the tokens up to a *safe
+cut*: a token that starts with a space after a non-space character. A
+regex pre-tokenizer (GPT-2, Llama-3, Qwen byte-level BPE) always splits a word
+there, so the tokens before a safe cut are the same for every text that shares
+the characters up to and including it. A hit then needs only the text after
+the last cached cut tokenized, and that text can be tokenized in pieces split
+at safe cuts; ``composes`` checks a tokenizer once for exactly that property (a
+tokenizer that fails it is never served from the cache).
+
+Each chunk also keeps the block keys (prefix_hash) of the blocks that end
+within its tokens and the full hash of the last one, so hashing resumes there.
+A wrong guess here can only cost a cache hit on an engine (the router routes
+elsewhere), never change an answer: engines hash their own tokens.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+DEFAULT_CHUNK_CHARS = 256
+DEFAULT_MAX_CHUNKS = 16384  # about 16k x 64 tokens: a few MiB of ids
+
+
+class Encoding(Protocol):
+    """A tokenization: its ids, and which token starts at a character offset."""
+
+    ids: Sequence[int]
+
+    def token_starting_at(self, char: int) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An Encoding from ids and each token's (start, end) character offsets."""
+
+    ids: Sequence[int]
+    offsets: Sequence[tuple[int, int]]
+    _starts: list[int] = field(default_factory=list, compare=False, repr=False)
+
+    def token_starting_at(self, char: int) -> int | None:
+        if not self._starts:
+            self._starts.extend(s for s, _ in self.offsets)
+        i = bisect_left(self._starts, char)
+        return i if i < len(self._starts) and self._starts[i] == char else None
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    cut: int  # absolute character offset of the safe cut ending this chunk's tokens
+    ids: tuple[int, ...]  # tokens from the previous chunk's cut to this cut
+    keys: tuple[int, ...]  # block keys of the blocks completed within the tokens up to `cut`
+    last_hash: bytes | None  # full hash of the last completed block up to `cut`
+
+
+@dataclass
+class Cached:
+    """What the cache knows of a prompt: a token prefix (up to ``chars``) and its block keys."""
+
+    chars: int
+    ids: list[int]
+    keys: list[int]
+    last_hash: bytes | None
+    chain: list[int]  # the chunk keys walked (the next chunk chains on the last)
+
+
+def is_safe_at(text: str, a: int) -> bool:
+    return text[a] == " " and not text[a - 1].isspace()
+
+
+def last_safe_cut(text: str, start: int, lo: int, hi: int, enc: Encoding, tries: int = 8) -> tuple[int, int] | None:
+    """(absolute offset, token index) of the last safe cut in ``text[lo:hi]``, ``enc`` being the
+    tokens of ``text[start:]`` (lo > start); None if none is found in a few tries."""
+    a = hi
+    for _ in range(tries):
+        a = text.rfind(" ", lo, a)
+        if a <= start:
+            return None
+        if not text[a - 1].isspace():
+            i = enc.token_starting_at(a - start)
+            if i is not None:
+                return a, i
+    return None
+
+
+def next_safe_cut(text: str, at: int) -> int:
+    """The first safe cut at or after ``at`` (or the text's end): text split there tokenizes as
+    its pieces' tokens joined, for a tokenizer that ``composes``."""
+    a = at
+    while a < len(text):
+        a = text.find(" ", a)
+        if a < 0:
+            return len(text)
+        if a and not text[a - 1].isspace():
+            return a
+        a += 1
+    return len(text)
+
+
+def safe_cuts(text: str, start: int, enc: Encoded) -> list[tuple[int, int]]:
+    """(absolute character offset, token index) of every safe cut in ``enc`` (a tokenization of
+    ``text[start:]``): a token starting at a space that follows a non-space character."""
+    out = []
+    for i, (s, _e) in enumerate(enc.offsets):
+        a = start + s
+        if i and a > start and is_safe_at(text, a):
+            out.append((a, i))
+    return out
+
+
+def chunk_key(parent: int, chunk: str) -> int:
+    # Python's string hash: the cache lives in one process, so its per-process seed is fine.
+    return hash((parent, chunk))
+
+
+class PromptTokenCache:
+    def __init__(self, chunk_chars: int = DEFAULT_CHUNK_CHARS, max_chunks: int = DEFAULT_MAX_CHUNKS) -> None:
+        if chunk_chars < 16:
+            raise ValueError(f"chunk_chars: must be >= 16, got {chunk_chars}")
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks: must be >= 1, got {max_chunks}")
+        self.chunk_chars = chunk_chars
+        self.max_chunks = max_chunks
+        self._chunks: OrderedDict[int, _Chunk] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    @staticmethod
+    def root(salt: str | None) -> int:
+        return hash(("pdfleet-prompt", salt))
+
+    def lookup(self, text: str, salt: str | None = None) -> Cached:
+        """The longest cached token prefix of ``text`` (possibly empty)."""
+        c = self.chunk_chars
+        parent = self.root(salt)
+        found = Cached(0, [], [], None, [parent])
+        chunks = self._chunks
+        for i in range(len(text) // c):
+            key = chunk_key(parent, text[i * c:(i + 1) * c])
+            chunk = chunks.get(key)
+            if chunk is None:
+                break
+            chunks.move_to_end(key)
+            found.ids.extend(chunk.ids)
+            found.keys.extend(chunk.keys)
+            found.chars = chunk.cut
+            found.last_hash = chunk.last_hash
+            found.chain.append(key)
+            parent = key
+        return found
+
+    def store(self, text: str, hit: Cached, tail: Encoding, keys: Sequence[int],
+              hashes: Sequence[bytes], block_size: int) -> None:
+        """Remember the chunks of ``text`` after ``hit``, given the tokens of ``text[hit.chars:]``,
+        the block keys of the whole token sequence (``hit.ids`` + ``tail.ids``) and the full
+        hashes of the blocks after ``hit``'s (those from block ``len(hit.keys)`` on)."""
+        c = self.chunk_chars
+        known = len(hit.keys)
+
+        def full_hash(n_blocks: int) -> bytes | None:  # of block n_blocks - 1
+            if not n_blocks:
+                return None
+            return hashes[n_blocks - 1 - known] if n_blocks > known else hit.last_hash
+
+        parent = hit.chain[-1]
+        first = len(hit.chain) - 1  # index of the first chunk not cached
+        prev_cut, prev_tok = hit.chars, 0
+        base = len(hit.ids)
+        for i in range(first, len(text) // c):
+            end = (i + 1) * c
+            # the last safe cut strictly inside this chunk (its space must be part of the key)
+            found = last_safe_cut(text, hit.chars, max(prev_cut + 1, i * c), end, tail)
+            cut, tok = found if found is not None else (prev_cut, prev_tok)
+            n_tokens = base + tok  # tokens before this cut, from the prompt's start
+            n_blocks = n_tokens // block_size
+            done_blocks = (base + prev_tok) // block_size
+            if n_blocks > len(keys) or n_blocks - known > len(hashes):
+                return  # the caller hashed less than this chunk needs: keep what is consistent
+            key = chunk_key(parent, text[i * c:end])
+            self._chunks[key] = _Chunk(cut, tuple(tail.ids[prev_tok:tok]), tuple(keys[done_blocks:n_blocks]),
+                                       full_hash(n_blocks))
+            self._chunks.move_to_end(key)
+            parent, prev_cut, prev_tok = key, cut, tok
+        while len(self._chunks) > self.max_chunks:
+            self._chunks.popitem(last=False)
+
+
+def composes(encode: Callable[[str, bool], Encoding], sample: str) -> bool:
+    """Whether every safe cut of ``sample`` starts a token, and the tokens before it followed by
+    the text after it tokenized alone (no special tokens) equal the whole text's tokens."""
+    whole = encode(sample, True)
+    cuts = [(a, whole.token_starting_at(a)) for a in range(1, len(sample)) if is_safe_at(sample, a)]
+    if not cuts:
+        return False
+    for a, i in cuts:
+        if i is None:  # every safe cut must start a token: prompts are tokenized in pieces split there
+            return False
+        if list(whole.ids[:i]) + list(encode(sample[a:], False).ids) != list(whole.ids):
+            return False
+    return True
+
+
+__all__ = ["Cached", "Encoded", "Encoding", "PromptTokenCache", "composes", "last_safe_cut", "next_safe_cut", "safe_cuts",
+           "DEFAULT_CHUNK_CHARS"]

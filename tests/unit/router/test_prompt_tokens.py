@@ -1,0 +1,186 @@
+"""The prompt token cache: cached prefixes give exactly the tokens and block keys of a full
+tokenization, for real (trained) tokenizers; a tokenizer that does not compose is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from pdfleet.connector.router.config import RouterConfig
+from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.router.prefix_routing import PrefixRouting, Tokenizer
+from pdfleet.connector.router.prompt_tokens import Encoded, PromptTokenCache, composes, next_safe_cut, safe_cuts
+from pdfleet.operator.local.tiny_model import TinyLlamaSpec, build_corpus
+
+BLOCK = 16
+
+
+def _trained(pre_tokenizer: str):
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models, pre_tokenizers, processors, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2 / Llama-3 / Qwen style
+    if pre_tokenizer == "bytelevel":
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    else:  # T5 style: an end-of-sequence token after every text, so a spliced prefix loses it
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(build_corpus(3, 3000), trainer=trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def bytelevel():
+    return Tokenizer(_trained("bytelevel"))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from pdfleet.operator.local.tiny_model import build_tokenizer
+
+    return Tokenizer(build_tokenizer(TinyLlamaSpec())._tokenizer)
+
+
+def workload(seed: int) -> list[str]:
+    """System prompts of several chunks, each with many different user turns (some sharing turns)."""
+    rng = random.Random(seed)
+    lines = build_corpus(seed, 4000)
+    systems = [" ".join(rng.sample(lines, 40)) for _ in range(3)]
+    out = []
+    for _ in range(40):
+        s = rng.choice(systems)
+        turn = " ".join(rng.sample(lines, rng.randint(1, 12)))
+        sep = rng.choice(["\n\nUser: ", " ", "  ", "\t", "", "User:"])
+        out.append(s + sep + turn)
+        if rng.random() < 0.3:
+            out.append(out[-1] + " " + " ".join(rng.sample(lines, 3)))
+    out += ["", "x", "y" * 3000, " " * 700, "a" * 255 + " b c"]
+    return out
+
+
+@pytest.mark.parametrize("tok_name", ["bytelevel", "tiny"])
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_cached_prefixes_give_the_full_tokenization_and_keys(tok_name, salt, request):
+    tok = request.getfixturevalue(tok_name)
+    assert tok.composes
+    routing = PrefixRouting(RouterConfig(prefill=("http://p",), decode=("http://d",), block_size=BLOCK),
+                            RouterMetrics(), tokenize=tok)
+    hasher = BlockHasher(HashConfig(BLOCK))
+    cache = routing._token_cache
+    assert cache is not None
+    hits = 0
+    for text in workload(7):
+        if text and cache.lookup(text, salt).ids:
+            hits += 1
+        keys = list(routing.keys_for({"prompt": text, "cache_salt": salt}, False).exact(hasher))
+        want = tok(text)
+        assert keys == hasher.keys(want, salt), text[:80]
+        cached = cache.lookup(text, salt).ids  # remembered now (no event loop: at once)
+        assert cached == want[:len(cached)], text[:80]
+    assert hits >= 20  # the cache was used, not bypassed
+    assert len(cache) > 0
+
+
+class CountingTokenizer:
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.composes, self.chars = tok, tok.composes, 0
+
+    def __call__(self, text):
+        return self.tok(text)
+
+    def encode(self, text, special):
+        self.chars += len(text)
+        return self.tok.encode(text, special)
+
+
+def test_scoring_tokenizes_only_as_far_as_an_endpoint_matches_and_remembers_after_the_decision(bytelevel):
+    tok = CountingTokenizer(bytelevel)
+    routing = PrefixRouting(RouterConfig(prefill=("http://p",), decode=("http://d",), block_size=BLOCK),
+                            RouterMetrics(), tokenize=tok)
+    hasher = BlockHasher(HashConfig(BLOCK))
+    prompt = " ".join(build_corpus(4, 400))[:12000]
+    held = set(hasher.keys(bytelevel(prompt))[:3])  # an endpoint holds the first 3 blocks only
+
+    async def route() -> tuple[int, int, int]:
+        keys = routing.keys_for({"prompt": prompt}, False)
+        from pdfleet.connector.router.prefix_routing import match_lengths
+
+        n = match_lengths(keys.exact(hasher), {"http://p": held.__contains__})["http://p"]
+        before = tok.chars, len(routing._token_cache)
+        await asyncio.sleep(0)  # the request is on its way: the deferred work runs
+        return n, *before
+
+    n, chars_at_decision, chunks_at_decision = asyncio.run(route())
+    assert n == 3
+    assert chars_at_decision < 1000  # one piece, not the 12k-character prompt
+    assert chunks_at_decision == 0
+    assert len(routing._token_cache) > 0 and tok.chars > len(prompt)  # remembered afterwards
+    assert list(routing.keys_for({"prompt": prompt}, False).exact(hasher)) == hasher.keys(bytelevel(prompt))
+
+
+def test_a_tokenizer_that_ends_every_text_does_not_compose():
+    tok = Tokenizer(_trained("eos"))
+    assert not tok.composes  # negative control: the whole text ends in </s>, a cached prefix would not
+    routing = PrefixRouting(RouterConfig(prefill=("http://p",), decode=("http://d",), block_size=BLOCK),
+                            RouterMetrics(), tokenize=tok)
+    assert routing._token_cache is None
+
+
+def test_splicing_without_safe_cuts_would_be_wrong(bytelevel):
+    """Negative control for safe cuts: cutting inside a word gives other tokens than the whole text."""
+    text = " ".join(build_corpus(1, 50))
+    raw = bytelevel._encode(text, add_special_tokens=True)
+    whole = Encoded(raw.ids, raw.offsets)
+    wrong = 0
+    for i, (s, e) in enumerate(whole.offsets):
+        if e - s > 2 and i:  # cut in the middle of a multi-character token
+            mid = s + 1
+            spliced = list(whole.ids[:i]) + list(bytelevel.encode(text[mid:], False).ids)
+            wrong += spliced != list(whole.ids)
+    assert wrong > 0
+    cuts = safe_cuts(text, 0, whole)
+    assert cuts and all(text[a] == " " and text[a - 1] != " " for a, _ in cuts)
+    assert all(next_safe_cut(text, a - 3) <= a for a, _ in cuts)
+
+
+@pytest.mark.parametrize("text, start, offsets, want", [
+    ("ab cd", 0, [(0, 2), (2, 5)], [(2, 1)]),
+    ("ab  cd", 0, [(0, 2), (2, 3), (3, 6)], [(2, 1)]),  # the second space follows a space: not safe
+    ("x ab cd", 1, [(0, 3), (3, 6)], [(1, 0), (4, 1)][1:]),  # offsets relative to start; never at start
+    ("abcd", 0, [(0, 4)], []),
+])
+def test_safe_cuts_table(text, start, offsets, want):
+    assert safe_cuts(text, start, Encoded([0] * len(offsets), offsets)) == want
+
+
+def test_lru_bounds_the_chunks_and_eviction_only_shortens_hits(bytelevel):
+    small = PromptTokenCache(chunk_chars=64, max_chunks=5)
+    text = " ".join(build_corpus(2, 200))[:2000]
+    whole = bytelevel.encode(text, True)
+    hasher = BlockHasher(HashConfig(BLOCK))
+    hashes = list(hasher.iter_hashes(list(whole.ids)))
+    keys = [int.from_bytes(h, "big") & (2**64 - 1) for h in hashes]
+    small.store(text, small.lookup(text), whole, keys, hashes, BLOCK)  # nothing known: all hashes are new
+    assert len(small) == 5
+    hit = small.lookup(text)
+    assert hit.ids == [] and hit.chars == 0  # the first chunks were evicted: the chain starts nowhere
+
+
+@pytest.mark.parametrize("kwargs, field", [({"chunk_chars": 4}, "chunk_chars"), ({"max_chunks": 0}, "max_chunks")])
+def test_bad_sizes_are_refused_by_name(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        PromptTokenCache(**kwargs)
+
+
+@pytest.mark.parametrize("text, at, want", [("ab cd", 0, 2), ("ab  cd", 3, 6), ("abcd", 0, 4), (" ab", 0, 3), ("a b", 2, 3)])
+def test_next_safe_cut_table(text, at, want):
+    assert next_safe_cut(text, at) == want
+
+
+def test_composes_needs_a_safe_cut():
+    assert not composes(lambda text, special: Encoded([1], [(0, len(text))]), "nocutshere")
