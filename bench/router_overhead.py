@@ -18,10 +18,13 @@ Options: --seconds, --concurrency, --event-loop (router's loop: uvloop|asyncio|b
 --prefix-scoring measures instead what KV-cache-aware routing adds: the same
 router with --prefill-policy leastOutstanding and prefixAware, in one run, on
 4k-token text prompts (tiny model's tokenizer, block size 16), with a ZMQ
-publisher (vLLM's wire format) telling the router that one prefill caches the
-whole prompt (the worst case: every block is hashed and looked up). Prints
-p50/p99 of both and the difference, plus an in-process breakdown
-(tokenize, hash, choose) of one prefixAware choice.
+publisher (vLLM's wire format) telling the router what one prefill caches.
+Three workloads: the same prompt every time, all of it cached (every block is
+looked up); a 3.5k-token shared prefix, cached, with a new 0.5k-token tail per
+request (system prompt + turn); and cold prompts, new from their first token
+(the router tokenizes all of it). Prints p50/p99 of both policies and the
+difference per workload, plus an in-process breakdown of one prefixAware
+choice. The client is aiohttp here (bodies differ per request).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 BODY = json.dumps({"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog. " * 4,
@@ -133,8 +137,11 @@ def run_wrk(url: str, concurrency: int, seconds: float, body: bytes = BODY) -> d
             "socket_errors": sock_err.group(1) if sock_err else ""}
 
 
-def run_aiohttp(url: str, concurrency: int, seconds: float, body: bytes = BODY) -> dict:
+def run_aiohttp(url: str, concurrency: int, seconds: float, body: bytes | Callable[[int], bytes] = BODY) -> dict:
+    """``body``: one body for every request, or body(i) for the i-th request sent."""
     import aiohttp
+
+    sent = 0
 
     async def main() -> dict:
         lat: list[float] = []
@@ -143,10 +150,12 @@ def run_aiohttp(url: str, concurrency: int, seconds: float, body: bytes = BODY) 
         conn = aiohttp.TCPConnector(limit=concurrency)
         async with aiohttp.ClientSession(connector=conn) as s:
             async def worker() -> None:
-                nonlocal errors
+                nonlocal errors, sent
                 while time.perf_counter() < deadline:
+                    data = body if isinstance(body, bytes) else body(sent)
+                    sent += 1
                     t = time.perf_counter()
-                    async with s.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                    async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
                         await r.read()
                         if r.status != 200:
                             errors += 1
@@ -269,6 +278,30 @@ def _prompt_of(tokenize, n_tokens: int) -> str:
     return text[:hi]
 
 
+def _prefix_workloads(prompt: str, tokenize) -> dict[str, dict]:
+    """Three 4k-token workloads: body(i) is the i-th request's body."""
+    from pdfleet.operator.local.tiny_model import build_corpus
+
+    lines = build_corpus(seed=9, sentences=4000)
+    cut = prompt.rfind(" ", 0, len(prompt) * 7 // 8)  # about 3.5k shared tokens, at a word
+    shared = prompt[:cut]
+
+    def body(text: str) -> bytes:
+        return json.dumps({"model": "tiny", "prompt": text, "max_tokens": 16, "temperature": 0}).encode()
+
+    def tail(i: int) -> str:  # about 500 tokens, different for every request
+        return f" Question {i}: " + " ".join(lines[(i * 37 + k) % len(lines)] for k in range(40))
+
+    return {
+        "same prompt": {"body": lambda i: body(prompt), "cached_tokens": tokenize(prompt),
+                        "about": "one prompt, all of it cached on a prefill"},
+        "shared prefix": {"body": lambda i: body(shared + tail(i)), "cached_tokens": tokenize(shared),
+                          "about": "3.5k shared tokens cached on a prefill + a new 0.5k-token tail each request"},
+        "cold": {"body": lambda i: body(f"Request {i}: " + prompt), "cached_tokens": [],
+                 "about": "every prompt new from its first token: the router tokenizes all of it"},
+    }
+
+
 def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dict[str, float]:
     """Median microseconds of each step of one prefixAware choice, in this process."""
     from pdfleet.connector.router.config import RouterConfig
@@ -290,21 +323,35 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
         routing.states[url].synced = True
     routing.states["http://b"].index.hashes.update(hasher.keys(tokens))
 
+    deferred: list = []
+    routing.defer = deferred.append  # as in the router: remembering a prompt runs after the decision
+
     def timed(fn) -> float:
         samples = []
         for _ in range(rounds):
             t = time.perf_counter()
             fn()
             samples.append(time.perf_counter() - t)
+            while deferred:
+                deferred.pop()()
         samples.sort()
         return samples[len(samples) // 2] * 1e6
+
+    workloads = _prefix_workloads(prompt, tokenize)
+
+    def pick(workload: str):
+        bodies = iter([json.loads(workloads[workload]["body"](i)) for i in range(rounds)])  # parsed untimed
+        return lambda: routing.pick("prefill", ("http://a", "http://b"), next(bodies), chat=False,
+                                    outstanding={}, exclude=(), ejected=(), tiebreak=0)
 
     return {
         "tokenize": timed(lambda: tokenize(prompt)),
         "hash all blocks": timed(lambda: hasher.keys(tokens)),
-        "prefixAware pick (tokenize+hash+look up+choose)": timed(lambda: routing.pick(
-            "prefill", ("http://a", "http://b"), {"prompt": prompt}, chat=False, outstanding={}, exclude=(),
-            ejected=(), tiebreak=0)),
+        "prefixAware pick, same prompt (token cache hit)": timed(pick("same prompt")),
+        "prefixAware pick, shared prefix + new tail": timed(pick("shared prefix")),
+        "prefixAware pick, cold prompt": timed(pick("cold")),
+        "  + remembering it afterwards (tokenize+hash all)": timed(lambda: routing._remember(
+            prompt, None, routing._token_cache.lookup("", None))),
         "leastOutstanding pick": timed(lambda: pick_least_outstanding(("http://a", "http://b"), {})),
     }
 
@@ -314,13 +361,14 @@ def prefix_scoring(args: argparse.Namespace) -> int:
     from pdfleet.connector.router.prefix_routing import load_tokenizer
     from pdfleet.operator.local.tiny_model import ensure_tiny_model
 
-    client = args.client if args.client != "auto" else ("wrk" if shutil.which("wrk") else "aiohttp")
-    load = run_wrk if client == "wrk" else run_aiohttp
+    # aiohttp always: two of the workloads send a different body every request
+    client = "aiohttp"
     model_dir = str(ensure_tiny_model())
     tokenize = load_tokenizer(model_dir)
     prompt = _prompt_of(tokenize, args.prompt_tokens)
     tokens = tokenize(prompt)
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode()
+    scored: list[str] = []
     me = str(Path(__file__).resolve())
     procs: list[subprocess.Popen] = []
     publishers = [_EventPublisher(), _EventPublisher()]  # one per prefill; the second caches the prompt
@@ -335,7 +383,8 @@ def prefix_scoring(args: argparse.Namespace) -> int:
         prefills = [f"http://127.0.0.1:{ports['prefill']}", f"http://127.0.0.1:{ports['prefill2']}"]
         print(f"client: {client}; {os.cpu_count()} CPUs; prompt {len(tokens)} tokens ({len(body)} B body), "
               f"block size {PREFIX_BLOCK}; {args.seconds:.0f} s per run; load average {os.getloadavg()[0]:.2f}")
-        rows = {}
+        workloads = _prefix_workloads(prompt, tokenize)
+        rows: dict[tuple[str, str], dict] = {}
         for policy in ("leastOutstanding", "prefixAware"):
             port = free_port()
             cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port),
@@ -361,26 +410,32 @@ def prefix_scoring(args: argparse.Namespace) -> int:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"router not ready for prefix scoring: {status}")
                     time.sleep(0.2)
-                publisher.store(BlockHasher(HashConfig(PREFIX_BLOCK)).keys(tokens))
+                for w in workloads.values():  # the second prefill caches what each workload shares
+                    publisher.store(BlockHasher(HashConfig(PREFIX_BLOCK)).keys(w["cached_tokens"]))
                 time.sleep(0.5)
-            load(via, 2, 1, body)  # warm up (tokenizer load, connection pool)
-            rows[policy] = load(via, 1, args.seconds, body)
+            for name, w in workloads.items():
+                # warm up (connection pool; for prefixAware the router's prompt token cache sees the
+                # workload's shared text once, as it would have from earlier requests)
+                run_aiohttp(via, 1, 1, w["body"](10**6))
+                rows[(name, policy)] = run_aiohttp(via, 1, args.seconds, w["body"])
             if policy == "prefixAware":
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                     metrics = r.read().decode()
                 chosen = [l for l in metrics.splitlines()
                           if l.startswith("pdfleet_router_prefix_cached_tokens_total") and 'kind="chosen"' in l]
-                rows[policy]["scored"] = chosen
+                scored = chosen
             stop(router)
-        print(f"{'prefill policy':<20}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}")
-        for policy, r in rows.items():
-            print(f"{policy:<20}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['errors']:>9}")
-        lo, pa = rows["leastOutstanding"], rows["prefixAware"]
-        add50, add99 = (pa["p50"] - lo["p50"]) * 1e3, (pa["p99"] - lo["p99"]) * 1e3
-        print(f"prefix scoring adds p50 {add50:.3f} ms, p99 {add99:.3f} ms over leastOutstanding "
-              f"(goal p50 <= 0.5 ms: {'met' if add50 <= 0.5 else 'NOT met'}); "
-              f"p50 ratio prefixAware/leastOutstanding {pa['p50'] / lo['p50']:.2f}")
-        print("router's scored tokens (proves the events were used): " + "; ".join(pa.get("scored", [])))
+        print(f"{'workload':<16}{'prefill policy':<20}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}")
+        for (name, policy), r in rows.items():
+            print(f"{name:<16}{policy:<20}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}"
+                  f"{r['errors']:>9}")
+        for name, w in workloads.items():
+            lo, pa = rows[(name, "leastOutstanding")], rows[(name, "prefixAware")]
+            add50, add99 = (pa["p50"] - lo["p50"]) * 1e3, (pa["p99"] - lo["p99"]) * 1e3
+            print(f"{name}: prefix scoring adds p50 {add50:.3f} ms, p99 {add99:.3f} ms over leastOutstanding "
+                  f"(goal p50 <= 0.5 ms: {'met' if add50 <= 0.5 else 'NOT met'}); "
+                  f"p50 ratio prefixAware/leastOutstanding {pa['p50'] / lo['p50']:.2f}  [{w['about']}]")
+        print("router's scored tokens (proves the events were used): " + "; ".join(scored))
         print("in-process breakdown, median us:")
         for step, us in _in_process_breakdown(model_dir, prompt).items():
             print(f"  {step:<50}{us:>10.1f}")
