@@ -40,7 +40,8 @@ async def test_ttft_itl_waiting_and_streams_on_a_real_stream(fleet):
     assert after.itl[float("inf")] == 3, "three gaps: t0->t1, t1->t2, t2->[DONE]"
     sig = interval_signals({"r": before}, {"r": after})
     assert sig["prefill"].p90_s is not None and sig["prefill"].p90_s < GAP_S, "TTFT is before the gated chunks"
-    assert GAP_S * 0.9 <= sig["decode"].p90_s <= 0.2, sig
+    # one gap, not their sum (0.45 s); a loaded machine may add tens of ms to a gap
+    assert GAP_S * 0.9 <= sig["decode"].p90_s <= 2 * GAP_S, sig
 
 
 async def test_waiting_counts_a_decode_that_has_not_answered(fleet):
