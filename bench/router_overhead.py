@@ -351,7 +351,7 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
         "prefixAware pick, shared prefix + new tail": timed(pick("shared prefix")),
         "prefixAware pick, cold prompt": timed(pick("cold")),
         "  + remembering it afterwards (tokenize+hash all)": timed(lambda: routing._remember(
-            prompt, None, routing._token_cache.lookup("", None))),
+            prompt, None, routing._token_cache.lookup("", None), True)),
         "leastOutstanding pick": timed(lambda: pick_least_outstanding(("http://a", "http://b"), {})),
     }
 

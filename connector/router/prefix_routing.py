@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 from pdfleet.connector.router import kv_events as ke
+from pdfleet.connector.router.chat_prompt import content_format, plain_conversation
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
 from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
 from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
@@ -251,18 +252,25 @@ class PrefixRouting:
         tokens = source = None
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
-        if not chat:
-            prompt = body.get("prompt")
-            try:
+        try:
+            if chat:
+                # the template writes the special tokens: none are added when tokenizing its text
+                rendered = self._tokenize.render_chat(body) if hasattr(self._tokenize, "render_chat") else None
+                if rendered is not None and self._token_cache is not None:
+                    source = self._cached_keys(rendered, salt, special=False)
+                elif rendered is not None:
+                    tokens = list(self._tokenize.encode(rendered, False).ids)
+            else:
+                prompt = body.get("prompt")
                 if isinstance(prompt, str) and self._tokenize is not None:
                     if self._token_cache is not None:
-                        source = self._cached_keys(prompt, salt)
+                        source = self._cached_keys(prompt, salt, special=True)
                     else:
                         tokens = self._tokenize(prompt)
                 elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
                     tokens = prompt
-            except Exception as exc:  # a tokenizer failure must not fail the request
-                log.warning("tokenizing a prompt failed: %r", exc)
+        except Exception as exc:  # a tokenizer or template failure must not fail the request
+            log.warning("tokenizing a prompt failed: %r", exc)
         text = prompt_text(body, chat)
         keys = PromptKeys(tokens, salt, text_keys(text) if text else [], source)
         self._keys[id(body)] = (body, keys)
@@ -270,23 +278,23 @@ class PrefixRouting:
             self._keys.popitem(last=False)
         return keys
 
-    def _cached_keys(self, prompt: str, salt: str | None) -> Iterator[int]:
+    def _cached_keys(self, prompt: str, salt: str | None, special: bool) -> Iterator[int]:
         """Block keys of a prompt: the prompt token cache's, then the rest tokenized a piece at a
         time as far as scoring asks (it stops at the first block no endpoint holds). Remembering
         the whole prompt for later requests is deferred past the routing decision."""
         assert self._token_cache is not None
-        hit = self._token_cache.lookup(prompt, salt)
+        hit = self._token_cache.lookup(prompt, salt, special)
         if hit.chars < len(prompt):
-            self.defer(lambda: self._remember(prompt, salt, hit))
-        return self._keys_after(prompt, salt, hit)
+            self.defer(lambda: self._remember(prompt, salt, hit, special))
+        return self._keys_after(prompt, salt, hit, special)
 
-    def _keys_after(self, prompt: str, salt: str | None, hit: Cached) -> Iterator[int]:
+    def _keys_after(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> Iterator[int]:
         yield from hit.keys
         tokens, parent, done, pos = list(hit.ids), hit.last_hash, len(hit.keys), hit.chars
         try:
             while pos < len(prompt):
                 end = next_safe_cut(prompt, pos + _PIECE_CHARS)
-                tokens += self._tokenize.encode(prompt[pos:end], pos == 0).ids  # BOS at the start only
+                tokens += self._tokenize.encode(prompt[pos:end], special and pos == 0).ids  # BOS at the start only
                 pos = end
                 for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
                     done, parent = done + 1, h
@@ -294,12 +302,12 @@ class PrefixRouting:
         except Exception as exc:  # a tokenizer failure must not fail the request: score what we have
             log.warning("tokenizing a prompt failed: %r", exc)
 
-    def _remember(self, prompt: str, salt: str | None, hit: Cached) -> None:
+    def _remember(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> None:
         """Tokenize what the cache lacks of a prompt and store it (after the request is on its way)."""
         try:
             cache = self._token_cache
             assert cache is not None
-            tail = self._tokenize.encode(prompt[hit.chars:], hit.chars == 0)
+            tail = self._tokenize.encode(prompt[hit.chars:], special and hit.chars == 0)
             tokens = hit.ids + list(tail.ids)
             hashes = list(self.hasher.iter_hashes(tokens, salt, start_block=len(hit.keys), parent=hit.last_hash))
             keys = hit.keys + [int.from_bytes(h, "big") & _MASK for h in hashes]
@@ -352,11 +360,30 @@ class PrefixRouting:
 
 class Tokenizer:
     """A fast (Rust) tokenizer as vLLM applies it to a completion prompt: ``tok(text)`` gives ids;
-    ``encode`` gives offsets too, for the prompt token cache."""
+    ``encode`` gives offsets too, for the prompt token cache; ``render_chat`` gives the prompt
+    text of a plain chat request (chat_prompt.py), when the model has a chat template."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, chat: Any = None) -> None:
         self._encode = backend.encode
         self.composes = composes(self.encode, _COMPOSE_SAMPLE)
+        self._chat, self.chat_format = chat, None
+        if chat is not None and getattr(chat, "chat_template", None):
+            try:
+                self.chat_format = content_format(*(self._render([{"role": "user", "content": c}])
+                                                    for c in ("PDFLEET-MARK", [{"type": "text", "text": "PDFLEET-MARK"}])),
+                                                  "PDFLEET-MARK")
+            except Exception as exc:  # a template that cannot render a plain message: no chat scoring
+                log.warning("the chat template does not render a plain message (%r): chat requests are "
+                            "scored by text", exc)
+
+    def _render(self, conversation: list[dict[str, Any]]) -> str:
+        return self._chat.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+    def render_chat(self, body: Mapping[str, Any]) -> str | None:
+        if self.chat_format is None:
+            return None
+        conversation = plain_conversation(body, self.chat_format)
+        return self._render(conversation) if conversation is not None else None
 
     def __call__(self, text: str) -> list[int]:
         return self._encode(text, add_special_tokens=True).ids
@@ -397,7 +424,7 @@ def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
         return None
     backend = getattr(tok, "_tokenizer", None) if getattr(tok, "is_fast", False) else None
     if backend is not None:
-        return Tokenizer(backend)
+        return Tokenizer(backend, chat=tok)
     return lambda text: tok(text, add_special_tokens=True)["input_ids"]
 
 

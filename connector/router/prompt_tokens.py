@@ -135,13 +135,14 @@ class PromptTokenCache:
         return len(self._chunks)
 
     @staticmethod
-    def root(salt: str | None) -> int:
-        return hash(("pdfleet-prompt", salt))
+    def root(salt: str | None, special: bool) -> int:
+        return hash(("pdfleet-prompt", salt, special))
 
-    def lookup(self, text: str, salt: str | None = None) -> Cached:
-        """The longest cached token prefix of ``text`` (possibly empty)."""
+    def lookup(self, text: str, salt: str | None = None, special: bool = True) -> Cached:
+        """The longest cached token prefix of ``text`` (possibly empty); ``special``: whether the
+        text is tokenized with special tokens (a completion prompt) or without (a rendered chat)."""
         c = self.chunk_chars
-        parent = self.root(salt)
+        parent = self.root(salt, special)
         found = Cached(0, [], [], None, [parent])
         chunks = self._chunks
         for i in range(len(text) // c):

@@ -180,6 +180,22 @@ async def _phase(fleet_router: str, policy: str, prefills: list[str], decodes: l
 N_PROMPTS = 50
 
 
+N_CHATS = 10
+
+
+def hash_chats() -> list[list[dict]]:
+    """Plain multi-turn conversations (system, user, assistant, user), some with text parts."""
+    lines = build_corpus(seed=13, sentences=600)
+    out = []
+    for i in range(N_CHATS):
+        system = {"role": "system", "content": " ".join(lines[i * 20:i * 20 + 6])}
+        user = " ".join(lines[i * 20 + 6:i * 20 + 9 + i % 4])
+        first = {"role": "user", "content": [{"type": "text", "text": user}] if i % 3 == 0 else user}
+        answer = {"role": "assistant", "content": lines[i * 20 + 14]}
+        out.append([system, first, answer, {"role": "user", "content": f"and question {i}?"}])
+    return out
+
+
 def hash_prompts() -> list[str]:
     lines = build_corpus(seed=11, sentences=2000)
     out = []
@@ -255,6 +271,13 @@ async def test_router_block_hashes_equal_the_engines_and_its_index_follows_the_s
                     "model": MODEL, "prompt": text, "max_tokens": 1, "temperature": 0, "return_token_ids": True})
                 assert r.status_code == 200, r.text
                 prompt_ids.append(r.json()["choices"][0]["prompt_token_ids"])
+            chats, chat_ids = hash_chats(), []
+            for messages in chats:
+                r = await client.post(url + "/v1/chat/completions", json={
+                    "model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0,
+                    "return_token_ids": True})
+                assert r.status_code == 200, r.text
+                chat_ids.append(r.json()["prompt_token_ids"])
         await asyncio.sleep(1.0)  # events leave the engine once per scheduler step
 
         tokenize = load_tokenizer(str(tiny_model_dir))
@@ -276,6 +299,16 @@ async def test_router_block_hashes_equal_the_engines_and_its_index_follows_the_s
             assert not set(wrong_size.keys(tokens)) & published
             assert not set(wrong_seed.keys(tokens)) & published
         assert total_blocks >= 2 * N_PROMPTS
+
+        # chat: the router renders plain conversations with the model's template, as the engine does
+        await live.wait_ready()
+        chat_blocks = 0
+        for messages, ids in zip(chats, chat_ids):
+            keys = list(live.keys_for({"messages": messages}, True).exact(hasher))
+            assert keys == hasher.keys(ids), f"router renders this chat differently: {messages[1]}"
+            assert not [k for k in keys if k not in published]
+            chat_blocks += len(keys)
+        assert chat_blocks >= N_CHATS * 3
 
         # the router's own subscriber saw every block; a late one learns them through the replay socket
         late = PrefixRouting(config, RouterMetrics())
