@@ -10,6 +10,7 @@ The full contract is in docs/connector.md.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from pdfleet.connector.adapter.config import parse_adapter_config
+from pdfleet.connector.adapter.nodes import node_hosts
 from pdfleet.connector.adapter.scheduler import PdfleetConnectorMetadata, SchedulerSide
 from pdfleet.connector.adapter.stats import PdfleetConnectorStats, PdfleetPromMetrics
 
@@ -86,6 +88,8 @@ class PdfleetConnector(KVConnectorBase_V1):
                 tp_size=vllm_config.parallel_config.tensor_parallel_size,
                 is_producer=is_producer,
                 is_consumer=is_consumer,
+                node_hosts=node_hosts(os.environ, getattr(vllm_config.parallel_config, "nnodes", 1),
+                                      self._cfg.side_channel_host) if is_producer else (),
             )
         else:
             from pdfleet.connector.adapter.worker import WorkerSide

@@ -9,8 +9,9 @@ worker, and a rejected request is computed locally (never a crash).
 Key names follow vLLM's NixlConnector (``do_remote_prefill``, ``do_remote_decode``,
 ``remote_block_ids``, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
 ``remote_port``, ``tp_size``) plus pdfleet's ``remote_instance_id`` (restart
-detection) and ``remote_lease_expiry`` (unix time after which prefill may free the
-blocks). ``producer_params`` builds what a prefill server returns.
+detection), ``remote_lease_expiry`` (unix time after which prefill may free the
+blocks) and ``remote_hosts`` (one side-channel host per node of a prefill spread
+over several pods; see nodes.py). ``producer_params`` builds what a prefill server returns.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class RemotePrefill:
     tp_size: int
     remote_instance_id: str | None = None
     remote_lease_expiry: float | None = None
+    remote_hosts: tuple[str, ...] = ()  # one per prefill node; () = every rank at remote_host
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self.remote_hosts or (self.remote_host,)
 
 
 def _flag(params: Mapping[str, Any], key: str) -> bool:
@@ -118,16 +124,39 @@ def _int(params: Mapping[str, Any], key: str, lo: int, hi: int, *, default: int 
 def _host(params: Mapping[str, Any]) -> str:
     host = _str(params, "remote_host")
     assert host is not None
+    return _check_host(host, "remote_host")
+
+
+def _check_host(host: str, field: str) -> str:
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
         if not _HOSTNAME.match(host):
-            raise InvalidTransferParams("remote_host", f"{host!r} is neither an IP address nor a hostname") from None
+            raise InvalidTransferParams(field, f"{host!r} is neither an IP address nor a hostname") from None
         return host
     if addr.is_unspecified or addr.is_multicast:
         # 0.0.0.0 / :: would make decode dial itself.
-        raise InvalidTransferParams("remote_host", f"{host!r} is not a routable unicast address")
+        raise InvalidTransferParams(field, f"{host!r} is not a routable unicast address")
     return host
+
+
+def _hosts(params: Mapping[str, Any], tp_size: int) -> tuple[str, ...]:
+    raw = params.get("remote_hosts")
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise InvalidTransferParams("remote_hosts", f"must be a non-empty list of hosts, got {raw!r}")
+    if tp_size % len(raw) != 0:
+        raise InvalidTransferParams(
+            "remote_hosts", f"has {len(raw)} hosts; the prefill's {tp_size} ranks must spread evenly over them")
+    out = []
+    for pos, host in enumerate(raw):
+        field = f"remote_hosts[{pos}]"
+        if not isinstance(host, str) or not host or len(host) > MAX_ID_LEN:
+            raise InvalidTransferParams(field, f"must be a non-empty string of at most {MAX_ID_LEN} characters,"
+                                               f" got {host!r}")
+        out.append(_check_host(host, field))
+    return tuple(out)
 
 
 def _block_ids(params: Mapping[str, Any]) -> tuple[int, ...]:
@@ -207,6 +236,7 @@ def parse_remote_prefill(
         raise InvalidTransferParams(
             "tp_size", f"prefill tp_size {tp_size} must divide decode tp_size {local_tp_size} (decode TP = k x prefill TP)"
         )
+    hosts = _hosts(params, tp_size)
     instance_id = _str(params, "remote_instance_id", required=False)
     if instance_id is not None and len(instance_id.split(",")) != tp_size:
         raise InvalidTransferParams(
@@ -248,6 +278,7 @@ def parse_remote_prefill(
         tp_size=tp_size,
         remote_instance_id=instance_id,
         remote_lease_expiry=expiry,
+        remote_hosts=hosts,
     )
 
 
@@ -262,9 +293,11 @@ def producer_params(
     instance_id: str | None,
     lease_expiry: float,
     num_tokens: int,
+    hosts: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """kv_transfer_params a prefill returns; the router forwards them to decode as-is."""
-    return {
+    extra = {"remote_hosts": list(hosts)} if hosts else {}
+    return extra | {
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "remote_block_ids": [list(block_ids)],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,7 @@ class KeepAlive:
     port: int
     tp_size: int
     remote_request_ids: tuple[str, ...]
+    hosts: tuple[str, ...] = ()  # one per prefill node (remote_hosts); () = every rank at `host`
 
 
 @dataclass
@@ -88,8 +90,10 @@ class SchedulerSide:
         tp_size: int,
         is_producer: bool,
         is_consumer: bool,
+        node_hosts: tuple[str, ...] = (),
     ) -> None:
         self.cfg = cfg
+        self.node_hosts = node_hosts  # a prefill over several pods: each node's side-channel host
         self.engine_id = engine_id
         self.block_size = block_size
         self.tp_size = tp_size
@@ -146,21 +150,19 @@ class SchedulerSide:
             self._queued[request.request_id] = remote
 
     @staticmethod
-    def _group(remotes: list[RemotePrefill]) -> tuple[KeepAlive, ...]:
-        groups: dict[tuple[str, int, int], list[str]] = {}
+    def _group(remotes: Iterable[RemotePrefill]) -> tuple[KeepAlive, ...]:
+        groups: dict[tuple[tuple[str, ...], int, int], list[str]] = {}
         for r in remotes:
-            groups.setdefault((r.remote_host, r.remote_port, r.tp_size), []).append(r.remote_request_id)
-        return tuple(KeepAlive(h, p, tp, tuple(ids)) for (h, p, tp), ids in groups.items())
+            groups.setdefault((r.hosts, r.remote_port, r.tp_size), []).append(r.remote_request_id)
+        return tuple(KeepAlive(hs[0], p, tp, tuple(ids), hs if len(hs) > 1 else ())
+                     for (hs, p, tp), ids in groups.items())
 
     def _keep_alive(self) -> tuple[KeepAlive, ...]:
         now = time.monotonic()
         if not self._queued or now - self._last_keep_alive < KEEP_ALIVE_INTERVAL:
             return ()
         self._last_keep_alive = now
-        groups: dict[tuple[str, int, int], list[str]] = {}
-        for r in self._queued.values():
-            groups.setdefault((r.remote_host, r.remote_port, r.tp_size), []).append(r.remote_request_id)
-        return tuple(KeepAlive(h, p, tp, tuple(ids)) for (h, p, tp), ids in groups.items())
+        return self._group(self._queued.values())
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
@@ -252,4 +254,5 @@ class SchedulerSide:
             instance_id=instance,
             lease_expiry=time.time() + self.cfg.lease_seconds,
             num_tokens=request.num_computed_tokens,
+            hosts=self.node_hosts,
         )

@@ -28,7 +28,8 @@ import torch
 from pdfleet.connector.adapter.config import AdapterConfig, key_ring
 from pdfleet.connector.adapter.kv_layout import resolved_layout
 from pdfleet.connector.adapter.regions import regions_for_layout
-from pdfleet.connector.adapter.scheduler import PdfleetConnectorMetadata, PullSpec
+from pdfleet.connector.adapter.nodes import host_for_rank
+from pdfleet.connector.adapter.scheduler import KeepAlive, PdfleetConnectorMetadata, PullSpec
 from pdfleet.connector.adapter.stats import LAYOUT_KEY, counter_deltas
 from pdfleet.connector.transfer.layout import KVLayout, Region, Span
 
@@ -198,16 +199,22 @@ class WorkerSide:
         if self.sink is not None:
             for ka in meta.keep_alive:
                 try:
-                    self.sink.keep_alive(list(ka.remote_request_ids), host=ka.host, port=ka.port,
+                    self.sink.keep_alive(list(ka.remote_request_ids), host=self._host_of(ka), port=ka.port,
                                          remote_tp_size=ka.tp_size)
                 except Exception:  # best effort: a lost heartbeat only shortens a lease
                     log.exception("keep_alive to %s:%d", ka.host, ka.port)
             for rel in getattr(meta, "releases", ()):
                 try:
-                    self.sink.release(list(rel.remote_request_ids), host=rel.host, port=rel.port,
+                    self.sink.release(list(rel.remote_request_ids), host=self._host_of(rel), port=rel.port,
                                       remote_tp_size=rel.tp_size)
                 except Exception:  # best effort: a lost notice only means the lease runs out
                     log.exception("release to %s:%d", rel.host, rel.port)
+
+    def _host_of(self, ka: KeepAlive) -> str:
+        """The host of the prefill rank this rank talks to (prefill nodes may be different pods)."""
+        if not ka.hosts or ka.tp_size <= 0 or self.tp_size % ka.tp_size:
+            return ka.host  # the sink refuses a TP mismatch with its reason
+        return host_for_rank(ka.hosts, self.tp_rank // (self.tp_size // ka.tp_size), ka.tp_size)
 
     def _start_pull(self, rid: str, spec: PullSpec) -> None:
         if spec.error is not None or spec.remote is None or self.sink is None:
@@ -227,7 +234,7 @@ class WorkerSide:
         try:
             self.sink.pull(
                 remote.remote_request_id,
-                host=remote.remote_host,
+                host=host_for_rank(remote.hosts, remote_rank, remote.tp_size),
                 port=remote.remote_port,
                 remote_engine_id=remote.remote_engine_id,
                 remote_instance_id=instance,

@@ -57,7 +57,8 @@ def shared_secret_file() -> str:
     return path
 
 
-def make_config(model: str, role: str, *, extra: dict | None = None, policy: str = "recompute", tp: int = 1) -> VllmConfig:
+def make_config(model: str, role: str, *, extra: dict | None = None, policy: str = "recompute", tp: int = 1,
+                nnodes: int = 1, engine_id: str | None = None) -> VllmConfig:
     mc = ModelConfig(model=model, dtype="float32", seed=0, max_model_len=4096)
     sc = SchedulerConfig(
         max_num_seqs=16, max_num_batched_tokens=4096, max_model_len=4096, is_encoder_decoder=False,
@@ -70,10 +71,12 @@ def make_config(model: str, role: str, *, extra: dict | None = None, policy: str
         kv_role=role,
         kv_connector_extra_config={"auth_secret_file": shared_secret_file(), **(extra or {})},
         kv_load_failure_policy=policy,
+        **({"engine_id": engine_id} if engine_id else {}),
     )
     cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc, kv_transfer_config=kt,
                      device_config=DeviceConfig("cpu"))
     cfg.parallel_config.tensor_parallel_size = tp
+    cfg.parallel_config.nnodes = nnodes
     return cfg
 
 
@@ -91,8 +94,9 @@ class Side:
     """One engine's scheduler + worker-side connector, without a model."""
 
     def __init__(self, model: str, role: str, *, num_blocks: int = 64, extra: dict | None = None,
-                 policy: str = "recompute", tp: int = 1, heads: int = HEADS, with_worker: bool = True) -> None:
-        self.config = make_config(model, role, extra=extra, policy=policy, tp=tp)
+                 policy: str = "recompute", tp: int = 1, heads: int = HEADS, with_worker: bool = True,
+                 nnodes: int = 1, engine_id: str | None = None) -> None:
+        self.config = make_config(model, role, extra=extra, policy=policy, tp=tp, nnodes=nnodes, engine_id=engine_id)
         self.kvcfg = kv_cache_config(num_blocks, heads)
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.scheduler = Scheduler(
@@ -114,6 +118,8 @@ class Side:
             if meta is not None:
                 self.connector.set_xfer_handshake_metadata({0: meta})
         self.outputs: dict[str, Any] = {}
+        # Worker-side connectors of this engine's other TP ranks: they execute the same metadata.
+        self.peer_workers: list[PdfleetConnector] = []
 
     # -- helpers that play the model runner --
     def add(self, request: Request) -> None:
@@ -129,6 +135,12 @@ class Side:
             self.worker.wait_for_save()
             res = self.worker.get_transfer_results(set(out.finished_req_ids))
             self.worker.clear_connector_metadata()
+            for peer in self.peer_workers:
+                peer.bind_connector_metadata(out.kv_connector_metadata)
+                peer.start_load_kv(None)
+                peer.wait_for_save()
+                peer.get_transfer_results(set(out.finished_req_ids))
+                peer.clear_connector_metadata()
             conn = KVConnectorOutput(
                 finished_sending=res.finished_sending or None,
                 finished_recving=res.finished_recving or None,

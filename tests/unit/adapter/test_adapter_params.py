@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.connector.adapter.config import ConfigError, parse_adapter_config
+from pdfleet.connector.adapter.nodes import host_for_rank
 from pdfleet.connector.adapter.params import (
     InvalidTransferParams,
     num_tokens_to_pull,
@@ -43,6 +44,17 @@ def test_round_trip_of_producer_params():
     assert r.remote_instance_id == "abc" and r.remote_lease_expiry == NOW + 30
 
 
+def test_remote_hosts_round_trip_and_name_each_ranks_host():
+    p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
+                        tp_size=4, instance_id=None, lease_expiry=NOW + 30, num_tokens=80,
+                        hosts=("10.0.0.7", "pf-0-1.pf.ns"))
+    r = parse(p, tp=4)
+    assert r.hosts == ("10.0.0.7", "pf-0-1.pf.ns")
+    assert [host_for_rank(r.hosts, rank, r.tp_size) for rank in range(4)] == ["10.0.0.7"] * 2 + ["pf-0-1.pf.ns"] * 2
+    one = parse(good())  # a single-node prefill: no remote_hosts, every rank at remote_host
+    assert "remote_hosts" not in good() and one.hosts == ("10.0.0.7",)
+
+
 def test_flat_block_list_is_accepted():
     assert parse(good(remote_block_ids=[1, 2])).remote_block_ids == (1, 2)
 
@@ -77,11 +89,17 @@ def test_flat_block_list_is_accepted():
         ({"remote_lease_expiry": NOW - 1}, "remote_lease_expiry"),
         ({"remote_lease_expiry": "soon"}, "remote_lease_expiry"),
         ({"remote_num_tokens": 10}, "remote_num_tokens"),
+        ({"remote_hosts": "10.0.0.7"}, "remote_hosts"),
+        ({"remote_hosts": []}, "remote_hosts"),
+        ({"remote_hosts": ["a", "b", "c"]}, "remote_hosts"),  # 3 nodes cannot hold tp_size 2 evenly
+        ({"remote_hosts": ["10.0.0.7", "0.0.0.0"]}, "remote_hosts[1]"),
+        ({"remote_hosts": ["10.0.0.7", 7]}, "remote_hosts[1]"),
+        ({"remote_hosts": ["bad host!"]}, "remote_hosts[0]"),
     ],
 )
 def test_bad_params_name_the_field(override, field):
     with pytest.raises(InvalidTransferParams) as exc:
-        parse(good(**override), tp=2)
+        parse(good(**override, **({"tp_size": 2} if "remote_hosts" in override else {})), tp=2)
     assert exc.value.field == field
     assert str(exc.value).startswith(f"kv_transfer_params.{field}:")
 
