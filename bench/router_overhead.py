@@ -323,19 +323,20 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
         routing.states[url].synced = True
     routing.states["http://b"].index.hashes.update(hasher.keys(tokens))
 
-    deferred: list = []
-    routing.defer = deferred.append  # as in the router: remembering a prompt runs after the decision
-
     def timed(fn) -> float:
-        samples = []
-        for _ in range(rounds):
-            t = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t)
-            while deferred:
-                deferred.pop()()
-        samples.sort()
-        return samples[len(samples) // 2] * 1e6
+        """Median of `fn`'s time in an event loop, as in the router; what it leaves for later
+        (remembering a new prompt, in a worker thread) settles between rounds, untimed."""
+        async def run() -> float:
+            samples = []
+            for _ in range(rounds):
+                t = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t)
+                await routing.settle()
+            samples.sort()
+            return samples[len(samples) // 2] * 1e6
+
+        return asyncio.run(run())
 
     workloads = _prefix_workloads(prompt, tokenize)
 
@@ -350,8 +351,6 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
         "prefixAware pick, same prompt (token cache hit)": timed(pick("same prompt")),
         "prefixAware pick, shared prefix + new tail": timed(pick("shared prefix")),
         "prefixAware pick, cold prompt": timed(pick("cold")),
-        "  + remembering it afterwards (tokenize+hash all)": timed(lambda: routing._remember(
-            prompt, None, routing._token_cache.lookup("", None), True)),
         "leastOutstanding pick": timed(lambda: pick_least_outstanding(("http://a", "http://b"), {})),
     }
 
@@ -368,7 +367,6 @@ def prefix_scoring(args: argparse.Namespace) -> int:
     prompt = _prompt_of(tokenize, args.prompt_tokens)
     tokens = tokenize(prompt)
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0}).encode()
-    scored: list[str] = []
     me = str(Path(__file__).resolve())
     procs: list[subprocess.Popen] = []
     publishers = [_EventPublisher(), _EventPublisher()]  # one per prefill; the second caches the prompt
@@ -384,8 +382,8 @@ def prefix_scoring(args: argparse.Namespace) -> int:
         print(f"client: {client}; {os.cpu_count()} CPUs; prompt {len(tokens)} tokens ({len(body)} B body), "
               f"block size {PREFIX_BLOCK}; {args.seconds:.0f} s per run; load average {os.getloadavg()[0]:.2f}")
         workloads = _prefix_workloads(prompt, tokenize)
-        rows: dict[tuple[str, str], dict] = {}
-        for policy in ("leastOutstanding", "prefixAware"):
+        vias: dict[str, str] = {}
+        for policy in ("leastOutstanding", "prefixAware"):  # both up at once: rounds alternate
             port = free_port()
             cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port),
                    "--prefill", prefills[0], "--prefill", prefills[1],
@@ -396,36 +394,43 @@ def prefix_scoring(args: argparse.Namespace) -> int:
                 cmd += ["--tokenizer", model_dir, "--block-size", str(PREFIX_BLOCK)]
                 for url, pub in zip(prefills, publishers):
                     cmd += ["--kv-events", f"{url}=tcp://127.0.0.1:{pub.port},tcp://127.0.0.1:{pub.replay_port}"]
-            router = start(cmd)
-            procs.append(router)
+            procs.append(start(cmd))
             wait_http(f"http://127.0.0.1:{port}/health")
-            via = f"http://127.0.0.1:{port}/v1/completions"
-            if policy == "prefixAware":
-                deadline = time.monotonic() + 60
-                while True:  # measure only once the tokenizer is loaded and both streams are synced
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                        status = json.loads(r.read())["prefix_routing"]
-                    if status["tokenizer"] and all(s["synced"] for s in status["streams"].values()):
-                        break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"router not ready for prefix scoring: {status}")
-                    time.sleep(0.2)
-                for w in workloads.values():  # the second prefill caches what each workload shares
-                    publisher.store(BlockHasher(HashConfig(PREFIX_BLOCK)).keys(w["cached_tokens"]))
-                time.sleep(0.5)
-            for name, w in workloads.items():
-                # warm up (connection pool; for prefixAware the router's prompt token cache sees the
-                # workload's shared text once, as it would have from earlier requests)
-                run_aiohttp(via, 1, 1, w["body"](10**6))
-                rows[(name, policy)] = run_aiohttp(via, 1, args.seconds, w["body"])
-            if policy == "prefixAware":
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    metrics = r.read().decode()
-                chosen = [l for l in metrics.splitlines()
-                          if l.startswith("pdfleet_router_prefix_cached_tokens_total") and 'kind="chosen"' in l]
-                scored = chosen
-            stop(router)
-        print(f"{'workload':<16}{'prefill policy':<20}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}")
+            vias[policy] = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:  # measure only once the tokenizer is loaded and both streams are synced
+            with urllib.request.urlopen(vias["prefixAware"] + "/health", timeout=5) as r:
+                status = json.loads(r.read())["prefix_routing"]
+            if status["tokenizer"] and all(s["synced"] for s in status["streams"].values()):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"router not ready for prefix scoring: {status}")
+            time.sleep(0.2)
+        for w in workloads.values():  # the second prefill caches what each workload shares
+            publisher.store(BlockHasher(HashConfig(PREFIX_BLOCK)).keys(w["cached_tokens"]))
+        time.sleep(0.5)
+        # Rounds alternate between the two routers so that the machine's drift hits both alike;
+        # each figure is the median over rounds.
+        rounds = max(1, args.rounds)
+        samples: dict[tuple[str, str], list[dict]] = {}
+        for name, w in workloads.items():
+            for policy, via in vias.items():
+                # warm up (connection pool; for prefixAware the router's prompt token cache sees
+                # the workload's shared text once, as it would have from earlier requests)
+                run_aiohttp(via + "/v1/completions", 1, 1, w["body"](10**6))
+            for _ in range(rounds):
+                for policy, via in vias.items():
+                    samples.setdefault((name, policy), []).append(
+                        run_aiohttp(via + "/v1/completions", 1, args.seconds / rounds, w["body"]))
+        with urllib.request.urlopen(vias["prefixAware"] + "/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        scored = [l for l in metrics.splitlines()
+                  if l.startswith("pdfleet_router_prefix_cached_tokens_total") and 'kind="chosen"' in l]
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        rows = {k: {m: med([r[m] for r in rs]) for m in ("rps", "p50", "p99")} | {"errors": sum(r["errors"] for r in rs)}
+                for k, rs in samples.items()}
+        print(f"{'workload':<16}{'prefill policy':<20}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'non-2xx':>9}"
+              f"   (median of {rounds} alternating rounds)")
         for (name, policy), r in rows.items():
             print(f"{name:<16}{policy:<20}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}"
                   f"{r['errors']:>9}")
@@ -456,6 +461,7 @@ def main() -> int:
     ap.add_argument("--client", choices=["auto", "wrk", "aiohttp"], default="auto")
     ap.add_argument("--prefix-scoring", action="store_true", help="measure prefixAware vs leastOutstanding instead")
     ap.add_argument("--prompt-tokens", type=int, default=4096, help="with --prefix-scoring; default %(default)s")
+    ap.add_argument("--rounds", type=int, default=5, help="with --prefix-scoring: alternating rounds; default %(default)s")
     args = ap.parse_args()
     if args.fake_server:
         serve_fake(args.fake_server)

@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -47,6 +49,7 @@ ROUTED = "routed"
 MIXED = "mixed"
 _CHARS_PER_TOKEN = 4  # for the routed index's token estimate only
 _PIECE_CHARS = 384  # tokenized at a time past the prompt token cache (about 6 blocks of 16)
+_MAX_REMEMBERING = 16  # prompts queued for remembering; past this new prompts are not remembered
 _json = msgspec.json.Encoder()
 
 
@@ -55,7 +58,8 @@ class PromptKeys:
     tokens: list[int] | None  # None: the router cannot tokenize this request (unless `source` is given)
     cache_salt: str | None
     text: list[int]
-    source: Iterator[int] | None = None  # block keys from the prompt token cache, tokenizing lazily
+    source: Iterator[int] | None = None  # block keys past `known`, tokenizing lazily
+    known: list[int] | None = None  # the first block keys, from the prompt token cache
     _exact: list[int] | None = None
     _exact_iter: Any = None
 
@@ -63,33 +67,72 @@ class PromptKeys:
     def has_exact(self) -> bool:
         return self.tokens is not None or self.source is not None
 
-    def exact(self, hasher: BlockHasher) -> Iterable[int]:
-        """Block keys, computed lazily and kept (both legs and retries share them)."""
+    def _source(self, hasher: BlockHasher) -> Iterator[int]:
         if self._exact_iter is None:
             self._exact_iter = self.source if self.source is not None else hasher.iter_keys(self.tokens or (),
                                                                                             self.cache_salt)
-            self._exact = []
-        done = self._exact
-        yield from done
-        for k in self._exact_iter:
-            done.append(k)
-            yield k
+            self._exact = list(self.known or ())
+        return self._exact_iter
+
+    def upto(self, hasher: BlockHasher) -> Callable[[int], list[int]]:
+        """The first n block keys (fewer at the prompt's end), computed as far as asked and kept
+        (both legs and retries share them)."""
+        source = self._source(hasher)
+
+        def first(n: int) -> list[int]:
+            done = self._exact
+            assert done is not None
+            if len(done) < n:
+                done.extend(islice(source, n - len(done)))
+            return done[:n]
+        first.free = lambda: len(self._exact or ())  # type: ignore[attr-defined]
+        return first
+
+    def exact(self, hasher: BlockHasher) -> Iterable[int]:
+        """Every block key, lazily."""
+        first, n, step = self.upto(hasher), 0, 8
+        while batch := first(n + step)[n:]:
+            yield from batch
+            n, step = n + len(batch), min(2 * step, 1024)
 
 
-def match_lengths(keys: Iterable[int], holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
-    """Leading keys held by each endpoint; stops hashing once no endpoint matches any more."""
+def match_lengths(keys: Iterable[int] | Callable[[int], list[int]],
+                  holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
+    """Leading keys held by each endpoint. ``keys`` may be computed as asked (``upto`` of
+    PromptKeys): the keys that cost nothing are taken at once, the others in doubling
+    batches, so at most about twice the blocks any endpoint matches are computed."""
+    if callable(keys):
+        upto = keys
+        free = getattr(keys, "free", lambda: 0)
+    else:  # an iterable: taken as far as asked
+        source, taken = iter(keys), []
+
+        def upto(n: int) -> list[int]:
+            if len(taken) < n:
+                taken.extend(islice(source, n - len(taken)))
+            return taken[:n]
+
+        free = taken.__len__
     lengths = {u: 0 for u in holds}
-    live = dict(holds)
-    if not live:
-        return lengths
-    for k in keys:
-        for u, has in list(live.items()):
-            if has(k):
-                lengths[u] += 1
-            else:
-                del live[u]
-        if not live:
+    live = list(holds.items())
+    n, step = 0, 8
+    while live:
+        ready = free()
+        want = ready if ready > n else n + step
+        batch = upto(want)[n:]
+        if not batch:
             break
+        still = []
+        for u, has in live:  # every live endpoint holds all n keys before this batch
+            m = 0
+            for k in batch:
+                if not has(k):
+                    break
+                m += 1
+            lengths[u] = n + m
+            if m == len(batch):
+                still.append((u, has))
+        live, n, step = still, n + len(batch), step * 2 if want > ready else step
     return lengths
 
 
@@ -138,6 +181,9 @@ class PrefixRouting:
         self._tokenizer_loaded = tokenize is not None
         self._token_cache: PromptTokenCache | None = None
         self._use_token_cache(tokenize)
+        self._executor: ThreadPoolExecutor | None = None
+        self._remembering = 0
+        self._remember_tasks: set[asyncio.Future] = set()
         self._tokenizer_task: asyncio.Task | None = None
         self.routed = RoutedIndex()
         self.states: dict[str, EndpointState] = {}
@@ -230,6 +276,9 @@ class PrefixRouting:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -249,7 +298,7 @@ class PrefixRouting:
         entry = self._keys.get(id(body))
         if entry is not None and entry[0] is body:
             return entry[1]
-        tokens = source = None
+        tokens = source = known = None
         salt = body.get("cache_salt")
         salt = salt if isinstance(salt, str) else None
         try:
@@ -257,14 +306,14 @@ class PrefixRouting:
                 # the template writes the special tokens: none are added when tokenizing its text
                 rendered = self._tokenize.render_chat(body) if hasattr(self._tokenize, "render_chat") else None
                 if rendered is not None and self._token_cache is not None:
-                    source = self._cached_keys(rendered, salt, special=False)
+                    source, known = self._cached_keys(rendered, salt, special=False)
                 elif rendered is not None:
                     tokens = list(self._tokenize.encode(rendered, False).ids)
             else:
                 prompt = body.get("prompt")
                 if isinstance(prompt, str) and self._tokenize is not None:
                     if self._token_cache is not None:
-                        source = self._cached_keys(prompt, salt, special=True)
+                        source, known = self._cached_keys(prompt, salt, special=True)
                     else:
                         tokens = self._tokenize(prompt)
                 elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
@@ -272,24 +321,25 @@ class PrefixRouting:
         except Exception as exc:  # a tokenizer or template failure must not fail the request
             log.warning("tokenizing a prompt failed: %r", exc)
         text = prompt_text(body, chat)
-        keys = PromptKeys(tokens, salt, text_keys(text) if text else [], source)
+        keys = PromptKeys(tokens, salt, text_keys(text) if text else [], source, known)
         self._keys[id(body)] = (body, keys)
         while len(self._keys) > 256:
             self._keys.popitem(last=False)
         return keys
 
-    def _cached_keys(self, prompt: str, salt: str | None, special: bool) -> Iterator[int]:
+    def _cached_keys(self, prompt: str, salt: str | None, special: bool) -> tuple[Iterator[int], list[int]]:
         """Block keys of a prompt: the prompt token cache's, then the rest tokenized a piece at a
-        time as far as scoring asks (it stops at the first block no endpoint holds). Remembering
-        the whole prompt for later requests is deferred past the routing decision."""
+        time as far as scoring asks (it stops at the first block no endpoint holds). The whole
+        prompt is remembered for later requests off the event loop (tokenizers releases the GIL
+        in encode_batch); its blocks are hashed only if a later request finds them."""
         assert self._token_cache is not None
-        hit = self._token_cache.lookup(prompt, salt, special)
+        hit = self._token_cache.lookup(prompt, self.hasher, salt, special)
         if hit.chars < len(prompt):
-            self.defer(lambda: self._remember(prompt, salt, hit, special))
-        return self._keys_after(prompt, salt, hit, special)
+            self._remember(prompt, hit, special)
+        return self._keys_after(prompt, salt, hit, special), hit.keys
 
     def _keys_after(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> Iterator[int]:
-        yield from hit.keys
+        """The block keys after ``hit``'s."""
         tokens, parent, done, pos = list(hit.ids), hit.last_hash, len(hit.keys), hit.chars
         try:
             while pos < len(prompt):
@@ -302,26 +352,46 @@ class PrefixRouting:
         except Exception as exc:  # a tokenizer failure must not fail the request: score what we have
             log.warning("tokenizing a prompt failed: %r", exc)
 
-    def _remember(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> None:
-        """Tokenize what the cache lacks of a prompt and store it (after the request is on its way)."""
+    def _remember(self, prompt: str, hit: Cached, special: bool) -> None:
+        """Tokenize what the cache lacks of a prompt and store it: in a worker thread inside the
+        router's event loop (at most a few prompts queued; more are not remembered), else now."""
+        rest, bos = prompt[hit.chars:], special and hit.chars == 0
         try:
-            cache = self._token_cache
-            assert cache is not None
-            tail = self._tokenize.encode(prompt[hit.chars:], special and hit.chars == 0)
-            tokens = hit.ids + list(tail.ids)
-            hashes = list(self.hasher.iter_hashes(tokens, salt, start_block=len(hit.keys), parent=hit.last_hash))
-            keys = hit.keys + [int.from_bytes(h, "big") & _MASK for h in hashes]
-            cache.store(prompt, hit, tail, keys, hashes, self.config.block_size)
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._store(prompt, hit, self._tokenize.encode(rest, bos))
+            return
+        if self._remembering >= _MAX_REMEMBERING:
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdfleet-tokenize")
+        self._remembering += 1
+        fut = loop.run_in_executor(self._executor, self._tokenize.encode_unlocked, rest, bos)
+        self._remember_tasks.add(fut)
+        fut.add_done_callback(lambda f: self._stored(f, prompt, hit))
+
+    def _stored(self, fut: asyncio.Future, prompt: str, hit: Cached) -> None:
+        self._remembering -= 1
+        self._remember_tasks.discard(fut)
+        if fut.cancelled():
+            return
+        if fut.exception() is not None:
+            log.warning("remembering a prompt's tokens failed: %r", fut.exception())
+            return
+        self._store(prompt, hit, fut.result())
+
+    def _store(self, prompt: str, hit: Cached, tail: Any) -> None:
+        try:
+            assert self._token_cache is not None
+            self._token_cache.store(prompt, hit, tail)
         except Exception as exc:
             log.warning("remembering a prompt's tokens failed: %r", exc)
 
-    @staticmethod
-    def defer(job: Callable[[], None]) -> None:
-        """Run ``job`` once the current request has been sent on (now, outside an event loop)."""
-        try:
-            asyncio.get_running_loop().call_soon(job)
-        except RuntimeError:
-            job()
+    async def settle(self) -> None:
+        """Until prompts being remembered are stored (tests and benchmarks)."""
+        while self._remember_tasks:
+            await asyncio.gather(*list(self._remember_tasks), return_exceptions=True)
+            await asyncio.sleep(0)
 
     def pick(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
              outstanding: Mapping[str, int], exclude: Collection[str], ejected: Collection[str],
@@ -332,12 +402,12 @@ class PrefixRouting:
         # the router routed there itself (an estimate in tokens).
         exact = {}
         if keys.has_exact:
-            exact = {c: s.index.__contains__ for c in allowed
+            exact = {c: s.index.hashes.__contains__ for c in allowed
                      if (s := self.states.get(c)) is not None and s.synced}
         approx = [c for c in allowed if c not in exact]
         cached: dict[str, int] = {}
         if exact:
-            blocks = match_lengths(keys.exact(self.hasher), exact)
+            blocks = match_lengths(keys.upto(self.hasher), exact)
             cached.update((c, n * self.config.block_size) for c, n in blocks.items())
         if approx and keys.text:
             chunks = match_lengths(keys.text, {c: self.routed.holds(c) for c in approx})
@@ -364,7 +434,7 @@ class Tokenizer:
     text of a plain chat request (chat_prompt.py), when the model has a chat template."""
 
     def __init__(self, backend: Any, chat: Any = None) -> None:
-        self._encode = backend.encode
+        self._encode, self._encode_batch = backend.encode, backend.encode_batch
         self.composes = composes(self.encode, _COMPOSE_SAMPLE)
         self._chat, self.chat_format = chat, None
         if chat is not None and getattr(chat, "chat_template", None):
@@ -390,6 +460,10 @@ class Tokenizer:
 
     def encode(self, text: str, special: bool) -> _RustEncoding:
         return _RustEncoding(self._encode(text, add_special_tokens=special))
+
+    def encode_unlocked(self, text: str, special: bool) -> _RustEncoding:
+        """``encode`` for a worker thread: encode_batch releases the GIL while it tokenizes."""
+        return _RustEncoding(self._encode_batch([text], add_special_tokens=special)[0])
 
 
 class _RustEncoding:

@@ -12,8 +12,10 @@ the last cached cut tokenized, and that text can be tokenized in pieces split
 at safe cuts; ``composes`` checks a tokenizer once for exactly that property (a
 tokenizer that fails it is never served from the cache).
 
-Each chunk also keeps the block keys (prefix_hash) of the blocks that end
-within its tokens and the full hash of the last one, so hashing resumes there.
+Each chunk also keeps, once it is found again, the block keys (prefix_hash) of
+the blocks that end within its tokens and the full hash of the last one, so
+hashing resumes there; a prompt seen once is never hashed beyond what scoring
+asked for.
 A wrong guess here can only cost a cache hit on an engine (the router routes
 elsewhere), never change an answer: engines hash their own tokens.
 """
@@ -26,8 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pdfleet.connector.router.prefix_hash import BlockHasher
+
 DEFAULT_CHUNK_CHARS = 256
 DEFAULT_MAX_CHUNKS = 16384  # about 16k x 64 tokens: a few MiB of ids
+_MASK = (1 << 64) - 1
 
 
 class Encoding(Protocol):
@@ -57,7 +62,7 @@ class Encoded:
 class _Chunk:
     cut: int  # absolute character offset of the safe cut ending this chunk's tokens
     ids: tuple[int, ...]  # tokens from the previous chunk's cut to this cut
-    keys: tuple[int, ...]  # block keys of the blocks completed within the tokens up to `cut`
+    keys: tuple[int, ...] | None  # block keys of the blocks completed in `ids` (None: not hashed yet)
     last_hash: bytes | None  # full hash of the last completed block up to `cut`
 
 
@@ -138,13 +143,15 @@ class PromptTokenCache:
     def root(salt: str | None, special: bool) -> int:
         return hash(("pdfleet-prompt", salt, special))
 
-    def lookup(self, text: str, salt: str | None = None, special: bool = True) -> Cached:
-        """The longest cached token prefix of ``text`` (possibly empty); ``special``: whether the
-        text is tokenized with special tokens (a completion prompt) or without (a rendered chat)."""
+    def lookup(self, text: str, hasher: BlockHasher, salt: str | None = None, special: bool = True) -> Cached:
+        """The longest cached token prefix of ``text`` (possibly empty) and its block keys;
+        ``special``: whether the text is tokenized with special tokens (a completion prompt) or
+        without (a rendered chat). A chunk is hashed the first time it is found again."""
         c = self.chunk_chars
         parent = self.root(salt, special)
         found = Cached(0, [], [], None, [parent])
         chunks = self._chunks
+        bs = hasher.config.block_size
         for i in range(len(text) // c):
             key = chunk_key(parent, text[i * c:(i + 1) * c])
             chunk = chunks.get(key)
@@ -152,6 +159,13 @@ class PromptTokenCache:
                 break
             chunks.move_to_end(key)
             found.ids.extend(chunk.ids)
+            if chunk.keys is None:  # stored unhashed: hash the blocks that end in it, once
+                done = len(found.keys)
+                hashes = list(hasher.iter_hashes(found.ids[:len(found.ids) - len(found.ids) % bs], salt,
+                                                 start_block=done, parent=found.last_hash))
+                chunk = _Chunk(chunk.cut, chunk.ids, tuple(int.from_bytes(h, "big") & _MASK for h in hashes),
+                               hashes[-1] if hashes else found.last_hash)
+                chunks[key] = chunk
             found.keys.extend(chunk.keys)
             found.chars = chunk.cut
             found.last_hash = chunk.last_hash
@@ -159,36 +173,20 @@ class PromptTokenCache:
             parent = key
         return found
 
-    def store(self, text: str, hit: Cached, tail: Encoding, keys: Sequence[int],
-              hashes: Sequence[bytes], block_size: int) -> None:
-        """Remember the chunks of ``text`` after ``hit``, given the tokens of ``text[hit.chars:]``,
-        the block keys of the whole token sequence (``hit.ids`` + ``tail.ids``) and the full
-        hashes of the blocks after ``hit``'s (those from block ``len(hit.keys)`` on)."""
+    def store(self, text: str, hit: Cached, tail: Encoding) -> None:
+        """Remember the chunks of ``text`` after ``hit``, given the tokens of ``text[hit.chars:]``
+        (their block keys are computed when they are found again)."""
         c = self.chunk_chars
-        known = len(hit.keys)
-
-        def full_hash(n_blocks: int) -> bytes | None:  # of block n_blocks - 1
-            if not n_blocks:
-                return None
-            return hashes[n_blocks - 1 - known] if n_blocks > known else hit.last_hash
-
         parent = hit.chain[-1]
         first = len(hit.chain) - 1  # index of the first chunk not cached
         prev_cut, prev_tok = hit.chars, 0
-        base = len(hit.ids)
         for i in range(first, len(text) // c):
             end = (i + 1) * c
             # the last safe cut strictly inside this chunk (its space must be part of the key)
             found = last_safe_cut(text, hit.chars, max(prev_cut + 1, i * c), end, tail)
             cut, tok = found if found is not None else (prev_cut, prev_tok)
-            n_tokens = base + tok  # tokens before this cut, from the prompt's start
-            n_blocks = n_tokens // block_size
-            done_blocks = (base + prev_tok) // block_size
-            if n_blocks > len(keys) or n_blocks - known > len(hashes):
-                return  # the caller hashed less than this chunk needs: keep what is consistent
             key = chunk_key(parent, text[i * c:end])
-            self._chunks[key] = _Chunk(cut, tuple(tail.ids[prev_tok:tok]), tuple(keys[done_blocks:n_blocks]),
-                                       full_hash(n_blocks))
+            self._chunks[key] = _Chunk(cut, tuple(tail.ids[prev_tok:tok]), None, None)
             self._chunks.move_to_end(key)
             parent, prev_cut, prev_tok = key, cut, tok
         while len(self._chunks) > self.max_chunks:

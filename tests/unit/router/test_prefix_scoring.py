@@ -66,7 +66,11 @@ def test_match_lengths_stops_hashing_after_the_last_match():
 
     got = match_lengths(keys(), {"a": {0, 1, 2}.__contains__, "b": {0}.__contains__, "c": set().__contains__})
     assert got == {"a": 3, "b": 1, "c": 0}
-    assert pulled == [0, 1, 2, 3]  # no block hashed past the first miss on every endpoint
+    assert pulled == list(range(8))  # one first batch of 8, nothing past it
+    pulled.clear()
+    got = match_lengths(keys(), {"a": set(range(40)).__contains__, "b": {0}.__contains__})
+    assert got == {"a": 40, "b": 1}
+    assert len(pulled) == 8 + 16 + 32  # doubling batches: at most about twice what matched
 
 
 def test_routed_index_is_bounded_lru():

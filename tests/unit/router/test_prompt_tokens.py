@@ -75,20 +75,21 @@ def test_cached_prefixes_give_the_full_tokenization_and_keys(tok_name, salt, req
     assert cache is not None
     hits = 0
     for text in workload(7):
-        if text and cache.lookup(text, salt).ids:
+        if text and cache.lookup(text, hasher, salt).ids:
             hits += 1
         keys = list(routing.keys_for({"prompt": text, "cache_salt": salt}, False).exact(hasher))
         want = tok(text)
         assert keys == hasher.keys(want, salt), text[:80]
-        cached = cache.lookup(text, salt).ids  # remembered now (no event loop: at once)
-        assert cached == want[:len(cached)], text[:80]
+        hit = cache.lookup(text, hasher, salt)  # remembered now (no event loop: at once)
+        assert hit.ids == want[:len(hit.ids)], text[:80]
+        assert hit.keys == hasher.keys(hit.ids, salt), text[:80]  # hashed when found again
     assert hits >= 20  # the cache was used, not bypassed
     assert len(cache) > 0
 
 
 class CountingTokenizer:
     def __init__(self, tok: Tokenizer) -> None:
-        self.tok, self.composes, self.chars = tok, tok.composes, 0
+        self.tok, self.composes, self.chars, self.background = tok, tok.composes, 0, 0
 
     def __call__(self, text):
         return self.tok(text)
@@ -96,6 +97,10 @@ class CountingTokenizer:
     def encode(self, text, special):
         self.chars += len(text)
         return self.tok.encode(text, special)
+
+    def encode_unlocked(self, text, special):  # in the worker thread
+        self.background += len(text)
+        return self.tok.encode_unlocked(text, special)
 
 
 def test_scoring_tokenizes_only_as_far_as_an_endpoint_matches_and_remembers_after_the_decision(bytelevel):
@@ -112,14 +117,14 @@ def test_scoring_tokenizes_only_as_far_as_an_endpoint_matches_and_remembers_afte
 
         n = match_lengths(keys.exact(hasher), {"http://p": held.__contains__})["http://p"]
         before = tok.chars, len(routing._token_cache)
-        await asyncio.sleep(0)  # the request is on its way: the deferred work runs
+        await routing.settle()  # the request is on its way: remembering finishes in a worker thread
         return n, *before
 
     n, chars_at_decision, chunks_at_decision = asyncio.run(route())
     assert n == 3
     assert chars_at_decision < 1000  # one piece, not the 12k-character prompt
     assert chunks_at_decision == 0
-    assert len(routing._token_cache) > 0 and tok.chars > len(prompt)  # remembered afterwards
+    assert len(routing._token_cache) > 0 and tok.background == len(prompt)  # remembered afterwards, off the loop
     assert list(routing.keys_for({"prompt": prompt}, False).exact(hasher)) == hasher.keys(bytelevel(prompt))
 
 
@@ -163,11 +168,9 @@ def test_lru_bounds_the_chunks_and_eviction_only_shortens_hits(bytelevel):
     text = " ".join(build_corpus(2, 200))[:2000]
     whole = bytelevel.encode(text, True)
     hasher = BlockHasher(HashConfig(BLOCK))
-    hashes = list(hasher.iter_hashes(list(whole.ids)))
-    keys = [int.from_bytes(h, "big") & (2**64 - 1) for h in hashes]
-    small.store(text, small.lookup(text), whole, keys, hashes, BLOCK)  # nothing known: all hashes are new
+    small.store(text, small.lookup(text, hasher), whole)
     assert len(small) == 5
-    hit = small.lookup(text)
+    hit = small.lookup(text, hasher)
     assert hit.ids == [] and hit.chars == 0  # the first chunks were evicted: the chain starts nowhere
 
 
