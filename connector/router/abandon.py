@@ -25,17 +25,23 @@ MAX_IN_FLIGHT = 64
 GRACE_SECONDS = 2.0
 
 
-def release_body(body: dict[str, Any], kv_transfer_params: dict[str, Any], *, chat: bool) -> dict[str, Any]:
-    """The decode leg that only consumes the prefilled blocks: one token, not streamed."""
+def one_token_body(body: dict[str, Any], kv_transfer_params: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """The request as a one-token, unstreamed leg carrying ``kv_transfer_params``: a prefill leg,
+    or a decode leg that only consumes the prefilled blocks."""
     out = dict(body)
     out["max_tokens"] = 1
     if chat:
         out["max_completion_tokens"] = 1
     out["stream"] = False
     out.pop("stream_options", None)
-    out.pop("min_tokens", None)
+    out.pop("min_tokens", None)  # min_tokens > max_tokens would be refused
     out["kv_transfer_params"] = kv_transfer_params
     return out
+
+
+def release_body(body: dict[str, Any], kv_transfer_params: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+    """The decode leg that only consumes the prefilled blocks: one token, not streamed."""
+    return one_token_body(body, kv_transfer_params, chat=chat)
 
 
 class Abandoned:

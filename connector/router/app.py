@@ -52,7 +52,7 @@ import yarl
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdfleet.connector.router.abandon import Abandoned, release_body
+from pdfleet.connector.router.abandon import Abandoned, one_token_body, release_body
 from pdfleet.connector.router.config import RouterConfig
 from pdfleet.connector.router.endpoints import (
     DECODE,
@@ -328,15 +328,7 @@ class Router:
     @staticmethod
     def prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
         """The prefill leg's body: one token, not streamed, KV kept for a remote decode."""
-        out = dict(body)
-        out["max_tokens"] = 1
-        if chat:
-            out["max_completion_tokens"] = 1
-        out["stream"] = False
-        out.pop("stream_options", None)
-        out.pop("min_tokens", None)  # min_tokens > max_tokens would be refused
-        out["kv_transfer_params"] = {"do_remote_decode": True}
-        return out
+        return one_token_body(body, {"do_remote_decode": True}, chat=chat)
 
     async def _prefill_leg(self, group: RevisionEndpoints, path: str, body: dict[str, Any],
                            headers: dict[str, str], *, chat: bool) -> _PrefillResult:

@@ -11,19 +11,17 @@ under BHLNC byte for byte, and a layout mismatch refused with its reason.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from adapter_harness import free_port
+from line_proc import LineProc
 from vllm_kv_caches import LAYERS, NUM_BLOCKS, build_worker, expected_layer
 
 HERE = Path(__file__).resolve().parent
@@ -34,39 +32,14 @@ LOCAL = [0, 1, 2, 3, 10, 11, 30, 31, 32, 33, 34, 35]
 RUNS = 3
 
 
-class LayoutSource:
+class LayoutSource(LineProc):
     """The prefill worker of ``layout_source_proc.py`` in its own process."""
 
     def __init__(self, layout: str) -> None:
         env = dict(os.environ, VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "layout_source_proc.py"), "--layout", layout, "--heads", str(HEADS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=HERE, env=env,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        super().__init__([sys.executable, str(HERE / "layout_source_proc.py"), "--layout", layout,
+                          "--heads", str(HEADS)], cwd=HERE, env=env)
         self.info: dict = {}
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def read(self, timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            if line is None:
-                raise RuntimeError(f"prefill process exited with {self.proc.wait(5)}")
-            if line.startswith("@@pdfleet "):
-                return json.loads(line[len("@@pdfleet "):])
-
-    def cmd(self, op: str, **kw) -> dict:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-        return self.read(timeout=20)
 
     def close(self) -> None:
         try:
@@ -85,7 +58,7 @@ def prefills():
     procs = {name: LayoutSource(name) for name in ("LBHNC", "BLHNC", "BHLNC")}  # start in parallel
     try:
         for p in procs.values():
-            p.info = p.read()
+            p.info = p.read(120)
         yield procs
     finally:
         for p in procs.values():

@@ -9,13 +9,9 @@ designed (block-outermost: one per run; per layer: layers x runs).
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,41 +22,18 @@ pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from line_proc import LineProc  # noqa: E402
+
 REMOTE = [2, 3, 4, 5, 30, 31, 50, 51, 52]  # three runs
 LOCAL = [0, 1, 2, 3, 10, 11, 20, 21, 22]
 RUNS, NUM_BLOCKS = 3, 64
 
 
-class GpuSource:
+class GpuSource(LineProc):
     def __init__(self, kind: str) -> None:
-        env = dict(os.environ, UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y")
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "gpu_source_proc.py"), "--kind", kind],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     start_new_session=True, cwd=HERE, env=env)
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        super().__init__([sys.executable, str(HERE / "gpu_source_proc.py"), "--kind", kind], cwd=HERE,
+                         env=dict(os.environ, UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y"))
         self.info = self.read(120)
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def read(self, timeout: float = 20) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            if line is None:
-                raise RuntimeError(f"source exited with {self.proc.wait(5)}")
-            if line.startswith("@@pdfleet "):
-                return json.loads(line[len("@@pdfleet "):])
-
-    def cmd(self, op: str, **kw) -> dict:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
 
     def close(self) -> None:
         try:

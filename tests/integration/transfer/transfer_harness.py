@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import socket
 import subprocess
-import threading
 import sys
 import time
 from pathlib import Path
@@ -21,9 +19,10 @@ sys.path.insert(0, str(HERE))
 
 from source_proc import pattern  # noqa: E402
 
+from line_proc import LineProc  # noqa: E402
+
 from pdfleet.connector.transfer import KVLayout, KVSink, Region  # noqa: E402
 
-MARK = "@@pdfleet "
 LAYOUT = dict(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
 
 
@@ -33,7 +32,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class SourceProc:
+class SourceProc(LineProc):
     """A KVSource in its own process, driven over stdin/stdout JSON lines."""
 
     def __init__(self, **opts) -> None:
@@ -41,41 +40,11 @@ class SourceProc:
         argv = [sys.executable, str(HERE / "source_proc.py")]
         for key, value in opts.items():
             argv += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value)]
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=HERE
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        ready = self._read(timeout=60)
+        super().__init__(argv, cwd=HERE)
+        ready = self.read(timeout=60)
         self.port: int = ready["port"]
         self.base_port: int = ready["base_port"]
         self.instance_id: str = ready["instance_id"]
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
-
-    def _read(self, timeout: float = 20) -> dict:
-        assert self.proc.stdout is not None
-        # a reader thread feeds a queue: select() on a buffered pipe can miss lines
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise TimeoutError("child process did not answer") from None
-            if line is None:
-                raise RuntimeError(f"child process exited with {self.proc.wait(5)}")
-            if line.startswith(MARK):  # NIXL/UCX may print to stdout too
-                return json.loads(line[len(MARK):])
-
-    def cmd(self, op: str, **kw) -> dict:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
 
     def hold(self, rid: str, blocks: list[int]) -> float:
         return self.cmd("hold", rid=rid, blocks=blocks)["expiry"]
