@@ -158,3 +158,54 @@ def test_read_that_completes_before_the_hold_still_finishes(source_factory, sink
     src.hold("early", [9])
     assert wait_for(sink, "early", timeout=10.0) == (True, "")
     assert np.array_equal(local_kv.block(0, 9), src.expected(0, 9))
+
+
+def _stopped(src):
+    """The source process stopped (SIGSTOP): its side channel answers nothing until SIGCONT."""
+    import contextlib
+    import os
+    import signal
+
+    @contextlib.contextmanager
+    def cm():
+        os.killpg(src.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(src.proc.pid, signal.SIGCONT)
+    return cm()
+
+
+def test_a_source_silent_for_less_than_the_lease_still_serves_the_pull(source_factory, sink_factory, local_kv):
+    """Heartbeats that get no reply are sent again while the lease has time left (a busy prefill
+    is not a dead one); the pull completes once the source answers, byte-exact."""
+    src = source_factory(lease=8.0)
+    sink = sink_factory(local_kv, heartbeat_timeout=0.3)
+    src.hold("warm", [0])
+    pull(sink, src, "warm", [0], [0])  # handshake first: the peer is known
+    assert wait_for(sink, "warm")[0]
+    expiry = src.hold("paused", [5, 6])
+    with _stopped(src):
+        pull(sink, src, "paused", [5, 6], [5, 6], remote_lease_expiry=expiry)
+        end = time.monotonic() + 2.0  # several heartbeat timeouts (0.3 s, 2 attempts each)
+        while time.monotonic() < end:
+            done, failed = sink.poll()
+            assert "paused" not in failed, failed
+            time.sleep(0.01)
+    assert wait_for(sink, "paused") == (True, "")
+    assert np.array_equal(local_kv.block(0, 5), src.expected(0, 5))
+    assert sink.stats()["heartbeat_retries"] >= 1
+
+
+def test_a_source_silent_past_the_lease_fails_the_pull(source_factory, sink_factory, local_kv):
+    """Negative control: the retries stop at the lease's end; the pull fails, the data discarded."""
+    src = source_factory(lease=2.0)
+    sink = sink_factory(local_kv, heartbeat_timeout=0.3)
+    src.hold("warm", [0])
+    pull(sink, src, "warm", [0], [0])
+    assert wait_for(sink, "warm")[0]
+    expiry = src.hold("gone", [5, 6])
+    with _stopped(src):
+        pull(sink, src, "gone", [5, 6], [5, 6], remote_lease_expiry=expiry)
+        ok, reason = wait_for(sink, "gone", timeout=10)
+    assert not ok and "expired" in reason, reason
