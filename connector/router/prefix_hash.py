@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+from pdfleet.connector.router.kv_events import hash_key
+
 DEFAULT_SEED = "vllm-none-hash"
 SUPPORTED_ALGOS = ("sha256_cbor",)
-_MASK = (1 << 64) - 1
 
 
 def _head(major: int, n: int) -> bytes:
@@ -137,7 +138,7 @@ class BlockHasher:
     def iter_keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> Iterator[int]:
         """Index keys (low 64 bits, as events carry them), one per full block."""
         for h in self.iter_hashes(token_ids, cache_salt):
-            yield int.from_bytes(h, "big") & _MASK
+            yield hash_key(h)
 
     def keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         return list(self.iter_keys(token_ids, cache_salt))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -32,7 +32,6 @@ from pdfleet.connector.router.chat_prompt import content_format, plain_conversat
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
 from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
 from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
-from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, composes, next_safe_cut
 from pdfleet.connector.router.prefix_scoring import (
     LEAST_OUTSTANDING,
     PREFIX_AWARE,
@@ -40,6 +39,7 @@ from pdfleet.connector.router.prefix_scoring import (
     RoutedIndex,
     choose_endpoint,
 )
+from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, composes, next_safe_cut
 
 log = logging.getLogger("pdfleet.router.prefix")
 
@@ -53,6 +53,25 @@ _MAX_REMEMBERING = 16  # prompts queued for remembering; past this new prompts a
 _json = msgspec.json.Encoder()
 
 
+class LazyKeys:
+    """The leading keys of an iterator, taken only as far as asked and kept (both legs and
+    retries share them); ``ready`` of them are taken already and cost nothing more."""
+
+    def __init__(self, source: Iterable[int], known: Iterable[int] = ()) -> None:
+        self._source = iter(source)
+        self._taken = list(known)
+
+    @property
+    def ready(self) -> int:
+        return len(self._taken)
+
+    def first(self, n: int) -> list[int]:
+        """The first n keys (fewer at the end)."""
+        if len(self._taken) < n:
+            self._taken.extend(islice(self._source, n - len(self._taken)))
+        return self._taken[:n]
+
+
 @dataclass
 class PromptKeys:
     tokens: list[int] | None  # None: the router cannot tokenize this request (unless `source` is given)
@@ -60,66 +79,39 @@ class PromptKeys:
     text: list[int]
     source: Iterator[int] | None = None  # block keys past `known`, tokenizing lazily
     known: list[int] | None = None  # the first block keys, from the prompt token cache
-    _exact: list[int] | None = None
-    _exact_iter: Any = None
+    _lazy: LazyKeys | None = None
 
     @property
     def has_exact(self) -> bool:
         return self.tokens is not None or self.source is not None
 
-    def _source(self, hasher: BlockHasher) -> Iterator[int]:
-        if self._exact_iter is None:
-            self._exact_iter = self.source if self.source is not None else hasher.iter_keys(self.tokens or (),
-                                                                                            self.cache_salt)
-            self._exact = list(self.known or ())
-        return self._exact_iter
-
-    def upto(self, hasher: BlockHasher) -> Callable[[int], list[int]]:
-        """The first n block keys (fewer at the prompt's end), computed as far as asked and kept
-        (both legs and retries share them)."""
-        source = self._source(hasher)
-
-        def first(n: int) -> list[int]:
-            done = self._exact
-            assert done is not None
-            if len(done) < n:
-                done.extend(islice(source, n - len(done)))
-            return done[:n]
-        first.free = lambda: len(self._exact or ())  # type: ignore[attr-defined]
-        return first
+    def lazy(self, hasher: BlockHasher) -> LazyKeys:
+        """The block keys, computed as far as asked."""
+        if self._lazy is None:
+            source = self.source if self.source is not None else hasher.iter_keys(self.tokens or (), self.cache_salt)
+            self._lazy = LazyKeys(source, self.known or ())
+        return self._lazy
 
     def exact(self, hasher: BlockHasher) -> Iterable[int]:
         """Every block key, lazily."""
-        first, n, step = self.upto(hasher), 0, 8
-        while batch := first(n + step)[n:]:
+        keys, n, step = self.lazy(hasher), 0, 8
+        while batch := keys.first(n + step)[n:]:
             yield from batch
             n, step = n + len(batch), min(2 * step, 1024)
 
 
-def match_lengths(keys: Iterable[int] | Callable[[int], list[int]],
-                  holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
-    """Leading keys held by each endpoint. ``keys`` may be computed as asked (``upto`` of
-    PromptKeys): the keys that cost nothing are taken at once, the others in doubling
-    batches, so at most about twice the blocks any endpoint matches are computed."""
-    if callable(keys):
-        upto = keys
-        free = getattr(keys, "free", lambda: 0)
-    else:  # an iterable: taken as far as asked
-        source, taken = iter(keys), []
-
-        def upto(n: int) -> list[int]:
-            if len(taken) < n:
-                taken.extend(islice(source, n - len(taken)))
-            return taken[:n]
-
-        free = taken.__len__
+def match_lengths(keys: Iterable[int] | LazyKeys, holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
+    """Leading keys held by each endpoint. Keys already taken are matched at once, the others
+    taken in doubling batches, so at most about twice the blocks any endpoint matches are
+    computed (hashed, or tokenized then hashed)."""
+    lazy = keys if isinstance(keys, LazyKeys) else LazyKeys(keys)
     lengths = {u: 0 for u in holds}
     live = list(holds.items())
     n, step = 0, 8
     while live:
-        ready = free()
-        want = ready if ready > n else n + step
-        batch = upto(want)[n:]
+        want = lazy.ready if lazy.ready > n else n + step
+        grows = want > lazy.ready
+        batch = lazy.first(want)[n:]
         if not batch:
             break
         still = []
@@ -132,7 +124,7 @@ def match_lengths(keys: Iterable[int] | Callable[[int], list[int]],
             lengths[u] = n + m
             if m == len(batch):
                 still.append((u, has))
-        live, n, step = still, n + len(batch), step * 2 if want > ready else step
+        live, n, step = still, n + len(batch), step * 2 if grows else step
     return lengths
 
 
@@ -348,7 +340,7 @@ class PrefixRouting:
                 pos = end
                 for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
                     done, parent = done + 1, h
-                    yield int.from_bytes(h, "big") & _MASK
+                    yield ke.hash_key(h)
         except Exception as exc:  # a tokenizer failure must not fail the request: score what we have
             log.warning("tokenizing a prompt failed: %r", exc)
 
@@ -407,7 +399,7 @@ class PrefixRouting:
         approx = [c for c in allowed if c not in exact]
         cached: dict[str, int] = {}
         if exact:
-            blocks = match_lengths(keys.upto(self.hasher), exact)
+            blocks = match_lengths(keys.lazy(self.hasher), exact)
             cached.update((c, n * self.config.block_size) for c, n in blocks.items())
         if approx and keys.text:
             chunks = match_lengths(keys.text, {c: self.routed.holds(c) for c in approx})
@@ -482,7 +474,6 @@ class _RustEncoding:
 
 _COMPOSE_SAMPLE = ("You are a careful assistant.  Answer in JSON, please: {\"a\": [1, 2, 12345]}\n\n"
                    "User: what's the time in Zürich? It's 10:30 -- isn't it?\tThanks!  Bye.")
-_MASK = (1 << 64) - 1
 
 
 def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
@@ -502,4 +493,4 @@ def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
     return lambda text: tok(text, add_special_tokens=True)["input_ids"]
 
 
-__all__ = ["PrefixRouting", "PromptKeys", "match_lengths", "load_tokenizer", "LEAST_OUTSTANDING", "PREFIX_AWARE"]
+__all__ = ["PrefixRouting", "PromptKeys", "LazyKeys", "match_lengths", "load_tokenizer", "LEAST_OUTSTANDING", "PREFIX_AWARE"]

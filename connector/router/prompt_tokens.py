@@ -22,17 +22,16 @@ elsewhere), never change an answer: engines hash their own tokens.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+from pdfleet.connector.router.kv_events import hash_key
 from pdfleet.connector.router.prefix_hash import BlockHasher
 
 DEFAULT_CHUNK_CHARS = 256
 DEFAULT_MAX_CHUNKS = 16384  # about 16k x 64 tokens: a few MiB of ids
-_MASK = (1 << 64) - 1
 
 
 class Encoding(Protocol):
@@ -41,21 +40,6 @@ class Encoding(Protocol):
     ids: Sequence[int]
 
     def token_starting_at(self, char: int) -> int | None: ...
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """An Encoding from ids and each token's (start, end) character offsets."""
-
-    ids: Sequence[int]
-    offsets: Sequence[tuple[int, int]]
-    _starts: list[int] = field(default_factory=list, compare=False, repr=False)
-
-    def token_starting_at(self, char: int) -> int | None:
-        if not self._starts:
-            self._starts.extend(s for s, _ in self.offsets)
-        i = bisect_left(self._starts, char)
-        return i if i < len(self._starts) and self._starts[i] == char else None
 
 
 @dataclass(frozen=True)
@@ -78,6 +62,7 @@ class Cached:
 
 
 def is_safe_at(text: str, a: int) -> bool:
+    """A space after a non-space character: a regex pre-tokenizer always starts a token there."""
     return text[a] == " " and not text[a - 1].isspace()
 
 
@@ -89,7 +74,7 @@ def last_safe_cut(text: str, start: int, lo: int, hi: int, enc: Encoding, tries:
         a = text.rfind(" ", lo, a)
         if a <= start:
             return None
-        if not text[a - 1].isspace():
+        if is_safe_at(text, a):
             i = enc.token_starting_at(a - start)
             if i is not None:
                 return a, i
@@ -104,21 +89,10 @@ def next_safe_cut(text: str, at: int) -> int:
         a = text.find(" ", a)
         if a < 0:
             return len(text)
-        if a and not text[a - 1].isspace():
+        if a and is_safe_at(text, a):
             return a
         a += 1
     return len(text)
-
-
-def safe_cuts(text: str, start: int, enc: Encoded) -> list[tuple[int, int]]:
-    """(absolute character offset, token index) of every safe cut in ``enc`` (a tokenization of
-    ``text[start:]``): a token starting at a space that follows a non-space character."""
-    out = []
-    for i, (s, _e) in enumerate(enc.offsets):
-        a = start + s
-        if i and a > start and is_safe_at(text, a):
-            out.append((a, i))
-    return out
 
 
 def chunk_key(parent: int, chunk: str) -> int:
@@ -163,7 +137,7 @@ class PromptTokenCache:
                 done = len(found.keys)
                 hashes = list(hasher.iter_hashes(found.ids[:len(found.ids) - len(found.ids) % bs], salt,
                                                  start_block=done, parent=found.last_hash))
-                chunk = _Chunk(chunk.cut, chunk.ids, tuple(int.from_bytes(h, "big") & _MASK for h in hashes),
+                chunk = _Chunk(chunk.cut, chunk.ids, tuple(hash_key(h) for h in hashes),
                                hashes[-1] if hashes else found.last_hash)
                 chunks[key] = chunk
             found.keys.extend(chunk.keys)
@@ -208,5 +182,5 @@ def composes(encode: Callable[[str, bool], Encoding], sample: str) -> bool:
     return True
 
 
-__all__ = ["Cached", "Encoded", "Encoding", "PromptTokenCache", "composes", "last_safe_cut", "next_safe_cut", "safe_cuts",
+__all__ = ["Cached", "Encoding", "PromptTokenCache", "composes", "is_safe_at", "last_safe_cut", "next_safe_cut",
            "DEFAULT_CHUNK_CHARS"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from bisect import bisect_left
+from dataclasses import dataclass
 
 import pytest
 
@@ -12,10 +14,29 @@ from pdfleet.connector.router.config import RouterConfig
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
 from pdfleet.connector.router.prefix_routing import PrefixRouting, Tokenizer
-from pdfleet.connector.router.prompt_tokens import Encoded, PromptTokenCache, composes, next_safe_cut, safe_cuts
+from pdfleet.connector.router.prompt_tokens import (
+    PromptTokenCache,
+    composes,
+    is_safe_at,
+    last_safe_cut,
+    next_safe_cut,
+)
 from pdfleet.operator.local.tiny_model import TinyLlamaSpec, build_corpus
 
 BLOCK = 16
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A prompt_tokens.Encoding from ids and each token's (start, end) character offsets."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+
+    def token_starting_at(self, char: int) -> int | None:
+        starts = [s for s, _ in self.offsets]
+        i = bisect_left(starts, char)
+        return i if i < len(starts) and starts[i] == char else None
 
 
 def _trained(pre_tokenizer: str):
@@ -137,7 +158,8 @@ def test_a_tokenizer_that_ends_every_text_does_not_compose():
 
 
 def test_splicing_without_safe_cuts_would_be_wrong(bytelevel):
-    """Negative control for safe cuts: cutting inside a word gives other tokens than the whole text."""
+    """Negative control for safe cuts: cutting inside a word gives other tokens than the whole text;
+    every safe cut starts a token."""
     text = " ".join(build_corpus(1, 50))
     raw = bytelevel._encode(text, add_special_tokens=True)
     whole = Encoded(raw.ids, raw.offsets)
@@ -148,19 +170,21 @@ def test_splicing_without_safe_cuts_would_be_wrong(bytelevel):
             spliced = list(whole.ids[:i]) + list(bytelevel.encode(text[mid:], False).ids)
             wrong += spliced != list(whole.ids)
     assert wrong > 0
-    cuts = safe_cuts(text, 0, whole)
-    assert cuts and all(text[a] == " " and text[a - 1] != " " for a, _ in cuts)
-    assert all(next_safe_cut(text, a - 3) <= a for a, _ in cuts)
+    cuts = [a for a in range(1, len(text)) if is_safe_at(text, a)]
+    assert cuts and all(whole.token_starting_at(a) is not None for a in cuts)
+    assert all(next_safe_cut(text, a - 1) == a for a in cuts)
 
 
-@pytest.mark.parametrize("text, start, offsets, want", [
-    ("ab cd", 0, [(0, 2), (2, 5)], [(2, 1)]),
-    ("ab  cd", 0, [(0, 2), (2, 3), (3, 6)], [(2, 1)]),  # the second space follows a space: not safe
-    ("x ab cd", 1, [(0, 3), (3, 6)], [(1, 0), (4, 1)][1:]),  # offsets relative to start; never at start
-    ("abcd", 0, [(0, 4)], []),
+@pytest.mark.parametrize("text, start, lo, hi, offsets, want", [
+    ("ab cd ef", 0, 1, 8, [(0, 2), (2, 5), (5, 8)], (5, 2)),  # the last one in range
+    ("ab cd ef", 0, 1, 5, [(0, 2), (2, 5), (5, 8)], (2, 1)),  # hi excludes the space at 5
+    ("ab  cd", 0, 1, 6, [(0, 2), (2, 3), (3, 6)], (2, 1)),  # the space at 3 follows a space: not safe
+    ("x ab cd", 1, 2, 7, [(0, 3), (3, 6)], (4, 1)),  # offsets relative to start
+    ("abcd efgh", 0, 1, 9, [(0, 9)], None),  # no token starts at the space
+    ("abcd", 0, 1, 4, [(0, 4)], None),
 ])
-def test_safe_cuts_table(text, start, offsets, want):
-    assert safe_cuts(text, start, Encoded([0] * len(offsets), offsets)) == want
+def test_last_safe_cut_table(text, start, lo, hi, offsets, want):
+    assert last_safe_cut(text, start, lo, hi, Encoded([0] * len(offsets), offsets)) == want
 
 
 def test_lru_bounds_the_chunks_and_eviction_only_shortens_hits(bytelevel):
