@@ -12,12 +12,11 @@ import msgspec
 import pytest
 import zmq
 
-from pdfleet.connector.router.app import ROUTER_KEY, build_app
+from pdfleet.connector.router.app import ROUTER_KEY, start_router
 from pdfleet.connector.router.config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
 
-from aiohttp import web
 
 BS = 4
 HASHER = BlockHasher(HashConfig(BS))
@@ -102,6 +101,13 @@ def zctx():
     ctx.term()
 
 
+async def serve(fleet, config: RouterConfig):
+    """The real router app on a free port (stopped with the fleet); returns (url, router)."""
+    runner, port = await start_router(config)
+    fleet.runners.append(runner)
+    return f"http://127.0.0.1:{port}", runner.app[ROUTER_KEY]
+
+
 async def start(fleet, pubs_by_prefill, **overrides):
     """A router over two fake prefills (each with a publisher) and one fake decode; returns (url, router)."""
     prefill = [await fleet.engine(f"p{i}", "prefill") for i in range(len(pubs_by_prefill))]
@@ -111,14 +117,7 @@ async def start(fleet, pubs_by_prefill, **overrides):
         kv_events=tuple((p.url, pub.endpoints) for p, pub in zip(prefill, pubs_by_prefill)), eject_s=0.0,
         **overrides,
     )
-    app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fleet.runners.append(runner)
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    router = app[ROUTER_KEY]
+    url, router = await serve(fleet, config)
     if router.prefix.enabled("prefill"):
         await until(lambda: all(s.synced for s in router.prefix.states.values()))
     return url, router, prefill
@@ -266,14 +265,7 @@ async def test_decode_leg_goes_to_the_decode_that_holds_the_prefix(fleet, zctx):
     decodes = [await fleet.engine(f"d{i}", "decode") for i in range(2)]
     config = RouterConfig(prefill=(prefill.url,), decode=tuple(d.url for d in decodes), block_size=BS, eject_s=0.0,
                           kv_events=tuple((d.url, pub.endpoints) for d, pub in zip(decodes, pubs)))
-    app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    fleet.runners.append(runner)
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    router = app[ROUTER_KEY]
+    url, router = await serve(fleet, config)
     await until(lambda: all(s.synced for s in router.prefix.states.values()))
     pubs[1].publish(batch(stored(KEYS[:5])))
     await until(lambda: len(index(router, decodes[1].url)) == 5)
@@ -296,12 +288,7 @@ async def test_a_replay_socket_that_never_answers_does_not_stall_the_stream(flee
     config = RouterConfig(prefill=tuple(p.url for p in prefill), decode=(decode.url,), block_size=BS, eject_s=0.0,
                           decode_policy="leastOutstanding",
                           kv_events=((prefill[1].url, f"tcp://127.0.0.1:{pubs[1].port},{dead}"),))
-    app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    fleet.runners.append(runner)
-    router = app[ROUTER_KEY]
+    _, router = await serve(fleet, config)
     await asyncio.sleep(0.3)  # SUB connected
     pubs[1].publish(batch(stored(KEYS[:2])))
     pubs[1].publish(batch(stored(KEYS[2:4])))
