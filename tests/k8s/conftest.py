@@ -8,7 +8,6 @@ model image, so scenarios that need ready pods are skipped here (the kmock tests
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pathlib
 import ssl
@@ -26,7 +25,7 @@ for path in (TESTS, pathlib.Path(__file__).resolve().parent):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from k8s_env import K8sDriver, _session  # noqa: E402
+from k8s_env import K8sDriver, _session, apply_crd  # noqa: E402
 from operator_scenarios import IMAGE  # noqa: E402
 
 from pdfleet.operator import api  # noqa: E402
@@ -47,17 +46,7 @@ async def k8s_http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def k8s_namespace(k8s_http: aiohttp.ClientSession) -> AsyncIterator[str]:
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    async with k8s_http.patch(f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
-                              "?fieldManager=pdfleet-tests&force=true", json=crd,
-                              headers={"Content-Type": "application/apply-patch+yaml"}) as resp:
-        assert resp.status in (200, 201), await resp.text()
-    for _ in range(100):
-        async with k8s_http.get(f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}") as r:
-            conds = (await r.json()).get("status", {}).get("conditions", [])
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-            break
-        await asyncio.sleep(0.1)
+    await apply_crd(k8s_http, yaml.safe_load(CRD_FILE.read_text()))
     name = f"pdfleet-test-{uuid.uuid4().hex[:8]}"
     async with k8s_http.post("api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
                                                          "metadata": {"name": name}}) as resp:

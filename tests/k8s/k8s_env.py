@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from typing import Any, Optional
 
@@ -43,6 +44,21 @@ def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
     auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
     return aiohttp.ClientSession(base_url=info.server.rstrip("/") + "/", headers=headers, auth=auth,
                                  connector=aiohttp.TCPConnector(ssl=context) if context else None)
+
+
+async def apply_crd(http: aiohttp.ClientSession, crd: dict[str, Any]) -> bool:
+    """Server-side apply a CRD; True once the API server reports it Established (10 s at most)."""
+    url = f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+    async with http.patch(url + "?fieldManager=pdfleet-tests&force=true", json=crd,
+                          headers={"Content-Type": "application/apply-patch+yaml"}) as resp:
+        assert resp.status in (200, 201), await resp.text()
+    for _ in range(100):
+        async with http.get(url) as r:
+            conds = (await r.json()).get("status", {}).get("conditions", [])
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 def _path(resource: str, namespace: Optional[str], name: Optional[str] = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import aiohttp
 import pytest
 import yaml
-from k8s_env import K8sDriver
+from k8s_env import K8sDriver, apply_crd
 from operator_scenarios import STS, fleet
 
 from pdfleet.operator import api
@@ -25,18 +25,8 @@ SCALERS = f"{api.GROUP}/{api.VERSION}/{api.scaler.PLURAL}"
 
 @pytest.fixture
 async def scaler_crd(k8s_http: aiohttp.ClientSession) -> None:
-    crd = yaml.safe_load(SCALER_CRD.read_text())
-    async with k8s_http.patch(f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
-                              "?fieldManager=pdfleet-tests&force=true", json=crd,
-                              headers={"Content-Type": "application/apply-patch+yaml"}) as resp:
-        assert resp.status in (200, 201), await resp.text()
-    for _ in range(100):
-        async with k8s_http.get(f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}") as r:
-            if any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (await r.json()).get("status", {}).get("conditions", [])):
-                return
-        await asyncio.sleep(0.1)
-    pytest.fail("the scaler CRD was not established")
+    if not await apply_crd(k8s_http, yaml.safe_load(SCALER_CRD.read_text())):
+        pytest.fail("the scaler CRD was not established")
 
 
 async def until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
