@@ -29,8 +29,6 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "leases_released": ("leases_released", "Leases ended early by decode's release notice: aborted before the pull, "
                         "or nothing to pull (prefill side)"),
     "releases": ("releases_sent", "Release notices sent to prefill (decode side)"),
-    "heartbeat_retries": ("heartbeat_retries",
-                          "Lease heartbeats that got no reply and were sent again within the lease (decode side)"),
     "stale_agents_dropped": ("stale_agents_dropped",
                              "Cached NIXL peers dropped because the prefill instance changed or a read failed"),
     "messages_rejected": ("messages_rejected", "Malformed or unauthenticated side-channel messages dropped"),

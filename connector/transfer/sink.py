@@ -192,7 +192,6 @@ class KVSink:
             "expired_leases": 0.0,
             "stale_agents_dropped": 0.0,
             "heartbeats": 0.0,
-            "heartbeat_retries": 0.0,
             # seconds from a READ's observed completion to the lease ack that let it complete
             "ack_wait_seconds": 0.0,
             "releases": 0.0,
@@ -528,12 +527,6 @@ class KVSink:
         try:
             reply = fut.result()
         except Exception as exc:
-            # No reply (a busy or briefly unreachable source): while the lease we know of has
-            # time left, ask again instead of giving the pull up; its deadline still bounds it.
-            if p.deadline is not None and time.monotonic() + self._hb_timeout < p.deadline:
-                self._stats["heartbeat_retries"] += 1
-                p.hb_retry = True
-                return None
             return f"lease heartbeat to {p.endpoint[0]}:{p.endpoint[1]} failed: {exc}"
         if isinstance(reply, wire.ErrorReply):
             return f"lease heartbeat refused: {reply.reason}"
