@@ -48,6 +48,7 @@ from pdfleet.connector.transfer.layout import (
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
+from pdfleet.connector.transfer.retry import HeartbeatRetry, heartbeat_retry
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
 __all__ = ["KVSink", "lease_verdict"]
@@ -107,6 +108,9 @@ class _Pull:
     hb_sent: float = 0.0
     hb_interval: float = 1.0
     hb_retry: bool = False  # the source did not know the request yet: ask again soon
+    hb_failing_since: float | None = None  # first unanswered heartbeat since the last ack (monotonic)
+    hb_retries: int = 0  # unanswered heartbeats retried since then
+    hb_not_before: float = 0.0  # the next heartbeat waits until then (retry backoff)
     acked: bool = False  # a heartbeat ack confirmed the source holds the blocks
     released_by_us: bool = False  # the source released on our own completion notification
     failed_at: float | None = None
@@ -145,11 +149,15 @@ class KVSink:
         unknown_grace: float = 2.0,
         nixl_progress_thread: bool = False,
         backing: Sequence[Span] | None = None,
+        heartbeat_retry_policy: HeartbeatRetry = HeartbeatRetry(),
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
         if not regions:
             raise ValueError("regions must list at least one registered KV region")
+        if not isinstance(heartbeat_retry_policy, HeartbeatRetry):
+            raise ValueError("heartbeat_retry_policy must be a HeartbeatRetry")
+        self._hb_policy = heartbeat_retry_policy
         spans = registration_spans(regions, backing)
         if not handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
@@ -195,6 +203,8 @@ class KVSink:
             # seconds from a READ's observed completion to the lease ack that let it complete
             "ack_wait_seconds": 0.0,
             "releases": 0.0,
+            # unanswered lease heartbeats retried because the lease still had time (retry.py)
+            "heartbeat_retries": 0.0,
         }
         self._reported_peers: set[str] = set()  # agents whose first transfer was logged
 
@@ -527,7 +537,19 @@ class KVSink:
         try:
             reply = fut.result()
         except Exception as exc:
-            return f"lease heartbeat to {p.endpoint[0]}:{p.endpoint[1]} failed: {exc}"
+            now = time.monotonic()
+            if p.hb_failing_since is None:
+                p.hb_failing_since = now
+            decision = heartbeat_retry(self._hb_policy, now=now, deadline=p.deadline,
+                                       failing_since=p.hb_failing_since, retries=p.hb_retries)
+            if decision.retry:  # the lease has time: keep the blocks, ask again after a backoff
+                p.hb_retries += 1
+                p.hb_retry = True
+                p.hb_not_before = now + decision.delay
+                self._stats["heartbeat_retries"] += 1
+                return None
+            return f"lease heartbeat to {p.endpoint[0]}:{p.endpoint[1]} failed: {exc}; {decision.why}"
+        p.hb_failing_since, p.hb_retries = None, 0
         if isinstance(reply, wire.ErrorReply):
             return f"lease heartbeat refused: {reply.reason}"
         if not isinstance(reply, wire.HeartbeatReply):
@@ -587,11 +609,12 @@ class KVSink:
                 where = "while the read was in flight" if p.handles else "before the read was posted"
                 self._fail(p, f"the source's lease on the blocks expired {where}")
                 return
-            if p.hb is None and p.hb_retry and now - p.hb_sent > UNKNOWN_RETRY_SECONDS:
-                p.hb_retry = False
-                self._heartbeat(p, now)
-            elif p.hb is None and p.deadline is not None and now - p.hb_sent > p.hb_interval:
-                self._heartbeat(p, now)
+            if p.hb is None and now >= p.hb_not_before:
+                if p.hb_retry and now - p.hb_sent > UNKNOWN_RETRY_SECONDS:
+                    p.hb_retry = False
+                    self._heartbeat(p, now)
+                elif p.deadline is not None and now - p.hb_sent > p.hb_interval:
+                    self._heartbeat(p, now)
         if p.peer is None:
             return  # waiting for the handshake
         if not p.handles:
