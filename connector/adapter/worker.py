@@ -9,8 +9,10 @@ reported as load errors, so vLLM recomputes them under
 
 Test-only fault hook: with ``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS=1`` in a decode
 worker's environment, every successfully pulled block is overwritten with noise
-before vLLM sees it. It exists for the negative control of the end-to-end test
-and must never be set in production.
+before vLLM sees it; with an absolute file path as its value, only while that file
+exists (so one engine serves both a test and its negative control, without a
+restart). It exists for the negative controls of the end-to-end tests and must
+never be set in production.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ CORRUPT_ENV = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
 # At shutdown the prefill's side channel answers for up to this long (see KVSource.close);
 # vLLM's executor waits 5 s for its workers before it signals them.
 SOURCE_LINGER_SECONDS = 4.0
+
+
+def corrupt_switch(value: str | None) -> str | None:
+    """The test-only fault hook's setting: None (off), "" (always on) or the file whose existence turns it on."""
+    if value == "1":
+        return ""
+    if value and os.path.isabs(value):
+        return value
+    return None
 
 
 def tensor_parallel_rank() -> int:
@@ -98,9 +109,10 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._own = {"params_rejected": 0.0, "failures": 0.0, "blocks_corrupted_for_test": 0.0}
         self._last_stats: dict[str, float] = {}
-        self._corrupt = os.environ.get(CORRUPT_ENV) == "1"
-        if self._corrupt:
-            log.warning("%s=1: pulled KV blocks will be CORRUPTED (test-only fault hook)", CORRUPT_ENV)
+        self._corrupt_when = corrupt_switch(os.environ.get(CORRUPT_ENV))
+        if self._corrupt_when is not None:
+            log.warning("%s is set: pulled KV blocks will be CORRUPTED %s (test-only fault hook)", CORRUPT_ENV,
+                        "always" if self._corrupt_when == "" else f"while {self._corrupt_when} exists")
 
     # -- registration ---------------------------------------------------------
     def _layout(self, physical: str) -> KVLayout:
@@ -290,7 +302,7 @@ class WorkerSide:
                 inflight = self._inflight.pop(rid, None) if rid is not None else None
                 if rid is None or inflight is None:
                     continue
-                if self._corrupt:
+                if self._corrupt_when is not None and (self._corrupt_when == "" or os.path.exists(self._corrupt_when)):
                     self._corrupt_blocks(inflight.local_block_ids)
                 recving.add(rid)
             for remote_id, reason in fails.items():
