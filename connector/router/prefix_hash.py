@@ -11,7 +11,7 @@ router can reproduce it), ``seed = PYTHONHASHSEED`` if the engine has it, else
 ``"vllm-none-hash"``, and ``extra_keys`` None for plain text prompts
 (``(("cache_salt", salt),)`` on the first block of a request with a
 cache_salt). Events publish the low 64 bits of each hash as an int; see
-kv_events.hash_key. tests/e2e/local/test_local_prefix_routing.py checks this
+kv_events.hash_key. tests/e2e/local/test_local_two_prefills.py checks this
 against a real engine's own events.
 
 The CBOR encoder below covers exactly the shapes hashed here (bytes, str,

@@ -22,8 +22,8 @@ Each scenario prints one row:
 - restored_s: seconds from the end of the fault until every engine is healthy again (an
   engine that exited was restarted by `pdfleet local`, which takes long on 2 shared cores).
 
-Used by bench/chaos.py (`make chaos`, every scenario) and tests/e2e/local/test_local_chaos.py
-(a CI-sized subset that asserts the goals).
+Used by bench/chaos.py (`make chaos`, every scenario) and tests/e2e/local/test_local_two_prefills.py
+(a CI-sized subset that asserts the goals, on the fleet it shares with the KV-aware routing tests).
 """
 
 from __future__ import annotations
@@ -49,15 +49,20 @@ from pdfleet.connector.router.config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 
 LEASE_SECONDS = 20
+# pdfleet local restarts an engine that exits; faults make them exit many times.
+CHAOS_RUNNER_ARGS = ("--max-restarts", "50")
 FALLBACK_HEADER = "x-pdfleet-fallback"
 
 
-def chaos_cr(workdir: Path, *, prefill: int = 2, decode: int = 1, lease: int = LEASE_SECONDS) -> Path:
-    """The tiny CPU example with more engines and a shorter lease."""
+def chaos_cr(workdir: Path, *, prefill: int = 2, decode: int = 1, lease: int = LEASE_SECONDS,
+             router: Optional[dict[str, str]] = None) -> Path:
+    """The tiny CPU example with more engines and a shorter lease (and ``router``: spec.router)."""
     cr = yaml.safe_load(TINY_CR.read_text())
     cr["spec"]["prefill"]["replicas"] = prefill
     cr["spec"]["decode"]["replicas"] = decode
     cr["spec"]["kvTransfer"]["leaseSeconds"] = lease
+    if router:
+        cr["spec"]["router"] = dict(router)
     path = workdir / "chaos-cr.yaml"
     path.write_text(yaml.safe_dump(cr))
     return path
@@ -177,12 +182,15 @@ class ChaosFleet:
     """`pdfleet local` (subprocess) plus this harness's router in front of its engines."""
 
     def __init__(self, workdir: Path, *, prefill: int = 2, decode: int = 1, lease: int = LEASE_SECONDS,
-                 router_port: int = 0) -> None:
+                 router_port: int = 0, fleet: Optional[Fleet] = None) -> None:
+        """A fleet of its own, or ``fleet``: one already running (made with ``chaos_cr``'s lease),
+        shared with other tests; it is then left running by ``close``."""
         self.workdir = workdir
         self.lease = lease
         workdir.mkdir(parents=True, exist_ok=True)
-        self.fleet = Fleet(workdir, cr=chaos_cr(workdir, prefill=prefill, decode=decode, lease=lease),
-                           extra_args=("--max-restarts", "50"))
+        self.owns_fleet = fleet is None
+        self.fleet = fleet or Fleet(workdir, cr=chaos_cr(workdir, prefill=prefill, decode=decode, lease=lease),
+                                    extra_args=CHAOS_RUNNER_ARGS)
         self.router_port = router_port
         self.runner = None
         self.base = ""
@@ -191,7 +199,8 @@ class ChaosFleet:
 
     # -- lifecycle ------------------------------------------------------------
     async def start(self, warm: Optional[list[Req]] = None) -> None:
-        await asyncio.to_thread(self.fleet.wait_router)
+        if self.fleet.router is None:
+            await asyncio.to_thread(self.fleet.wait_router)
         await self.start_router()
         if warm:
             # A fleet in service is warm: every decode has met every prefill (first handshakes,
@@ -215,7 +224,8 @@ class ChaosFleet:
 
     async def close(self) -> None:
         await self.stop_router()
-        await asyncio.to_thread(self.fleet.terminate)
+        if self.owns_fleet:
+            await asyncio.to_thread(self.fleet.terminate)
 
     # -- endpoints, as an EndpointSlice would show them -------------------------
     @property

@@ -148,7 +148,7 @@ class PromptSets:
     concurrent: list[Req]
     kill: list[Req]
     after_restart: list[Req]
-    # test_local_prefix_routing.py: {policy: (first turns, later turns)}, answered by the same reference server
+    # test_local_two_prefills.py: {policy: (first turns, later turns)}, answered by the same reference server
     prefix_workload: dict[str, tuple[list[Req], list[Req]]] = field(default_factory=dict)
     all: list[Req] = field(default_factory=list)
 
