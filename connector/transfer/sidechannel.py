@@ -17,9 +17,10 @@ from typing import Callable
 
 import zmq
 
-from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer import auth, wire
 
-__all__ = ["SideChannelServer", "SideChannelClient", "Call", "SideChannelError", "zmq_address", "check_bind_host"]
+__all__ = ["SideChannelServer", "SideChannelClient", "Call", "SideChannelError", "zmq_address", "check_bind_host",
+           "reply_judged_at"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,22 @@ log = logging.getLogger(__name__)
 # limit is checked in Python so that oversized messages are counted.
 _ZMQ_HARD_CAP = 64 * 1024 * 1024
 _WILDCARDS = {"0.0.0.0", "::", "*", "[::]"}
+
+
+def reply_judged_at(signed_at: float, asked_at: float | None, now: float) -> float:
+    """The time a reply's timestamp is judged against: when it could first have been read.
+
+    A reply is read when the thread that owns the client polls, which can be long after it
+    arrived (an engine step, a blocking call). Judged against that late ``now`` a fresh answer
+    looks stale and is dropped, and the pull waiting for it fails. A reply signed after the
+    earliest request still waiting on that peer (``asked_at``) cannot be a replay of an
+    answer from before it, so it is judged as if read the moment it was signed; one signed
+    earlier is judged from ``asked_at``, one from the future from ``now`` (the replay window
+    bounds both). Wall-clock seconds, like the signatures' timestamps.
+    """
+    if asked_at is None:
+        return now
+    return min(max(signed_at, asked_at), now)
 
 
 class SideChannelError(RuntimeError):
@@ -168,7 +185,7 @@ class SideChannelServer:
 class Call:
     """One outstanding request: ``done()``, then ``result()`` (reply, or raises ``SideChannelError``)."""
 
-    __slots__ = ("endpoint", "request", "timeout", "attempts_left", "attempts", "deadline",
+    __slots__ = ("endpoint", "request", "timeout", "attempts_left", "attempts", "deadline", "asked_at",
                  "_reply", "_error", "_done", "last")
 
     def __init__(self, endpoint: tuple[str, int], request, timeout: float, attempts: int) -> None:
@@ -178,6 +195,7 @@ class Call:
         self.attempts = attempts
         self.attempts_left = attempts
         self.deadline = 0.0
+        self.asked_at = time.time()  # wall clock, like the replies' signature timestamps
         self.last = f"no reply within {timeout:.3g}s"
         self._reply = None
         self._error: str | None = None
@@ -209,9 +227,9 @@ class SideChannelClient:
 
     _ids = itertools.count(1)
 
-    def __init__(self, *, secret: bytes | None) -> None:
+    def __init__(self, *, secret: bytes | None, replay_window: float = auth.DEFAULT_REPLAY_WINDOW) -> None:
         self._req = wire.request_codec(secret)
-        self._rep = wire.reply_codec(secret)
+        self._rep = wire.reply_codec(secret, replay_window=replay_window)
         self._ctx = zmq.Context.instance()
         self._socks: dict[tuple[str, int], zmq.Socket] = {}
         self._calls: dict[int, Call] = {}
@@ -262,9 +280,14 @@ class SideChannelClient:
         except zmq.ZMQError as exc:  # queue full: counts as a lost attempt
             call.last = f"send failed: {exc}"
 
+    def _asked_at(self, endpoint: tuple[str, int]) -> float | None:
+        """When the earliest call still waiting on ``endpoint`` was first sent (wall clock)."""
+        return min((c.asked_at for c in self._calls.values() if c.endpoint == endpoint), default=None)
+
     def poll(self) -> None:
         """Receive replies (non-blocking), resend or fail timed-out calls."""
         for endpoint, sock in self._socks.items():
+            asked_at = self._asked_at(endpoint)
             for _ in range(1000):  # bounded per poll
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -273,8 +296,11 @@ class SideChannelClient:
                 except zmq.ZMQError as exc:
                     log.warning("side channel %s:%s receive failed: %s", *endpoint, exc)
                     break
+                now = time.time()
+                if len(frames) == 2 and len(frames[1]) == auth.AUTH_FRAME_BYTES:
+                    now = reply_judged_at(auth.parse_auth(frames[1])[1], asked_at, now)
                 try:
-                    reply = self._rep.decode(frames)
+                    reply = self._rep.decode(frames, now)
                 except wire.BadMessage as exc:
                     self.rejected += 1
                     self.last_reject = str(exc)

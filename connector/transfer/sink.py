@@ -540,7 +540,7 @@ class KVSink:
             now = time.monotonic()
             if p.hb_failing_since is None:
                 p.hb_failing_since = now
-            decision = heartbeat_retry(self._hb_policy, now=now, deadline=p.deadline,
+            decision = heartbeat_retry(self._hb_policy, now=now, deadline=self._retry_horizon(p),
                                        failing_since=p.hb_failing_since, retries=p.hb_retries)
             if decision.retry:  # the lease has time: keep the blocks, ask again after a backoff
                 p.hb_retries += 1
@@ -590,6 +590,18 @@ class KVSink:
         if p.peer is not None:
             p.verified = True
         return None
+
+    @staticmethod
+    def _retry_horizon(p: _Pull) -> float | None:
+        """How long heartbeats may be retried (monotonic): the lease deadline, or before the first ack
+        the advertised expiry on our clock, its offset's error bound taken off. Only for retrying:
+        a pull still completes only once an ack confirmed the lease."""
+        if p.deadline is not None:
+            return p.deadline
+        peer = p.peer
+        if p.remote_lease_expiry is None or peer is None or not math.isfinite(peer.clock_error):
+            return None
+        return time.monotonic() + (p.remote_lease_expiry - peer.clock_offset - time.time() - peer.clock_error)
 
     def _advance(self, p: _Pull, now: float) -> None:
         if p.failure is not None:

@@ -149,11 +149,12 @@ class Codec:
         key = (self.ring.lookup(key_id, now) if key_id is not None else None) or self.ring.current
         return [payload, auth.sign(key, payload, now=now)]
 
-    def decode(self, frames: list[bytes]):
-        return self.decode_signed(frames)[0]
+    def decode(self, frames: list[bytes], now: Optional[float] = None):
+        return self.decode_signed(frames, now)[0]
 
-    def decode_signed(self, frames: list[bytes]) -> tuple[object, Optional[bytes]]:
-        """(message, id of the key that signed it or None when unsigned)."""
+    def decode_signed(self, frames: list[bytes], now: Optional[float] = None) -> tuple[object, Optional[bytes]]:
+        """(message, id of the key that signed it or None when unsigned). ``now``: the time the
+        message's timestamp is judged against (default: the clock, read now)."""
         if not frames:
             raise BadMessage("empty message")
         payload = frames[0]
@@ -164,7 +165,8 @@ class Codec:
             if len(frames) != 2:
                 raise BadMessage("unsigned message (an auth frame is required)", "unsigned")
             try:
-                kid = auth.verify(self.ring, payload, frames[1], self._guard, now=self._clock())
+                kid = auth.verify(self.ring, payload, frames[1], self._guard,
+                                  now=self._clock() if now is None else now)
             except auth.AuthError as exc:
                 raise BadMessage(str(exc), exc.kind) from None
         elif len(frames) > 2:
