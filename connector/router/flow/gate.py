@@ -109,6 +109,7 @@ class FlowGate:
             return self._refusal(klass, QUEUE_FULL)
         if offer.displaced is not None:
             self._shed(offer.displaced, DISPLACED)
+        self._set_queued(klass)
         self._dispatch()
         self._arm_timer()
         try:
