@@ -56,12 +56,15 @@ class Offer:
     displaced: Optional[Item] = None
 
 
+HEADROOM = 0.25  # share of capacity lower classes leave to the top class (see headroom())
+
+
 def headroom(capacity: int, classes: int) -> int:
-    """Slots lower classes leave free for the top class: a tenth of capacity, at least 1,
+    """Slots lower classes leave free for the top class: a quarter of capacity, at least 1,
     never all of it (with one class, or a capacity of 1, none)."""
     if classes <= 1 or capacity <= 1:
         return 0
-    return min(capacity - 1, max(1, capacity // 10))
+    return min(capacity - 1, max(1, int(capacity * HEADROOM)))
 
 
 def retry_after_s(queued: int, capacity: int, mean_service_s: float, max_wait_s: float) -> int:

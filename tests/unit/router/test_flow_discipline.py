@@ -34,8 +34,8 @@ DISPATCH = [
     ("weights 3:1 share the dispatches", [3, 1], "0a 0a 0a 0a 0a 0a 0a 0a 0a 0a 1b 1b 1b 1b 1b 1b 1b 1b 1b 1b",
      0, 100, "0a 1b 0a 0a 0a 1b 0a 0a 0a 1b 0a 0a 0a 1b 1b 1b 1b 1b 1b 1b"),
     ("equal weights alternate", [1, 1], "0a 0a 0a 1b 1b 1b", 0, 100, "0a 1b 0a 1b 0a 1b"),
-    # capacity 10, 2 classes: 1 slot kept for the top class
-    ("lower classes leave the headroom free", [1, 1], "1a 1a 1a", 8, 10, "1a"),
+    # capacity 10, 2 classes: 2 slots kept for the top class
+    ("lower classes leave the headroom free", [1, 1], "1a 1a 1a", 7, 10, "1a"),
     ("the top class may take the headroom", [1, 1], "1a 0b 1a", 9, 10, "0b"),
     ("top first on a tie, then the low class up to the headroom", [1, 1], "1a 0b 1a", 8, 10, "0b"),
     ("one class: no headroom", [1], "0a 0a 0a", 8, 10, "0a 0a"),
@@ -54,15 +54,15 @@ def test_dispatch_order(case, weights, arrivals, in_flight, capacity, expected) 
 def test_an_idle_high_class_is_served_at_the_next_slot_not_behind_the_backlog() -> None:
     fq = q(8, 1)
     offer_all(fq, items(" ".join(["1a"] * 50)))
-    assert len(fq.dispatch(0, 21)) == 19  # capacity 21: lower classes leave 2 free
-    assert fq.dispatch(19, 21) == []  # saturated for the low class
+    assert len(fq.dispatch(0, 21)) == 16  # capacity 21: lower classes leave 5 free
+    assert fq.dispatch(16, 21) == []  # saturated for the low class
     high = Item("b", 0, 60.0)
     fq.offer(high)
-    assert fq.dispatch(19, 21) == [high]  # the headroom takes it at once
+    assert fq.dispatch(20, 21) == [high]  # the headroom takes it at once
     # a slot frees with the backlog still there: the next high request is next, whatever the low backlog's tags
     high2 = Item("b", 0, 61.0)
     fq.offer(high2)
-    assert fq.dispatch(19, 20)[:1] == [high2]
+    assert fq.dispatch(15, 21)[:1] == [high2]
 
 
 def test_a_busy_high_class_does_not_starve_the_low_one() -> None:
@@ -134,7 +134,7 @@ def test_withdrawn_and_dispatched_requests_do_not_expire() -> None:
 
 
 @pytest.mark.parametrize("capacity,classes,expected", [
-    (1, 2, 0), (2, 2, 1), (10, 1, 0), (10, 2, 1), (19, 2, 1), (30, 2, 3), (100, 3, 10), (0, 2, 0),
+    (1, 2, 0), (2, 2, 1), (3, 2, 1), (10, 1, 0), (10, 2, 2), (19, 2, 4), (32, 2, 8), (100, 3, 25), (0, 2, 0),
 ])
 def test_headroom(capacity, classes, expected) -> None:
     assert headroom(capacity, classes) == expected
