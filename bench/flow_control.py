@@ -10,7 +10,7 @@ The fleet serves CAPACITY = DECODE_SLOTS / (TOKENS x ITL_S) requests/s (decode i
 An open-loop client (seeded Poisson arrivals) sends streaming completions from 3 tenants, one
 sending 10x the others, each request "interactive" (25 %) or "batch" (75 %), and measures TTFT
 (request to first SSE event) per request. Three runs, in one invocation:
-  1. unloaded: 0.3x capacity through the flow-controlled router: the TTFT baseline;
+  1. unloaded: 0.3x capacity (10 s) through the flow-controlled router: the TTFT baseline;
   2. FIFO: 2x capacity, flow control off (today's router: everything goes to the engines);
   3. flow control: 2x capacity, flowControl {priorities: interactive 8, batch 1}.
 Reports per run: answered / refused (429) / lost (anything else: error, timeout, cut stream),
@@ -20,9 +20,9 @@ window's total goodput given what each tenant offered; J = (sum x)^2 / (n sum x^
 Goals (issue 22): interactive TTFT p90 under flow control <= 1.2x the unloaded figure; J >= 0.9;
 every request answered or refused with 429.
 
-    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/flow_control.py [--seconds 20] [--json out.json]
+    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/flow_control.py [--seconds 15] [--json out.json]
 
-About 90 s; stops by itself (every client request has a deadline, every child is killed at the end).
+About a minute; stops by itself (every client request has a deadline, every child is killed at the end).
 """
 
 from __future__ import annotations
@@ -285,6 +285,8 @@ def summary(name: str, results: list[Result], t0: float, seconds: float) -> dict
     for prio in ("interactive", "batch"):
         out[f"jain_{prio}"], out[f"goodput_{prio}"] = jain([r for r in results if r.priority == prio], t0, seconds)
     out["jain_all"], _ = jain(results, t0, seconds)
+    out["goodput_rps"] = round(sum(r.first_token_at is not None and r.first_token_at <= t0 + seconds
+                                   for r in results) / seconds, 1)
     out["by_tenant"] = {t: {o: sum(r.tenant == t and r.outcome == o for r in results) for o in ("ok", "refused")}
                         for t in TENANTS}
     return out
@@ -296,7 +298,7 @@ def _ms(v: float | None) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=20.0, help="load window of each overloaded run")
+    ap.add_argument("--seconds", type=float, default=15.0, help="load window of each overloaded run")
     ap.add_argument("--seed", type=int, default=22)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--in-flight-per-decode", type=int, default=IN_FLIGHT_PER_DECODE,
@@ -318,7 +320,7 @@ def main() -> int:
         runs = []
         flow_cfg = dict(FLOW, maxInFlightPerDecode=args.in_flight_per_decode)
         print(f"flowControl: {json.dumps(flow_cfg)}", flush=True)
-        for name, flow, rate, seconds in (("unloaded", flow_cfg, 0.3 * CAPACITY, min(args.seconds, 15.0)),
+        for name, flow, rate, seconds in (("unloaded", flow_cfg, 0.3 * CAPACITY, min(args.seconds, 10.0)),
                                           ("fifo", None, 2 * CAPACITY, args.seconds),
                                           ("flow", flow_cfg, 2 * CAPACITY, args.seconds)):
             router, url = start_router(prefill, decode, flow)
@@ -341,18 +343,19 @@ def main() -> int:
     fifo_ratio = fifo["interactive_ttft_p90_ms"] / base if base else float("nan")
     print()
     print("| run | sent | answered | refused (429) | lost | interactive TTFT p50 / p90 ms | batch TTFT p90 ms "
-          "| Jain batch / interactive / all |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| Jain batch / interactive / all | goodput req/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         print(f"| {r['run']} | {r['sent']} | {r['ok']} | {r['refused']} | {r['lost']} | "
               f"{r['interactive_ttft_p50_ms']} / {r['interactive_ttft_p90_ms']} | {r['batch_ttft_p90_ms']} | "
-              f"{r['jain_batch']:.3f} / {r['jain_interactive']:.3f} / {r['jain_all']:.3f} |")
+              f"{r['jain_batch']:.3f} / {r['jain_interactive']:.3f} / {r['jain_all']:.3f} | {r['goodput_rps']} |")
     print()
     print(f"interactive TTFT p90 vs unloaded: flow control {ratio:.2f}x (goal <= 1.2), FIFO {fifo_ratio:.2f}x")
     print(f"Jain's index across tenants within the batch class: flow control {flow['jain_batch']:.3f} (goal >= 0.9), "
           f"FIFO {fifo['jain_batch']:.3f}")
-    lost = sum(r["lost"] for r in runs)
-    print(f"lost (neither answered nor refused with 429): {lost}")
+    lost = runs[0]["lost"] + flow["lost"]
+    print(f"lost (neither answered nor refused with 429): flow control {flow['lost']}, unloaded {runs[0]['lost']}; "
+          f"FIFO {fifo['lost']} {fifo['lost_why']}")
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "interactive_p90_ratio": ratio, "fifo_p90_ratio": fifo_ratio},
                                         indent=1))

@@ -405,7 +405,8 @@ FLOW_CONTROL_RULES: tuple[Rule, ...] = (
         field="router.flowControl.priorities",
         message="names must be unique (a class is selected by its name)",
         check=_priority_names_unique,
-        cel=f"!has({_FC}.priorities) || {_FC}.priorities.all(p, {_FC}.priorities.filter(q, q.name == p.name).size() == 1)",
+        cel=f"!has({_FC}.priorities)"
+        f" || {_FC}.priorities.all(p, {_FC}.priorities.filter(q, q.name == p.name).size() == 1)",
     ),
     Rule(
         field="router.flowControl.priorityHeader",

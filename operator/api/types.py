@@ -234,8 +234,12 @@ HEADER_NAME = r"^[-a-z0-9!#$%&'*+.^_`|~]+$"
 HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=HEADER_NAME)]
 
 
+PriorityName = Annotated[str, StringConstraints(min_length=1, max_length=253,
+                                               pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+
+
 class PriorityClass(Model):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")] = Field(
+    name: PriorityName = Field(
         description="The value of priorityHeader that selects this class (e.g. an InferenceObjective's name)."
     )
     weight: Annotated[int, Field(ge=1, le=1000)] = Field(
