@@ -67,6 +67,7 @@ from pdfleet.connector.router.endpoints import (
 )
 from pdfleet.connector.router.errors import error_body, error_response
 from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
+from pdfleet.connector.router.flow.gate import FlowGate
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
 from pdfleet.connector.router import timing
@@ -126,6 +127,7 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self.abandoned = Abandoned()
         self.prefix = PrefixRouting(config, self.metrics)  # KV-cache-aware choice (prefixAware legs)
+        self.flow = FlowGate(config.flow_control, self.metrics.registry)  # flow control; open when disabled
         self._prefill_timeout = aiohttp.ClientTimeout(
             total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s
         )
@@ -147,6 +149,7 @@ class Router:
             log.info("serving revision %s (%s)", new.revision if new else None, self.selection.reason)
         self._forget_gone_endpoints()
         self.prefix.set_endpoints(self._groups.values())
+        self.flow.set_ready_decodes(len(new.ready(DECODE)) if new is not None else 0)
         self.metrics.revision.clear()
         self.metrics.endpoints.clear()
         if new is not None:
@@ -231,7 +234,8 @@ class Router:
         started = time.perf_counter()
         status = 500
         try:
-            response = await self._generate(request, path, chat=chat)
+            response = await self.flow.guard(request.headers,
+                                             functools.partial(self._generate, request, path, chat=chat))
             status = recorded_status(response.status, delivered=_DELIVERED in request,
                                      client_left=request.get(_CLIENT_LEFT, False))
             return response

@@ -8,6 +8,7 @@ import os
 import sys
 
 from pdfleet.connector.router.config import RouterConfig
+from pdfleet.connector.router.flow.config import FLAG as FLOW_CONTROL_FLAG, FlowControlConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ]:
         lim.add_argument("--" + name.replace("_", "-"), type=kind, default=d[name].default,
                          help=f"{help_text}; default %(default)s")
+    flow = parser.add_argument_group("flow control (flow/): queue, priorities, per-tenant fairness, shedding")
+    flow.add_argument(FLOW_CONTROL_FLAG, default=None, metavar="JSON",
+                      help='e.g. {"enabled":true,"maxQueueSeconds":30,"maxQueuedRequests":1000,'
+                           '"maxInFlightPerDecode":32,"priorities":[{"name":"interactive","weight":8},'
+                           '{"name":"batch","weight":1}]} (keys of spec.router.flowControl); default: disabled')
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
                         help="auto: uvloop when installed; default %(default)s")
@@ -91,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         decode_first_byte_timeout_s=args.decode_first_byte_timeout_s,
         decode_idle_timeout_s=args.decode_idle_timeout_s, eject_s=args.eject_s,
         upstream_keepalive_s=args.upstream_keepalive_s,
+        flow_control=FlowControlConfig.from_arg(args.flow_control) if args.flow_control else FlowControlConfig(),
     )
 
 

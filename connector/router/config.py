@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdfleet.connector.router.flow.config import FlowControlConfig
+
 
 @dataclass(frozen=True)
 class RouterConfig:
@@ -54,6 +56,9 @@ class RouterConfig:
     prefix_max_imbalance: int = 4  # in-flight requests above the least loaded a cached prefix may cost
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
     kv_index_max_blocks: int = 1_000_000  # per endpoint
+
+    # ---- flow control (flow/): one block, rendered by the plan as one --flow-control JSON argument ----
+    flow_control: FlowControlConfig = FlowControlConfig()  # disabled: no gate, no queue
 
     # request headers passed on to both legs
     forward_headers: tuple[str, ...] = field(

@@ -10,6 +10,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    429: "rate_limit_exceeded",  # shed by flow control (flow/gate.py)
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",

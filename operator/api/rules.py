@@ -386,6 +386,38 @@ TOPOLOGY_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + TOPOLOGY_RULES
 
 
+# --- the router's flow control (issue 22) --------------------------------------
+
+
+def _priority_names_unique(spec: DisaggregatedInferenceSpec) -> bool:
+    names = [p.name for p in spec.router.flow_control.priorities]
+    return len(names) == len(set(names))
+
+
+def _flow_headers_differ(spec: DisaggregatedInferenceSpec) -> bool:
+    fc = spec.router.flow_control
+    return fc.tenant_header != fc.priority_header  # both lower case (types.HEADER_NAME)
+
+
+_FC = "self.router.flowControl"
+FLOW_CONTROL_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="router.flowControl.priorities",
+        message="names must be unique (a class is selected by its name)",
+        check=_priority_names_unique,
+        cel=f"!has({_FC}.priorities)"
+        f" || {_FC}.priorities.all(p, {_FC}.priorities.filter(q, q.name == p.name).size() == 1)",
+    ),
+    Rule(
+        field="router.flowControl.priorityHeader",
+        message="must differ from tenantHeader",
+        check=_flow_headers_differ,
+        cel=f"{_FC}.tenantHeader != {_FC}.priorityHeader",
+    ),
+)
+SPEC_RULES = SPEC_RULES + FLOW_CONTROL_RULES
+
+
 def _owned_flag(arg: str) -> Optional[str]:
     flag = arg.split("=", 1)[0]
     return flag if flag in OWNED_FLAGS else None

@@ -229,6 +229,54 @@ class PlacementSpec(Model):
     )
 
 
+# RFC 9110 token characters, lower case (header names are case-insensitive; HTTP/2 sends them lower case).
+HEADER_NAME = r"^[-a-z0-9!#$%&'*+.^_`|~]+$"
+HeaderName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=HEADER_NAME)]
+
+
+PriorityName = Annotated[str, StringConstraints(min_length=1, max_length=253,
+                                               pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+
+
+class PriorityClass(Model):
+    name: PriorityName = Field(
+        description="The value of priorityHeader that selects this class (e.g. an InferenceObjective's name)."
+    )
+    weight: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=1,
+        description="Rank and share: higher weight is higher priority (shed last); classes waiting together are "
+        "dispatched in proportion to their weights.",
+    )
+
+
+class FlowControlSpec(Model):
+    """Overload protection in the router: a bounded queue with priorities and per-tenant fairness."""
+
+    enabled: bool = Field(default=False, description="Off: the router forwards every request at once (no queue).")
+    max_queue_seconds: Annotated[float, Field(ge=0.1, le=3600)] = Field(
+        default=30, description="A request queued this long is refused with 429 and Retry-After."
+    )
+    max_queued_requests: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=1000, description="Requests the router holds at most; past it the lowest priority is shed (429)."
+    )
+    max_in_flight_per_decode: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=32,
+        description="Requests the router lets run at once per ready decode endpoint (from the first leg to the last "
+        "byte); more wait in its queue. Set near the engines' max-num-seqs.",
+    )
+    tenant_header: HeaderName = Field(
+        default="x-gateway-inference-fairness-id",
+        description="Request header naming the tenant (flow); tenants of a class are served round robin.",
+    )
+    priority_header: HeaderName = Field(
+        default="x-gateway-inference-objective",
+        description="Request header naming the priority class; unknown or missing: the lowest class.",
+    )
+    priorities: Annotated[list[PriorityClass], Field(max_length=16)] = Field(
+        default_factory=list, description="Priority classes; empty: one class for every request."
+    )
+
+
 RoutingPolicy = Literal["prefixAware", "leastOutstanding"]
 
 
@@ -247,6 +295,7 @@ class RouterSpec(Model):
         description="How the router picks a decode: prefixAware (the decode already holding the longest prefix,"
         " so fewer blocks are pulled) or leastOutstanding.",
     )
+    flow_control: FlowControlSpec = Field(default_factory=FlowControlSpec)
 
 
 class PDBSpec(Model):

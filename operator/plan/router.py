@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdfleet.connector.router.flow.config import FLAG as FLOW_CONTROL_FLAG
+from pdfleet.connector.router.flow.config import FlowControlConfig, Priority
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
@@ -33,8 +35,27 @@ def router_args(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision
         "--tokenizer", model_path(spec),
         "--block-size", str(spec.engine.block_size),
         "--hash-seed", hash_seed(spec),
+        *flow_control_args(spec),
         "--revision", serving_revision,  # last: the rollout logic and its tests read it there
     ]  # fmt: skip
+
+
+# ---- flow control (issue 22): spec.router.flowControl as the router's one --flow-control JSON argument ----
+
+
+def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:
+    fc = spec.router.flow_control
+    return FlowControlConfig(
+        enabled=fc.enabled, max_queue_s=float(fc.max_queue_seconds), max_queued=fc.max_queued_requests,
+        max_in_flight_per_decode=fc.max_in_flight_per_decode, tenant_header=fc.tenant_header,
+        priority_header=fc.priority_header, priorities=tuple(Priority(p.name, p.weight) for p in fc.priorities),
+    )
+
+
+def flow_control_args(spec: DisaggregatedInferenceSpec) -> list[str]:
+    """Nothing while disabled, so that fleets without flow control keep their router pod template."""
+    config = flow_control_config(spec)
+    return [FLOW_CONTROL_FLAG, config.to_arg()] if config.enabled else []
 
 
 def deployment(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision: str) -> dict[str, Any]:

@@ -1,0 +1,366 @@
+"""Flow control under overload: priority TTFT, per-tenant fairness, and nothing lost.
+
+Starts (separate processes, loopback only, free ports):
+  - fake engines of fixed capacity (aiohttp): a prefill of PREFILL_SLOTS slots answering after
+    PREFILL_S, a decode of DECODE_SLOTS slots streaming TOKENS tokens ITL_S apart; requests beyond
+    the slots wait inside the engine, first come first served (as in vLLM's waiting queue);
+  - the router, `pdfleet router --prefill URL --decode URL [--flow-control JSON]`, the real command.
+The fleet serves CAPACITY = DECODE_SLOTS / (TOKENS x ITL_S) requests/s (decode is the bottleneck).
+
+An open-loop client (seeded Poisson arrivals) sends streaming completions from 3 tenants, one
+sending 10x the others, each request "interactive" (25 %) or "batch" (75 %), and measures TTFT
+(request to first SSE event) per request. Three runs, in one invocation:
+  1. unloaded: 0.3x capacity (10 s) through the flow-controlled router: the TTFT baseline;
+  2. FIFO: 2x capacity, flow control off (today's router: everything goes to the engines);
+  3. flow control: 2x capacity, flowControl {priorities: interactive 8, batch 1}.
+Reports per run: answered / refused (429) / lost (anything else: error, timeout, cut stream),
+TTFT p50/p90 per priority, and Jain's fairness index across the (equal-weight) tenants:
+x_i = tenant i's goodput (first token within the load window) / its max-min fair share of the
+window's total goodput given what each tenant offered; J = (sum x)^2 / (n sum x^2).
+Goals (issue 22): interactive TTFT p90 under flow control <= 1.2x the unloaded figure; J >= 0.9;
+every request answered or refused with 429.
+
+    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/flow_control.py [--seconds 15] [--json out.json]
+
+About a minute; stops by itself (every client request has a deadline, every child is killed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFILL_SLOTS, PREFILL_S = 32, 0.100
+DECODE_SLOTS, TOKENS, ITL_S = 32, 4, 0.100
+CAPACITY = DECODE_SLOTS / (TOKENS * ITL_S)  # requests/s
+# The router may let as many run as decode has slots, so that no request ever waits inside an
+# engine (the gate counts a request from its prefill leg on, so this leaves some decode slots idle).
+IN_FLIGHT_PER_DECODE = DECODE_SLOTS
+TENANTS = {"tenant-a": 10, "tenant-b": 1, "tenant-c": 1}  # relative rates
+INTERACTIVE_SHARE = 0.25
+FLOW = {"enabled": True, "maxQueueSeconds": 5, "maxQueuedRequests": 64, "maxInFlightPerDecode": IN_FLIGHT_PER_DECODE,
+        "priorities": [{"name": "interactive", "weight": 8}, {"name": "batch", "weight": 1}]}
+TENANT_HEADER, PRIORITY_HEADER = "x-gateway-inference-fairness-id", "x-gateway-inference-objective"
+CLIENT_DEADLINE_S = 150.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- fake engines (child process) ------------------------------------------------
+
+def serve_engines() -> None:
+    from aiohttp import web
+
+    async def main() -> None:
+        prefill_slots = asyncio.Semaphore(PREFILL_SLOTS)
+        decode_slots = asyncio.Semaphore(DECODE_SLOTS)
+
+        async def prefill(request: web.Request) -> web.Response:
+            await request.read()
+            async with prefill_slots:
+                await asyncio.sleep(PREFILL_S)
+            return web.json_response({"id": "p", "choices": [{"index": 0, "text": "x"}], "kv_transfer_params": {
+                "do_remote_prefill": True, "remote_engine_id": "p0", "remote_block_ids": [[1]],
+                "remote_host": "127.0.0.1", "remote_port": 1, "remote_blocks_expiry_time": time.time() + 60}})
+
+        async def decode(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            async with decode_slots:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                for i in range(TOKENS):
+                    await asyncio.sleep(ITL_S)
+                    event = {"id": "d", "object": "text_completion", "choices": [{"index": 0, "text": f" t{i}"}]}
+                    await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
+
+        ports = []
+        for handler in (prefill, decode):
+            app = web.Application()
+            app.router.add_post("/v1/completions", handler)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            ports.append(site._server.sockets[0].getsockname()[1])
+        print(json.dumps(ports), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+# ---- processes -------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    return subprocess.Popen(cmd, start_new_session=True, env=env, **kw)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(0.1)
+
+
+def start_router(prefill: str, decode: str, flow: dict | None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port), "--prefill", prefill,
+           "--decode", decode, "--prefill-policy", "leastOutstanding", "--decode-policy", "leastOutstanding",
+           "--log-level", "WARNING"]
+    if flow is not None:
+        cmd += ["--flow-control", json.dumps(flow)]
+    proc = start(cmd, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health")
+    return proc, url
+
+
+# ---- load ------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    tenant: str
+    priority: str
+    sent: float
+    outcome: str = "lost"  # ok | refused | lost
+    ttft: float | None = None
+    first_token_at: float | None = None
+    why: str = ""
+
+
+def schedule(rate: float, seconds: float, seed: int) -> list[tuple[float, str, str]]:
+    """(offset, tenant, priority) for Poisson arrivals at `rate` requests/s in all."""
+    rng = random.Random(seed)
+    total = sum(TENANTS.values())
+    out = []
+    for tenant, share in TENANTS.items():
+        t = 0.0
+        lam = rate * share / total
+        while True:
+            t += rng.expovariate(lam)
+            if t >= seconds:
+                break
+            out.append((t, tenant, "interactive" if rng.random() < INTERACTIVE_SHARE else "batch"))
+    return sorted(out)
+
+
+async def one(session, url: str, r: Result) -> None:
+    import aiohttp
+
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": TOKENS, "stream": True}
+    headers = {TENANT_HEADER: r.tenant, PRIORITY_HEADER: r.priority}
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(CLIENT_DEADLINE_S):
+            async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
+                if resp.status == 429:
+                    err = (await resp.json()).get("error", {})
+                    ok_shape = {"message", "type", "code"} <= set(err) and int(resp.headers["Retry-After"]) >= 1
+                    r.outcome, r.why = ("refused", "") if ok_shape else ("lost", "429 without Retry-After/shape")
+                    return
+                if resp.status != 200:
+                    r.why = f"http {resp.status}"
+                    return
+                done = False
+                async for line in resp.content:
+                    if line.startswith(b"data: ") and r.ttft is None:
+                        r.first_token_at = loop.time()
+                        r.ttft = r.first_token_at - r.sent
+                    if line.strip() == b"data: [DONE]":
+                        done = True
+                r.outcome, r.why = ("ok", "") if done else ("lost", "stream without [DONE]")
+    except TimeoutError:
+        r.why = "client deadline"
+    except aiohttp.ClientError as exc:
+        r.why = type(exc).__name__
+
+
+async def load(url: str, rate: float, seconds: float, seed: int) -> tuple[list[Result], float]:
+    import aiohttp
+
+    plan = schedule(rate, seconds, seed)
+    results = []
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+        t0 = loop.time()
+        tasks = []
+        for offset, tenant, prio in plan:
+            delay = t0 + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            r = Result(tenant, prio, loop.time())
+            results.append(r)
+            tasks.append(asyncio.create_task(one(session, url, r)))
+        await asyncio.gather(*tasks)
+    return results, t0
+
+
+# ---- figures ---------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def max_min_fair(demands: dict[str, float], total: float) -> dict[str, float]:
+    """Water-filling: every tenant gets min(demand, level), the level set so that the shares sum to total."""
+    share: dict[str, float] = {}
+    left, rest = total, dict(demands)
+    while rest:
+        level = left / len(rest)
+        small = {t: d for t, d in rest.items() if d <= level}
+        if not small:
+            share.update({t: level for t in rest})
+            break
+        for t, d in small.items():
+            share[t] = d
+            left -= d
+            del rest[t]
+    return share
+
+
+def jain(results: list[Result], t0: float, seconds: float) -> tuple[float, dict[str, int]]:
+    """Jain's index of the tenants' goodput within the load window, each normalized by its max-min fair share."""
+    end = t0 + seconds
+    offered = {t: sum(r.tenant == t for r in results) for t in TENANTS}
+    good = {t: sum(r.tenant == t and r.first_token_at is not None and r.first_token_at <= end for r in results)
+            for t in TENANTS}
+    fair = max_min_fair({t: float(n) for t, n in offered.items()}, float(sum(good.values())))
+    x = [good[t] / fair[t] for t in TENANTS if fair[t] > 0]
+    return (sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if x else float("nan")), good
+
+
+def summary(name: str, results: list[Result], t0: float, seconds: float) -> dict:
+    out: dict = {"run": name, "sent": len(results)}
+    for outcome in ("ok", "refused", "lost"):
+        out[outcome] = sum(r.outcome == outcome for r in results)
+    out["lost_why"] = sorted({r.why for r in results if r.outcome == "lost"})
+    for prio in ("interactive", "batch"):
+        ttfts = [r.ttft for r in results if r.priority == prio and r.outcome == "ok" and r.ttft is not None]
+        out[f"{prio}_ttft_p50_ms"] = _ms(pct(ttfts, 0.5))
+        out[f"{prio}_ttft_p90_ms"] = _ms(pct(ttfts, 0.9))
+        out[f"{prio}_refused"] = sum(r.priority == prio and r.outcome == "refused" for r in results)
+    # fairness is promised within a priority class (tenants of a class share it equally), so the index is
+    # taken per class; "batch" is the class the overload falls on
+    for prio in ("interactive", "batch"):
+        out[f"jain_{prio}"], out[f"goodput_{prio}"] = jain([r for r in results if r.priority == prio], t0, seconds)
+    out["jain_all"], _ = jain(results, t0, seconds)
+    out["goodput_rps"] = round(sum(r.first_token_at is not None and r.first_token_at <= t0 + seconds
+                                   for r in results) / seconds, 1)
+    out["by_tenant"] = {t: {o: sum(r.tenant == t and r.outcome == o for r in results) for o in ("ok", "refused")}
+                        for t in TENANTS}
+    return out
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=15.0, help="load window of each overloaded run")
+    ap.add_argument("--seed", type=int, default=22)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--in-flight-per-decode", type=int, default=IN_FLIGHT_PER_DECODE,
+                    help="flowControl.maxInFlightPerDecode; default %(default)s (the decode's slots)")
+    ap.add_argument("--engines", action="store_true", help=argparse.SUPPRESS)  # child: serve the fake engines
+    args = ap.parse_args()
+    if args.engines:
+        serve_engines()
+        return 0
+
+    engines = start([sys.executable, __file__, "--engines"], stdout=subprocess.PIPE, text=True)
+    procs = [engines]
+    try:
+        prefill_port, decode_port = json.loads(engines.stdout.readline())
+        prefill, decode = f"http://127.0.0.1:{prefill_port}", f"http://127.0.0.1:{decode_port}"
+        print(f"fleet capacity {CAPACITY:.0f} req/s (decode {DECODE_SLOTS} slots x {TOKENS} tokens x "
+              f"{ITL_S * 1000:.0f} ms; prefill {PREFILL_SLOTS} slots x {PREFILL_S * 1000:.0f} ms); "
+              f"tenants {TENANTS}; interactive {INTERACTIVE_SHARE:.0%}; {os.cpu_count()} CPUs", flush=True)
+        runs = []
+        flow_cfg = dict(FLOW, maxInFlightPerDecode=args.in_flight_per_decode)
+        print(f"flowControl: {json.dumps(flow_cfg)}", flush=True)
+        for name, flow, rate, seconds in (("unloaded", flow_cfg, 0.3 * CAPACITY, min(args.seconds, 10.0)),
+                                          ("fifo", None, 2 * CAPACITY, args.seconds),
+                                          ("flow", flow_cfg, 2 * CAPACITY, args.seconds)):
+            router, url = start_router(prefill, decode, flow)
+            procs.append(router)
+            print(f"{name}: {rate:.0f} req/s for {seconds:.0f} s ...", flush=True)
+            results, t0 = asyncio.run(load(url, rate, seconds, args.seed))
+            if os.environ.get("FLOW_BENCH_METRICS"):
+                with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+                    print("\n".join(l for l in resp.read().decode().splitlines()
+                                    if l.startswith("pdfleet_router_flow_") and "_created" not in l))
+            stop(router)
+            runs.append(summary(name, results, t0, seconds))
+            print("  " + json.dumps(runs[-1]), flush=True)
+    finally:
+        for p in procs:
+            stop(p)
+    base = runs[0]["interactive_ttft_p90_ms"]
+    fifo, flow = runs[1], runs[2]
+    ratio = flow["interactive_ttft_p90_ms"] / base if base else float("nan")
+    fifo_ratio = fifo["interactive_ttft_p90_ms"] / base if base else float("nan")
+    print()
+    print("| run | sent | answered | refused (429) | lost | interactive TTFT p50 / p90 ms | batch TTFT p90 ms "
+          "| Jain batch / interactive / all | goodput req/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        print(f"| {r['run']} | {r['sent']} | {r['ok']} | {r['refused']} | {r['lost']} | "
+              f"{r['interactive_ttft_p50_ms']} / {r['interactive_ttft_p90_ms']} | {r['batch_ttft_p90_ms']} | "
+              f"{r['jain_batch']:.3f} / {r['jain_interactive']:.3f} / {r['jain_all']:.3f} | {r['goodput_rps']} |")
+    print()
+    print(f"interactive TTFT p90 vs unloaded: flow control {ratio:.2f}x (goal <= 1.2), FIFO {fifo_ratio:.2f}x")
+    print(f"Jain's index across tenants within the batch class: flow control {flow['jain_batch']:.3f} (goal >= 0.9), "
+          f"FIFO {fifo['jain_batch']:.3f}")
+    lost = runs[0]["lost"] + flow["lost"]
+    print(f"lost (neither answered nor refused with 429): flow control {flow['lost']}, unloaded {runs[0]['lost']}; "
+          f"FIFO {fifo['lost']} {fifo['lost_why']}")
+    if args.json:
+        args.json.write_text(json.dumps({"runs": runs, "interactive_p90_ratio": ratio, "fifo_p90_ratio": fifo_ratio},
+                                        indent=1))
+    return 0 if lost == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Rollout decisions (pure): the canary's step, analysis and abort logic (issue 22)."""

@@ -1,0 +1,156 @@
+"""Flow control's queue discipline (connector/router/flow/discipline.py): admit, dispatch, shed."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdfleet.connector.router.flow.discipline import FlowQueue, Item, headroom, retry_after_s
+
+
+def q(*weights: int, max_queued: int = 100, max_wait_s: float = 10.0) -> FlowQueue:
+    return FlowQueue(list(weights), max_queued, max_wait_s)
+
+
+def items(spec: str, t0: float = 0.0) -> list[Item]:
+    """'0a 0a 1b' -> items of class 0 tenant a, class 0 tenant a, class 1 tenant b; arriving 1 s apart."""
+    return [Item(tenant=w[1:], klass=int(w[0]), arrived=t0 + i) for i, w in enumerate(spec.split())]
+
+
+def names(out: list[Item]) -> str:
+    return " ".join(f"{i.klass}{i.tenant}" for i in out)
+
+
+def offer_all(fq: FlowQueue, its: list[Item]) -> None:
+    for it in its:
+        assert not fq.offer(it).refused
+
+
+# (case, weights, arrivals, in_flight, capacity, dispatched in order)
+DISPATCH = [
+    ("one tenant: FIFO", [1], "0a 0a 0a", 0, 3, "0a 0a 0a"),
+    ("tenants round robin, FIFO within each", [1], "0a 0a 0a 0b 0c", 0, 5, "0a 0b 0c 0a 0a"),
+    ("capacity bounds the dispatch", [1], "0a 0b 0c", 1, 3, "0a 0b"),
+    ("nothing free: nothing dispatched", [1], "0a", 3, 3, ""),
+    ("weights 3:1 share the dispatches", [3, 1], "0a 0a 0a 0a 0a 0a 0a 0a 0a 0a 1b 1b 1b 1b 1b 1b 1b 1b 1b 1b",
+     0, 100, "0a 1b 0a 0a 0a 1b 0a 0a 0a 1b 0a 0a 0a 1b 1b 1b 1b 1b 1b 1b"),
+    ("equal weights alternate", [1, 1], "0a 0a 0a 1b 1b 1b", 0, 100, "0a 1b 0a 1b 0a 1b"),
+    # capacity 10, 2 classes: 2 slots kept for the top class
+    ("lower classes leave the headroom free", [1, 1], "1a 1a 1a", 7, 10, "1a"),
+    ("the top class may take the headroom", [1, 1], "1a 0b 1a", 9, 10, "0b"),
+    ("top first on a tie, then the low class up to the headroom", [1, 1], "1a 0b 1a", 8, 10, "0b"),
+    ("one class: no headroom", [1], "0a 0a 0a", 8, 10, "0a 0a"),
+]
+
+
+@pytest.mark.parametrize("case,weights,arrivals,in_flight,capacity,expected", DISPATCH, ids=[d[0] for d in DISPATCH])
+def test_dispatch_order(case, weights, arrivals, in_flight, capacity, expected) -> None:
+    fq = q(*weights)
+    offer_all(fq, items(arrivals))
+    out = fq.dispatch(in_flight, capacity)
+    assert names(out) == expected
+    assert fq.size == len(arrivals.split()) - len(out)
+
+
+def test_an_idle_high_class_is_served_at_the_next_slot_not_behind_the_backlog() -> None:
+    fq = q(8, 1)
+    offer_all(fq, items(" ".join(["1a"] * 50)))
+    assert len(fq.dispatch(0, 21)) == 16  # capacity 21: lower classes leave 5 free
+    assert fq.dispatch(16, 21) == []  # saturated for the low class
+    high = Item("b", 0, 60.0)
+    fq.offer(high)
+    assert fq.dispatch(20, 21) == [high]  # the headroom takes it at once
+    # a slot frees with the backlog still there: the next high request is next, whatever the low backlog's tags
+    high2 = Item("b", 0, 61.0)
+    fq.offer(high2)
+    assert fq.dispatch(15, 21)[:1] == [high2]
+
+
+def test_a_busy_high_class_does_not_starve_the_low_one() -> None:
+    fq = q(8, 1)
+    offer_all(fq, items(" ".join(["0a"] * 90 + ["1b"] * 10)))
+    out = fq.dispatch(0, 1000)[:45]
+    assert sum(i.klass == 1 for i in out) == 5  # 1/9 of the dispatches while both wait
+
+
+# (case, weights, queued, arrival, refused, displaced (class+tenant) or "")
+SHED = [
+    ("a higher arrival displaces the newest of the longest low flow", [2, 1], "1a 1a 1b", "0c", False, "1a"),
+    ("same class, shorter flow: displaces the longest", [1], "0a 0a 0b", "0c", False, "0a"),
+    ("same class, as long as the longest: the arrival is refused", [1], "0a 0a 0b", "0b", True, ""),
+    ("same class, its own flow is the longest: refused", [1], "0a 0a 0b", "0a", True, ""),
+    ("everything queued is more important: refused", [2, 1], "0a 0b 0c", "1d", True, ""),
+    ("the lowest waiting class is the victim", [3, 2, 1], "0a 1b 1b", "0c", False, "1b"),
+    ("lowest class below the arrival, longest flow there", [2, 1], "0a 1b 1c", "0a", False, "1c"),
+]
+
+
+@pytest.mark.parametrize("case,weights,queued,arrival,refused,displaced", SHED, ids=[s[0] for s in SHED])
+def test_shed_when_full(case, weights, queued, arrival, refused, displaced) -> None:
+    fq = q(*weights, max_queued=3)
+    its = items(queued)
+    offer_all(fq, its)
+    new = items(arrival, t0=10)[0]
+    result = fq.offer(new)
+    assert result.refused is refused
+    if displaced:
+        victim = result.displaced
+        assert victim is not None and f"{victim.klass}{victim.tenant}" == displaced
+        same = [i for i in its if f"{i.klass}{i.tenant}" == displaced]
+        assert victim is same[-1], "the newest of its flow goes"
+        assert not victim.queued and new.queued
+    else:
+        assert result.displaced is None
+    assert fq.size == 3
+    if not refused:  # the victim is never dispatched
+        assert result.displaced not in fq.dispatch(0, 100)
+
+
+def test_not_full_nothing_is_shed() -> None:
+    fq = q(1, max_queued=4)
+    offer_all(fq, items("0a 0a 0a"))
+    assert fq.offer(Item("a", 0, 5.0)).displaced is None
+
+
+def test_expire_takes_the_requests_that_waited_max_wait_in_arrival_order() -> None:
+    fq = q(1, 1, max_wait_s=5.0)
+    its = items("0a 1b 0c 1d")  # arrive at 0, 1, 2, 3
+    offer_all(fq, its)
+    assert fq.next_expiry() == 5.0
+    assert fq.expire(4.99) == []
+    assert fq.expire(5.0) == [its[0]]
+    assert fq.withdraw(its[1]) and not fq.withdraw(its[1])  # the client of b left; only once
+    assert fq.next_expiry() == 7.0
+    assert fq.expire(100.0) == its[2:]
+    assert fq.size == 0 and fq.next_expiry() is None and fq.dispatch(0, 10) == []
+
+
+def test_withdrawn_and_dispatched_requests_do_not_expire() -> None:
+    fq = q(1, max_wait_s=1.0)
+    its = items("0a 0b 0c")
+    offer_all(fq, its)
+    fq.dispatch(0, 1)
+    fq.withdraw(its[1])
+    assert fq.expire(10.0) == [its[2]]
+
+
+@pytest.mark.parametrize("capacity,classes,expected", [
+    (1, 2, 0), (2, 2, 1), (3, 2, 1), (10, 1, 0), (10, 2, 2), (19, 2, 4), (32, 2, 8), (100, 3, 25), (0, 2, 0),
+])
+def test_headroom(capacity, classes, expected) -> None:
+    assert headroom(capacity, classes) == expected
+
+
+@pytest.mark.parametrize("queued,capacity,service,max_wait,expected", [
+    (0, 10, 2.0, 30, 1),      # nothing ahead: at least a second
+    (100, 10, 2.0, 30, 20),   # 10 rounds of 2 s
+    (1000, 10, 2.0, 30, 30),  # never beyond maxQueueSeconds
+    (5, 0, 1.0, 0.5, 1),      # no capacity known, sub-second bound: still a whole second
+    (7, 2, 0.5, 30, 2),       # 1.75 s rounded up
+])
+def test_retry_after(queued, capacity, service, max_wait, expected) -> None:
+    assert retry_after_s(queued, capacity, service, max_wait) == expected
+
+
+def test_weights_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="weights"):
+        FlowQueue([1, 0], 10, 1.0)
