@@ -73,32 +73,73 @@ def local_errors(spec: DisaggregatedInferenceSpec, *, has_gpu: bool) -> list[Fie
     return errors
 
 
-def assign_cpus(cpus: Sequence[int], ranks: Sequence[int]) -> tuple[list[list[list[int]]], list[str]]:
-    """Split the machine's CPUs between engines: `ranks[i]` is engine i's TP size.
+# Measured here (bench/local_throughput.py, docs/reliability.md): with prefill-0 and decode-0 on one CPU,
+# fresh 2 prefill + 1 decode fleets often stalled for a whole lease.
+SHARING_COST = ("engines on the same CPU slow each other down a lot (vLLM's CPU engines spin while they"
+                " wait for work)")
+
+
+def _split(cpus: Sequence[int], n: int) -> list[list[int]]:
+    """n contiguous, even shares of cpus (len(cpus) >= n)."""
+    base, extra = divmod(len(cpus), n)
+    chunks, start = [], 0
+    for k in range(n):
+        size = base + (1 if k < extra else 0)
+        chunks.append(list(cpus[start:start + size]))
+        start += size
+    return chunks
+
+
+def assign_cpus(cpus: Sequence[int], ranks: Sequence[int],
+                roles: Optional[Sequence[str]] = None) -> tuple[list[list[list[int]]], list[str]]:
+    """Split the machine's CPUs between engines: `ranks[i]` is engine i's TP size, `roles[i]` its role.
 
     Returns, per engine, one CPU list per rank, and warnings. With at least one CPU
     per rank every rank gets its own contiguous share (vLLM's OpenMP threads spin,
-    so engines on the same cores slow each other down by orders of magnitude);
-    with fewer, ranks share CPUs round robin and a warning says so.
+    so engines on the same cores slow each other down by orders of magnitude).
+    With fewer, the roles still never share a CPU: each role gets its own CPUs (decode
+    the larger half: it is latency-bound and holds every request's lease while it waits)
+    and the ranks of one role share those round robin, so a busy prefill cannot starve
+    decode, nor decode the prefill side channel decode waits on. A warning names what shares.
     """
     cpus = sorted(cpus)
     total = sum(ranks)
     if not cpus:
         raise ValueError("no CPUs to pin engines to")
-    warnings: list[str] = []
+    roles = list(roles) if roles is not None else ["engine"] * len(ranks)
+    if len(roles) != len(ranks):
+        raise ValueError("roles and ranks must have the same length")
     if total <= len(cpus):
-        base, extra = divmod(len(cpus), total)
-        chunks, start = [], 0
-        for k in range(total):
-            size = base + (1 if k < extra else 0)
-            chunks.append(cpus[start:start + size])
-            start += size
+        chunks = _split(cpus, total)
+        warnings: list[str] = []
     else:
-        warnings.append(
-            f"{total} engine ranks share {len(cpus)} CPUs: engines on the same CPUs slow each other down a lot;"
+        order = list(dict.fromkeys(roles))  # roles in order of appearance
+        role_ranks = {r: sum(n for n, rr in zip(ranks, roles) if rr == r) for r in order}
+        if len(order) > len(cpus):
+            shares = {r: cpus for r in order}  # fewer CPUs than roles: every role shares everything
+        else:
+            # Each role gets CPUs in proportion to its ranks, at least one; an odd CPU goes to decode.
+            counts = {r: max(1, len(cpus) * role_ranks[r] // total) for r in order}
+            while sum(counts.values()) > len(cpus):
+                counts[max(counts, key=lambda r: (counts[r], r == "prefill"))] -= 1
+            while sum(counts.values()) < len(cpus):
+                counts["decode" if "decode" in counts else order[-1]] += 1
+            shares, start = {}, 0
+            for r in order:
+                shares[r] = cpus[start:start + counts[r]]
+                start += counts[r]
+        next_cpu = {r: 0 for r in order}
+        chunks = []
+        for n, r in zip(ranks, roles):
+            for _ in range(n):
+                chunks.append([shares[r][next_cpu[r] % len(shares[r])]])
+                next_cpu[r] += 1
+        shared = ", ".join(f"{role_ranks[r]} {r} rank(s) on CPU(s) {','.join(map(str, shares[r]))}"
+                           for r in order if role_ranks[r] > len(shares[r]) or len(order) > len(cpus))
+        warnings = [
+            f"{total} engine ranks share {len(cpus)} CPUs ({shared}): {SHARING_COST};"
             " lower prefill/decode replicas or tensorParallelSize for a local fleet"
-        )
-        chunks = [[cpus[k % len(cpus)]] for k in range(total)]
+        ]
     out, k = [], 0
     for n in ranks:
         out.append(chunks[k:k + n])
@@ -138,7 +179,8 @@ def plan_local(
     (only read, to leave a user's VLLM_CPU_KVCACHE_SPACE alone).
     """
     order = [(role, i) for role in ROLES for i in range(spec.role(role).replicas)]
-    pinning, warnings = assign_cpus(cpus, [spec.role(role).tensor_parallel_size for role, _ in order])
+    pinning, warnings = assign_cpus(cpus, [spec.role(role).tensor_parallel_size for role, _ in order],
+                                    [role for role, _ in order])
     engines = []
     for (role, i), rank_cpus in zip(order, pinning):
         p = ports[role][i]

@@ -55,6 +55,38 @@ def test_more_ranks_than_cpus_share_and_warn():
     assert len(warnings) == 1 and "3 engine ranks share 2 CPUs" in warnings[0]
 
 
+@pytest.mark.parametrize("cpus, ranks, roles, pinning, shared", [
+    # 2 prefill + 1 decode on 2 CPUs: decode alone on one, the prefills share the other
+    ([0, 1], [1, 1, 1], ["prefill", "prefill", "decode"], [[[0]], [[0]], [[1]]], "2 prefill rank(s) on CPU(s) 0"),
+    # 1 prefill + 2 decode: the decodes share, prefill keeps its CPU
+    ([0, 1], [1, 1, 1], ["prefill", "decode", "decode"], [[[0]], [[1]], [[1]]], "2 decode rank(s) on CPU(s) 1"),
+    # 3 + 3 on 4 CPUs: two CPUs per role, round robin inside the role
+    (range(4), [1] * 6, ["prefill"] * 3 + ["decode"] * 3, [[[0]], [[1]], [[0]], [[2]], [[3]], [[2]]],
+     "3 prefill rank(s) on CPU(s) 0,1, 3 decode rank(s) on CPU(s) 2,3"),
+    # 3 + 1 on 3 CPUs: decode keeps one CPU of its own
+    ([0, 1, 2], [1, 1, 1, 1], ["prefill"] * 3 + ["decode"], [[[0]], [[1]], [[0]], [[2]]],
+     "3 prefill rank(s) on CPU(s) 0,1"),
+    # a TP-2 decode and one prefill on 2 CPUs: the decode's ranks share its CPU
+    ([0, 1], [1, 2], ["prefill", "decode"], [[[0]], [[1], [1]]], "2 decode rank(s) on CPU(s) 1"),
+    # one CPU: nothing to separate
+    ([0], [1, 1], ["prefill", "decode"], [[[0]], [[0]]], "1 prefill rank(s) on CPU(s) 0, 1 decode rank(s) on CPU(s) 0"),
+])
+def test_roles_never_share_a_cpu_when_engines_must_share(cpus, ranks, roles, pinning, shared):
+    got, warnings = assign_cpus(cpus, ranks, roles)
+    assert got == pinning
+    assert len(warnings) == 1 and f"({shared})" in warnings[0] and "slow each other down" in warnings[0]
+    if len(list(cpus)) > 1:  # no CPU holds ranks of both roles
+        by_role = {}
+        for role, engine in zip(roles, got):
+            by_role.setdefault(role, set()).update(c for rank in engine for c in rank)
+        assert not by_role["prefill"] & by_role["decode"]
+
+
+def test_roles_must_match_ranks():
+    with pytest.raises(ValueError, match="same length"):
+        assign_cpus([0, 1], [1, 1], ["prefill"])
+
+
 def test_omp_bind_joins_ranks_with_bars():
     assert omp_bind([[0, 1], [2]]) == "0,1|2"
     assert omp_bind([[3]]) == "3"
@@ -96,7 +128,8 @@ def test_replicas_beyond_the_cpus_warn_and_share():
     spec = resource(prefill={"replicas": 2}, decode={"replicas": 1}).spec
     plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
     assert [e.name for e in plan.engines] == ["prefill-0", "prefill-1", "decode-0"]
-    assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0", "1", "0"]
+    # the prefills share a CPU, decode has its own
+    assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0", "0", "1"]
     assert plan.warnings and "share" in plan.warnings[0]
 
 
