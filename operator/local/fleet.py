@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from pdfleet.connector.adapter.vllm_workarounds import LOCAL_SHM_RECHECK_MS, SHM_RECHECK_ENV
 from pdfleet.operator.api.rules import FieldError
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, vllm_args
@@ -199,6 +200,8 @@ def plan_local(
             "VLLM_CPU_OMP_THREADS_BIND": omp_bind(rank_cpus),
             "PYTHONUNBUFFERED": "1",
         })
+        # Engines on one machine starve vLLM's wake-up notifications (vllm_workarounds.py).
+        env.setdefault(SHM_RECHECK_ENV, str(LOCAL_SHM_RECHECK_MS))
         engines.append(EngineLaunch(
             name=f"{role}-{i}",
             role=role,

@@ -130,6 +130,8 @@ def test_replicas_beyond_the_cpus_warn_and_share():
     assert [e.name for e in plan.engines] == ["prefill-0", "prefill-1", "decode-0"]
     # the prefills share a CPU, decode has its own
     assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0", "0", "1"]
+    # and every engine bounds vLLM's lost wake-ups (connector/adapter/vllm_workarounds.py)
+    assert {e.env["PDFLEET_VLLM_SHM_RECHECK_MS"] for e in plan.engines} == {"50"}
     assert plan.warnings and "share" in plan.warnings[0]
 
 

@@ -1,0 +1,62 @@
+"""A bound on vLLM's lost wake-ups between an engine core and its workers (applied in the engine's processes).
+
+vLLM 0.32's engine core and its workers hand each step over a shared-memory queue. A reader that
+has not read for a second stops spinning and parks on a ZMQ PUB/SUB notification; that
+notification can be lost (vLLM's own comment in shm_broadcast.py), and the reader then sleeps
+until its re-check interval, 5 s, even though the step it waits for is done. On a machine where
+engines share CPUs (a local fleet of 3 engines on 2 cores) the ZMQ I/O threads, pinned with the
+worker to its CPU, are starved by the spinning readers there and notifications are lost often:
+steps that take milliseconds took 5 s, again and again, and leases ran out (docs/reliability.md,
+"Why fresh local fleets wedged").
+
+With ``PDFLEET_VLLM_SHM_RECHECK_MS`` set (``pdfleet local`` sets it), the connector lowers that
+re-check interval in the process it is loaded in (engine core and workers alike), so a lost
+notification costs at most that many milliseconds. The interval is a module global read on every
+wait, so lowering it takes effect for waits that start afterwards. Unset: vLLM is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping, Optional
+
+__all__ = ["SHM_RECHECK_ENV", "LOCAL_SHM_RECHECK_MS", "shm_recheck_ms", "apply_shm_recheck"]
+
+log = logging.getLogger(__name__)
+
+SHM_RECHECK_ENV = "PDFLEET_VLLM_SHM_RECHECK_MS"
+# What `pdfleet local` sets: about 20 re-checks a second per parked reader, no measurable cost.
+LOCAL_SHM_RECHECK_MS = 50
+_MAX_MS = 5000  # vLLM's own interval: never raise it
+
+
+def shm_recheck_ms(value: Optional[str]) -> Optional[int]:
+    """The interval a setting asks for (ms), or None when unset or not an integer in 1..5000."""
+    if value is None or not value.strip().isdigit():
+        return None
+    ms = int(value.strip())
+    return ms if 1 <= ms <= _MAX_MS else None
+
+
+def apply_shm_recheck(env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """Lower vLLM's shared-memory reader re-check interval as ``env`` asks; returns the interval in force."""
+    raw = env.get(SHM_RECHECK_ENV)
+    ms = shm_recheck_ms(raw)
+    if ms is None:
+        if raw is not None:
+            log.warning("%s=%r ignored: an integer number of milliseconds in 1..%d is allowed",
+                        SHM_RECHECK_ENV, raw, _MAX_MS)
+        return None
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return None
+    current = getattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS", None)
+    if not isinstance(current, int):
+        log.warning("%s ignored: this vLLM has no SHM_READER_RECHECK_INTERVAL_MS", SHM_RECHECK_ENV)
+        return None
+    if ms < current:
+        shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = ms
+        log.info("vLLM shared-memory readers re-check every %d ms (was %d ms): %s", ms, current, SHM_RECHECK_ENV)
+    return min(ms, current)
