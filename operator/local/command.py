@@ -341,7 +341,7 @@ class LocalRunner:
 
     async def _start_router(self) -> None:
         from pdfleet.connector.router.app import start_router
-        from pdfleet.connector.router.config import RouterConfig
+        from pdfleet.contract.router_config import RouterConfig
         from pdfleet.operator.plan.engine import hash_seed
 
         spec = self.spec

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
+from pdfleet.contract import env as env_names
 from pdfleet.operator.api.rules import FieldError
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, vllm_args
@@ -152,8 +153,8 @@ def plan_local(
             env.pop(UCX_CUDA_IPC_GET_ZCOPY, None)  # the runner's own setting wins over pdfleet's default
         env.update({
             # Local overrides of what the pod gets from the downward API and the spec.
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": LOOPBACK,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(p.side_channel),
+            env_names.SIDE_CHANNEL_HOST: LOOPBACK,
+            env_names.SIDE_CHANNEL_PORT: str(p.side_channel),
             "VLLM_CPU_OMP_THREADS_BIND": omp_bind(rank_cpus),
             "PYTHONUNBUFFERED": "1",
         })

@@ -14,12 +14,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
+from pdfleet.contract import labels as label_keys
 from pdfleet.operator.reconcile.kvtransport import PodTransport, from_pod_status
 
-FLEET_LABEL = "pdfleet.io/fleet"
-ROLE_LABEL = "pdfleet.io/role"
-REVISION_LABEL = "pdfleet.io/revision"
-HASH_ANNOTATION = "pdfleet.io/applied-hash"
+FLEET_LABEL = label_keys.FLEET
+ROLE_LABEL = label_keys.ROLE
+REVISION_LABEL = label_keys.REVISION
+HASH_ANNOTATION = label_keys.APPLIED_HASH
+SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 FIELD_MANAGER = "pdfleet"
 
@@ -153,6 +155,7 @@ class ObservedChild:
     ready_replicas: int = 0
     updated_replicas: int = 0
     ports: tuple[tuple[str, int], ...] = ()   # named container ports of a workload's pod template
+    serving: bool = False          # labelled as the serving revision's (engine Services)
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,7 @@ def observe_child(body: Mapping[str, Any]) -> ObservedChild:
         ready_replicas=_int(status.get("readyReplicas")),
         updated_replicas=_int(status.get("updatedReplicas")),
         ports=_template_ports(template_spec),
+        serving=labels.get(SERVING_LABEL) == SERVING_TRUE,
     )
 
 

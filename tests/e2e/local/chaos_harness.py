@@ -45,7 +45,7 @@ from local_fleet import TINY_CR, Answer, Fleet, Req, ask, metric_sum
 
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 
 LEASE_SECONDS = 20
