@@ -19,6 +19,7 @@ from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
+from pdfleet.operator.plan import kinds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
@@ -39,7 +40,7 @@ logger = logging.getLogger("pdfleet.operator")
 
 Key = tuple[str, str]  # (namespace, name)
 CR_KIND = ch.Kind(api.API_VERSION, api.KIND, api.PLURAL)
-EVENT_KIND = ch.Kind("v1", "Event", "events")
+EVENT_KIND = kinds.EVENT
 
 
 @dataclasses.dataclass
