@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from pdfleet.operator.local.health import NotHealthy, wait_healthy
 from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE
 from pdfleet.contract.kv_params import remote_decode_request
 
@@ -72,17 +73,10 @@ class _Server:
                                      cwd=tempfile.gettempdir(), start_new_session=True)
 
     def wait(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}, see {self.log.name}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"server not ready, see {self.log.name}")
+        try:
+            wait_healthy(self.url, alive=lambda: self.proc.poll() is None, timeout=timeout)
+        except NotHealthy as exc:
+            raise RuntimeError(f"{exc}, see {self.log.name}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
