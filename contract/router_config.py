@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from pdfleet.contract import env as env_names
-from pdfleet.contract.ports import HTTP_NAME, ROUTER_HTTP
+from pdfleet.contract.ports import HTTP_NAME, KV_EVENTS, KV_EVENTS_REPLAY, ROUTER_HTTP
 from pdfleet.contract.routing import DEFAULT_HASH_SEED, POLICIES, PREFIX_AWARE, PREFIX_HASH_ALGO
 
 
@@ -196,7 +196,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         kv.add_argument(_flag(name), default=d[name].default, choices=list(POLICIES), help="default %(default)s")
     kv.add_argument("--kv-events", action="append", default=[], metavar="URL=PUB[,REPLAY]",
                     help="static endpoints: an engine's KV event ZMQ endpoints, e.g. "
-                         "http://10.0.0.7:8000=tcp://10.0.0.7:5557,tcp://10.0.0.7:5558 (repeat); "
+                         f"http://10.0.0.7:8000=tcp://10.0.0.7:{KV_EVENTS},tcp://10.0.0.7:{KV_EVENTS_REPLAY} (repeat); "
                          "with --kubernetes they come from the EndpointSlices' kv-events ports")
     kv.add_argument("--tokenizer", default=None, help="the served model's tokenizer (name or path), "
                     "to hash prompts as the engines do; without it the router uses what it routed itself")
