@@ -15,9 +15,6 @@ from pydantic.alias_generators import to_camel
 
 from pdfleet.contract import ports, routing
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
-from pdfleet.contract.router_config import RouterConfig
-
-_ROUTER_DEFAULTS = RouterConfig(kubernetes_fleet="defaults")
 
 GROUP = "pdfleet.io"
 VERSION = "v1alpha1"
@@ -166,7 +163,7 @@ class KVTransferSpec(Model):
     )
     lease_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
         default=int(CONNECTOR_DEFAULTS.lease_seconds),
-        description="How long prefill holds a request's blocks for decode to read."
+        description="How long prefill holds a request's blocks for decode to read.",
     )
     auth_secret_ref: Optional[SecretKeyRef] = Field(
         default=None,
@@ -245,12 +242,12 @@ class RouterSpec(Model):
     port: Port = ports.ROUTER_HTTP
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     prefill_policy: RoutingPolicy = Field(
-        default=_ROUTER_DEFAULTS.prefill_policy,
+        default=routing.PREFIX_AWARE,
         description=f"How the router picks a prefill: {routing.PREFIX_AWARE} (longest cached prompt prefix, from the"
         f" engines' KV events, bounded by load) or {routing.LEAST_OUTSTANDING} (fewest requests in flight).",
     )
     decode_policy: RoutingPolicy = Field(
-        default=_ROUTER_DEFAULTS.decode_policy,
+        default=routing.PREFIX_AWARE,
         description=f"How the router picks a decode: {routing.PREFIX_AWARE} (the decode already holding the longest"
         f" prefix, so fewer blocks are pulled) or {routing.LEAST_OUTSTANDING}.",
     )
