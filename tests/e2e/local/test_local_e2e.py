@@ -76,7 +76,8 @@ async def _retry_through_a_dead_decode(fleet, req: Req, *, lease_margin_s: float
         pulled_before = transferred_tokens(decode)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
             answer = await ask(client, f"http://127.0.0.1:{port}", req)
-        router_metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            # the router runs in this event loop: never a blocking call to it
+            router_metrics = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
         moved = {
             "prefill_legs": metric_sum(httpx.get(prefill + "/metrics", timeout=10).text,
                                        "vllm:request_success_total") - prefills_before,
