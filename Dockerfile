@@ -17,6 +17,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY connector/ connector/
+COPY contract/ contract/
 RUN python -m venv /opt/pdfleet \
  && /opt/pdfleet/bin/pip install ".[operator]"
 
@@ -43,6 +44,7 @@ WORKDIR /opt/pdfleet-src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY connector/ connector/
+COPY contract/ contract/
 RUN python3 -c "import importlib.metadata as m; print('\n'.join(sorted({d.metadata['Name'] + '==' + d.version for d in m.distributions()})))" > /opt/pdfleet-src/base-constraints.txt \
  && python3 -m pip install --no-cache-dir --constraint /opt/pdfleet-src/base-constraints.txt ".[connector]" \
  && python3 -c "import vllm, pdfleet.connector.adapter.connector as c; assert vllm.__version__.startswith('0.32.0'), vllm.__version__; c.PdfleetConnector"

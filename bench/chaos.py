@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 
+from pdfleet.contract.connector_config import LEASE_SECONDS  # noqa: E402
 from chaos_harness import SCENARIOS, ChaosFleet, format_table, run_scenario, write_report  # noqa: E402
 from local_fleet import ask_all, model_dir, prompt_sets, reference_server  # noqa: E402
 
@@ -66,7 +67,7 @@ async def run(args: argparse.Namespace, names: list[str]) -> int:
     finally:
         await cf.close()
         print("\n" + format_table(rows), flush=True)  # also the rows done before a failure
-    write_report(args.out, rows, {"decode": args.decode, "lease_seconds": args.lease, "clients": args.clients})
+    write_report(args.out, rows, {"decode": args.decode, LEASE_SECONDS: args.lease, "clients": args.clients})
     bad = [r.scenario for r in rows if r.lost or r.wrong]
     print(f"goals (nothing lost, nothing wrong): {'PASS' if not bad else 'FAIL: ' + ', '.join(bad)}")
     return 0 if not bad else 1

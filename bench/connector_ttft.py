@@ -33,6 +33,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from pdfleet.operator.local.health import NotHealthy, wait_healthy
+from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE
+from pdfleet.contract.kv_params import remote_decode_request
+
 BLOCK = 32
 MODEL_NAME = "tiny"
 
@@ -69,17 +73,10 @@ class _Server:
                                      cwd=tempfile.gettempdir(), start_new_session=True)
 
     def wait(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}, see {self.log.name}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"server not ready, see {self.log.name}")
+        try:
+            wait_healthy(self.url, alive=lambda: self.proc.poll() is None, timeout=timeout)
+        except NotHealthy as exc:
+            raise RuntimeError(f"{exc}, see {self.log.name}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -96,8 +93,8 @@ class _Server:
 
 def _kv(connector: str, role: str) -> dict:
     kv = {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
-    if connector == "PdfleetConnector":
-        kv["kv_connector_module_path"] = "pdfleet.connector"
+    if connector == CONNECTOR_CLASS:
+        kv["kv_connector_module_path"] = CONNECTOR_MODULE
     return kv
 
 
@@ -108,7 +105,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 def _decode_ttft(prefill: str, decode: str, prompt: list[int], rid: str) -> float:
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0,
-            "kv_transfer_params": {"do_remote_decode": True}}
+            "kv_transfer_params": remote_decode_request()}
     r = httpx.post(f"{prefill}/v1/completions", json=body, headers={"X-Request-Id": rid}, timeout=300)
     r.raise_for_status()
     params = r.json()["kv_transfer_params"]
@@ -150,7 +147,7 @@ def part_c(args: argparse.Namespace, results: dict) -> list:
     iters = getattr(args, "ttft_iters", 8)
     warmup = getattr(args, "ttft_warmup", 2)
     rounds = getattr(args, "ttft_rounds", 2)
-    connectors = [("upstream", "NixlConnector"), ("pdfleet", "PdfleetConnector")]
+    connectors = [("upstream", "NixlConnector"), ("pdfleet", CONNECTOR_CLASS)]
     samples: dict[str, list[float]] = {label: [] for label, _ in connectors}
     # Alternate the order each round so slow drift of a shared machine hits both alike.
     for rnd in range(rounds):

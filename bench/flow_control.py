@@ -42,6 +42,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdfleet.contract.kv_params import produce
+from pdfleet.contract.routing import LEAST_OUTSTANDING
+
 PREFILL_SLOTS, PREFILL_S = 32, 0.100
 DECODE_SLOTS, TOKENS, ITL_S = 32, 4, 0.100
 CAPACITY = DECODE_SLOTS / (TOKENS * ITL_S)  # requests/s
@@ -70,9 +73,9 @@ def serve_engines() -> None:
             await request.read()
             async with prefill_slots:
                 await asyncio.sleep(PREFILL_S)
-            return web.json_response({"id": "p", "choices": [{"index": 0, "text": "x"}], "kv_transfer_params": {
-                "do_remote_prefill": True, "remote_engine_id": "p0", "remote_block_ids": [[1]],
-                "remote_host": "127.0.0.1", "remote_port": 1, "remote_blocks_expiry_time": time.time() + 60}})
+            return web.json_response({"id": "p", "choices": [{"index": 0, "text": "x"}], "kv_transfer_params": produce(
+                block_ids=[1], engine_id="p0", request_id="p", host="127.0.0.1", port=1, tp_size=1,
+                instance_id=None, lease_expiry=time.time() + 60, num_tokens=16)})
 
         async def decode(request: web.Request) -> web.StreamResponse:
             await request.read()
@@ -142,7 +145,7 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 def start_router(prefill: str, decode: str, flow: dict | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port), "--prefill", prefill,
-           "--decode", decode, "--prefill-policy", "leastOutstanding", "--decode-policy", "leastOutstanding",
+           "--decode", decode, "--prefill-policy", LEAST_OUTSTANDING, "--decode-policy", LEAST_OUTSTANDING,
            "--log-level", "WARNING"]
     if flow is not None:
         cmd += ["--flow-control", json.dumps(flow)]

@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 from local_fleet import TINY_CR, Answer, ask, completion, local_fleet, metric_sum, model_dir, reference_server  # noqa: E402
 
 from pdfleet.connector.transfer import wire  # noqa: E402
+from pdfleet.contract.routing import LEAST_OUTSTANDING  # noqa: E402
 from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelError  # noqa: E402
 from pdfleet.operator.local.tiny_model import build_corpus  # noqa: E402
 from pdfleet.operator.plan.engine import SECRET_FILE  # noqa: E402
@@ -158,7 +159,7 @@ def run_fleet(work: Path, prefill: int, reqs: list, rounds: int) -> dict:
     cr = yaml.safe_load(TINY_CR.read_text())
     cr["spec"]["prefill"]["replicas"] = prefill
     cr["spec"]["decode"]["replicas"] = 1
-    cr["spec"]["router"] = {"prefillPolicy": "leastOutstanding", "decodePolicy": "leastOutstanding"}
+    cr["spec"]["router"] = {"prefillPolicy": LEAST_OUTSTANDING, "decodePolicy": LEAST_OUTSTANDING}
     work.mkdir(parents=True)
     path = work / "cr.yaml"
     path.write_text(yaml.safe_dump(cr))

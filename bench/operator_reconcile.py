@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from kube_fixture import fake_kube, write_kubeconfig  # noqa: E402
 
+from pdfleet.contract import labels  # noqa: E402
 from pdfleet.operator import api  # noqa: E402
 from pdfleet.operator.plan import PlanOptions, plan  # noqa: E402
 
@@ -80,7 +81,7 @@ def children_per_fleet(kube) -> dict[str, int]:
     counts: dict[str, int] = {}
     for (_res, ns, _), obj in kube.objects.items():
         if ns == NS and not obj.deleted:
-            fleet_name = (obj.last.raw["metadata"].get("labels") or {}).get("pdfleet.io/fleet")
+            fleet_name = (obj.last.raw["metadata"].get("labels") or {}).get(labels.FLEET)
             if fleet_name:
                 counts[fleet_name] = counts.get(fleet_name, 0) + 1
     return counts

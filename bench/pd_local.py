@@ -25,6 +25,7 @@ import httpx
 import yaml
 
 from pdfleet.operator.api import parse
+from pdfleet.operator.local import health
 from pdfleet.operator.local.processes import reserve_ports, start_child, stop_groups
 from pdfleet.operator.local.tiny_model import build_corpus, ensure_tiny_model
 from pdfleet.operator.plan.engine import ENGINE_MODULE, served_model_name, vllm_args
@@ -91,17 +92,10 @@ async def measure(url: str, model: str, ttft_prompts, load_prompts, max_tokens: 
 
 
 def wait_healthy(url: str, proc_alive, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not proc_alive():
-            raise SystemExit(f"server at {url} exited while starting")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"server at {url} not healthy after {timeout}s")
+    try:
+        health.wait_healthy(url, alive=proc_alive, timeout=timeout)
+    except health.NotHealthy as exc:
+        raise SystemExit(f"server {exc}") from None
 
 
 def single_server(work: Path, model_dir: Path, run) -> dict:

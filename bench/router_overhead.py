@@ -45,15 +45,18 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from pdfleet.contract import kv_params, ports
+from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
+
 BODY = json.dumps({"model": "tiny", "prompt": "The quick brown fox jumps over the lazy dog. " * 4,
                    "max_tokens": 16, "temperature": 0}).encode()
 
 PREFILL_ANSWER = json.dumps({
     "id": "cmpl-p", "object": "text_completion", "model": "tiny",
     "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-    "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "p0",
-                           "remote_block_ids": [[1, 2, 3, 4]], "remote_host": "127.0.0.1", "remote_port": 5600,
-                           "remote_request_id": "r", "remote_blocks_expiry_time": 4102444800.0},
+    "kv_transfer_params": kv_params.produce(block_ids=[1, 2, 3, 4], engine_id="p0", request_id="r",
+                                            host="127.0.0.1", port=ports.SIDE_CHANNEL, tp_size=1, instance_id=None,
+                                            lease_expiry=4102444800.0, num_tokens=64),
 }).encode()
 DECODE_ANSWER = json.dumps({
     "id": "cmpl-d", "object": "text_completion", "model": "tiny",
@@ -304,7 +307,7 @@ def _prefix_workloads(prompt: str, tokenize) -> dict[str, dict]:
 
 def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dict[str, float]:
     """Median microseconds of each step of one prefixAware choice, in this process."""
-    from pdfleet.connector.router.config import RouterConfig
+    from pdfleet.contract.router_config import RouterConfig
     from pdfleet.connector.router.endpoints import pick_least_outstanding
     from pdfleet.connector.router.metrics import RouterMetrics
     from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
@@ -383,14 +386,14 @@ def prefix_scoring(args: argparse.Namespace) -> int:
               f"block size {PREFIX_BLOCK}; {args.seconds:.0f} s per run; load average {os.getloadavg()[0]:.2f}")
         workloads = _prefix_workloads(prompt, tokenize)
         vias: dict[str, str] = {}
-        for policy in ("leastOutstanding", "prefixAware"):  # both up at once: rounds alternate
+        for policy in (LEAST_OUTSTANDING, PREFIX_AWARE):  # both up at once: rounds alternate
             port = free_port()
             cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port),
                    "--prefill", prefills[0], "--prefill", prefills[1],
                    "--decode", f"http://127.0.0.1:{ports['decode']}", "--log-level", "WARNING",
-                   "--prefill-policy", policy, "--decode-policy", "leastOutstanding",
+                   "--prefill-policy", policy, "--decode-policy", LEAST_OUTSTANDING,
                    "--max-body-bytes", str(8 * 1024 * 1024)]
-            if policy == "prefixAware":
+            if policy == PREFIX_AWARE:
                 cmd += ["--tokenizer", model_dir, "--block-size", str(PREFIX_BLOCK)]
                 for url, pub in zip(prefills, publishers):
                     cmd += ["--kv-events", f"{url}=tcp://127.0.0.1:{pub.port},tcp://127.0.0.1:{pub.replay_port}"]
@@ -399,7 +402,7 @@ def prefix_scoring(args: argparse.Namespace) -> int:
             vias[policy] = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:  # measure only once the tokenizer is loaded and both streams are synced
-            with urllib.request.urlopen(vias["prefixAware"] + "/health", timeout=5) as r:
+            with urllib.request.urlopen(vias[PREFIX_AWARE] + "/health", timeout=5) as r:
                 status = json.loads(r.read())["prefix_routing"]
             if status["tokenizer"] and all(s["synced"] for s in status["streams"].values()):
                 break
@@ -422,7 +425,7 @@ def prefix_scoring(args: argparse.Namespace) -> int:
                 for policy, via in vias.items():
                     samples.setdefault((name, policy), []).append(
                         run_aiohttp(via + "/v1/completions", 1, args.seconds / rounds, w["body"]))
-        with urllib.request.urlopen(vias["prefixAware"] + "/metrics", timeout=5) as r:
+        with urllib.request.urlopen(vias[PREFIX_AWARE] + "/metrics", timeout=5) as r:
             metrics = r.read().decode()
         scored = [l for l in metrics.splitlines()
                   if l.startswith("pdfleet_router_prefix_cached_tokens_total") and 'kind="chosen"' in l]
@@ -435,7 +438,7 @@ def prefix_scoring(args: argparse.Namespace) -> int:
             print(f"{name:<16}{policy:<20}{r['rps']:>10.0f}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}"
                   f"{r['errors']:>9}")
         for name, w in workloads.items():
-            lo, pa = rows[(name, "leastOutstanding")], rows[(name, "prefixAware")]
+            lo, pa = rows[(name, LEAST_OUTSTANDING)], rows[(name, PREFIX_AWARE)]
             add50, add99 = (pa["p50"] - lo["p50"]) * 1e3, (pa["p99"] - lo["p99"]) * 1e3
             print(f"{name}: prefix scoring adds p50 {add50:.3f} ms, p99 {add99:.3f} ms over leastOutstanding "
                   f"(goal p50 <= 0.5 ms: {'met' if add50 <= 0.5 else 'NOT met'}); "

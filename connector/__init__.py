@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdfleet.contract.connector_config import CONNECTOR_CLASS
+
 __all__ = ["PdfleetConnector"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "PdfleetConnector":
+    if name == CONNECTOR_CLASS:  # the class the operator's kv-transfer-config names
         from pdfleet.connector.adapter.connector import PdfleetConnector
 
         return PdfleetConnector

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any, Optional, Protocol
 
 from pdfleet.operator.api import parse
@@ -80,6 +81,13 @@ async def fleet_children(d: Driver, name: str) -> dict[str, set[str]]:
         if found:
             out[kind] = found
     return out
+
+
+async def serving_services(d: Driver, name: str) -> set[str]:
+    """The fleet's Services labelled as the serving revision's."""
+    listed = await d.list(KIND_RESOURCES["Service"], {"pdfleet.io/fleet": name})
+    return {o["metadata"]["name"] for o in listed if not o["metadata"].get("deletionTimestamp")
+            and (o["metadata"].get("labels") or {}).get("pdfleet.io/serving") == "true"}
 
 
 async def status_of(d: Driver, name: str) -> dict[str, Any]:
@@ -263,8 +271,11 @@ async def scenario_paired_rollout(d: Driver, *, drain_seconds: float) -> list[di
     assert (await fleet_children(d, "llama"))["StatefulSet"] == both
     st = await wait_status(d, "llama", lambda s: condition(s, "Progressing")["reason"] == "RollingOut", "RollingOut")
     assert st["revision"] == old, "the router switched before the new pair was ready"
-    router = await d.get(DEPLOY, "llama-router")
-    assert router["spec"]["template"]["spec"]["containers"][0]["args"][-1] == old
+    # The operator says which revision serves by a label on that revision's engine Services
+    # (their EndpointSlices carry it to the router); the router itself is told nothing.
+    assert await serving_services(d, "llama") == {f"llama-{r}-{old}" for r in ("prefill", "decode")}
+    router_before = (await d.get(DEPLOY, "llama-router"))["spec"]["template"]
+    assert "--revision" not in router_before["spec"]["containers"][0]["args"]
 
     # Only the new prefill ready: still no switch.
     await d.make_ready("StatefulSet", f"llama-prefill-{new}")
@@ -272,16 +283,19 @@ async def scenario_paired_rollout(d: Driver, *, drain_seconds: float) -> list[di
     assert (await status_of(d, "llama"))["revision"] == old
     await d.make_ready("StatefulSet", f"llama-decode-{new}")
     st = await wait_status(d, "llama", lambda s: s["revision"] == new, "switch to the new revision")
-    router = await d.get(DEPLOY, "llama-router")
+    want_serving = {f"llama-{r}-{new}" for r in ("prefill", "decode")}
     for _ in range(100):
-        if router["spec"]["template"]["spec"]["containers"][0]["args"][-1] == new:
+        if await serving_services(d, "llama") == want_serving:
             break
         await asyncio.sleep(0.05)
-        router = await d.get(DEPLOY, "llama-router")
-    assert router["spec"]["template"]["spec"]["containers"][0]["args"][-1] == new
+    assert await serving_services(d, "llama") == want_serving  # the old pair's label is gone
     assert {e["revision"] for e in st["endpoints"]["prefill"]} == {new}
+    # No router restart on the switch: its pod template is the same, byte for byte. (The spec change
+    # itself rolled the router once, at RollingOut: the router hashes prompts with the new block size.)
+    router_after = (await d.get(DEPLOY, "llama-router"))["spec"]["template"]
+    assert json.dumps(router_after, sort_keys=True) == json.dumps(router_before, sort_keys=True)
 
-    await d.make_ready("Deployment", "llama-router")  # the Deployment controller rolls the router
+    await d.make_ready("Deployment", "llama-router")  # the Deployment controller rolled it for the block size
 
     # After the drain period the old pair and its config are gone.
     want = names_by_kind(expected_children(new_cr, d.namespace))

@@ -6,12 +6,9 @@ any value at all. ``parse_remote_prefill`` turns a decode-side request's params 
 allowed; the scheduler side of the connector calls it before anything reaches a
 worker, and a rejected request is computed locally (never a crash).
 
-Key names follow vLLM's NixlConnector (``do_remote_prefill``, ``do_remote_decode``,
-``remote_block_ids``, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
-``remote_port``, ``tp_size``) plus pdfleet's ``remote_instance_id`` (restart
-detection), ``remote_lease_expiry`` (unix time after which prefill may free the
-blocks) and ``remote_hosts`` (one side-channel host per node of a prefill spread
-over several pods; see nodes.py). ``producer_params`` builds what a prefill server returns.
+The keys and their versions are pdfleet.contract.kv_params (the router reads the same
+schema); params of a newer major version are refused here, naming both versions.
+``producer_params`` (the contract's ``produce``) builds what a prefill server returns.
 """
 
 from __future__ import annotations
@@ -21,6 +18,9 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from pdfleet.contract import kv_params as K
+from pdfleet.contract.kv_params import produce as producer_params
 
 __all__ = [
     "InvalidTransferParams",
@@ -85,7 +85,7 @@ def wants_remote_prefill(params: Any) -> bool:
         return False
     if not isinstance(params, Mapping):
         raise InvalidTransferParams("(root)", f"must be a JSON object, got {type(params).__name__}")
-    return _flag(params, "do_remote_prefill")
+    return _flag(params, K.DO_REMOTE_PREFILL)
 
 
 def wants_remote_decode(params: Any) -> bool:
@@ -94,7 +94,7 @@ def wants_remote_decode(params: Any) -> bool:
         return False
     if not isinstance(params, Mapping):
         raise InvalidTransferParams("(root)", f"must be a JSON object, got {type(params).__name__}")
-    return _flag(params, "do_remote_decode")
+    return _flag(params, K.DO_REMOTE_DECODE)
 
 
 def _str(params: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
@@ -122,9 +122,9 @@ def _int(params: Mapping[str, Any], key: str, lo: int, hi: int, *, default: int 
 
 
 def _host(params: Mapping[str, Any]) -> str:
-    host = _str(params, "remote_host")
+    host = _str(params, K.REMOTE_HOST)
     assert host is not None
-    return _check_host(host, "remote_host")
+    return _check_host(host, K.REMOTE_HOST)
 
 
 def _check_host(host: str, field: str) -> str:
@@ -141,14 +141,14 @@ def _check_host(host: str, field: str) -> str:
 
 
 def _hosts(params: Mapping[str, Any], tp_size: int) -> tuple[str, ...]:
-    raw = params.get("remote_hosts")
+    raw = params.get(K.REMOTE_HOSTS)
     if raw is None:
         return ()
     if not isinstance(raw, (list, tuple)) or not raw:
-        raise InvalidTransferParams("remote_hosts", f"must be a non-empty list of hosts, got {raw!r}")
+        raise InvalidTransferParams(K.REMOTE_HOSTS, f"must be a non-empty list of hosts, got {raw!r}")
     if tp_size % len(raw) != 0:
         raise InvalidTransferParams(
-            "remote_hosts", f"has {len(raw)} hosts; the prefill's {tp_size} ranks must spread evenly over them")
+            K.REMOTE_HOSTS, f"has {len(raw)} hosts; the prefill's {tp_size} ranks must spread evenly over them")
     out = []
     for pos, host in enumerate(raw):
         field = f"remote_hosts[{pos}]"
@@ -160,16 +160,16 @@ def _hosts(params: Mapping[str, Any], tp_size: int) -> tuple[str, ...]:
 
 
 def _block_ids(params: Mapping[str, Any]) -> tuple[int, ...]:
-    raw = params.get("remote_block_ids")
+    raw = params.get(K.REMOTE_BLOCK_IDS)
     if raw is None:
-        raise InvalidTransferParams("remote_block_ids", "is required (a list of block ids, or a list of one such list)")
+        raise InvalidTransferParams(K.REMOTE_BLOCK_IDS, "is required (a list of block ids, or a list of one such list)")
     if not isinstance(raw, (list, tuple)):
-        raise InvalidTransferParams("remote_block_ids", f"must be a list, got {type(raw).__name__}")
+        raise InvalidTransferParams(K.REMOTE_BLOCK_IDS, f"must be a list, got {type(raw).__name__}")
     # vLLM returns one list per KV-cache group; pdfleet supports exactly one group.
     if raw and all(isinstance(g, (list, tuple)) for g in raw):
         if len(raw) != 1:
             raise InvalidTransferParams(
-                "remote_block_ids", f"has {len(raw)} KV-cache groups; exactly one is supported"
+                K.REMOTE_BLOCK_IDS, f"has {len(raw)} KV-cache groups; exactly one is supported"
             )
         raw = raw[0]
     out: list[int] = []
@@ -182,16 +182,16 @@ def _block_ids(params: Mapping[str, Any]) -> tuple[int, ...]:
             raise InvalidTransferParams(f"remote_block_ids[{pos}]", f"must be in [0, {MAX_BLOCK_ID}], got {value}")
         out.append(value)
     if len(set(out)) != len(out):
-        raise InvalidTransferParams("remote_block_ids", "contains duplicate block ids")
+        raise InvalidTransferParams(K.REMOTE_BLOCK_IDS, "contains duplicate block ids")
     return tuple(out)
 
 
 def _expiry(params: Mapping[str, Any]) -> float | None:
-    value = params.get("remote_lease_expiry")
+    value = params.get(K.REMOTE_LEASE_EXPIRY)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidTransferParams("remote_lease_expiry", f"must be a unix time (number), got {value!r}")
+        raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"must be a unix time (number), got {value!r}")
     return float(value)
 
 
@@ -217,37 +217,41 @@ def parse_remote_prefill(
 ) -> RemotePrefill:
     """Validate a do_remote_prefill request's params; raise ``InvalidTransferParams``.
 
-    Checks types and ranges of every key, that ``remote_block_ids`` covers the
+    Checks the schema version (a newer major one is refused), types and ranges of every key, that ``remote_block_ids`` covers the
     blocks this decode will pull (at least the prompt's full blocks, at most one per
     started block plus one), that decode TP is a multiple of prefill ``tp_size``, and
     that the lease has not already expired.
     """
     if not wants_remote_prefill(params):
-        raise InvalidTransferParams("do_remote_prefill", "must be true for a remote prefill")
+        raise InvalidTransferParams(K.DO_REMOTE_PREFILL, "must be true for a remote prefill")
     assert isinstance(params, Mapping)
-    if _flag(params, "do_remote_decode"):
-        raise InvalidTransferParams("do_remote_decode", "cannot be true together with do_remote_prefill")
-    engine_id = _str(params, "remote_engine_id")
-    request_id = _str(params, "remote_request_id")
+    try:
+        K.version_of(params)
+    except K.UnsupportedVersion as exc:
+        raise InvalidTransferParams(exc.field, exc.problem) from None
+    if _flag(params, K.DO_REMOTE_DECODE):
+        raise InvalidTransferParams(K.DO_REMOTE_DECODE, "cannot be true together with do_remote_prefill")
+    engine_id = _str(params, K.REMOTE_ENGINE_ID)
+    request_id = _str(params, K.REMOTE_REQUEST_ID)
     host = _host(params)
-    port = _int(params, "remote_port", 1, 65535)
-    tp_size = _int(params, "tp_size", 1, 1024, default=1)
+    port = _int(params, K.REMOTE_PORT, 1, 65535)
+    tp_size = _int(params, K.TP_SIZE, 1, 1024, default=1)
     if local_tp_size % tp_size != 0:
         raise InvalidTransferParams(
-            "tp_size", f"prefill tp_size {tp_size} must divide decode tp_size {local_tp_size} (decode TP = k x prefill TP)"
+            K.TP_SIZE, f"prefill tp_size {tp_size} must divide decode tp_size {local_tp_size} (decode TP = k x prefill TP)"
         )
     hosts = _hosts(params, tp_size)
-    instance_id = _str(params, "remote_instance_id", required=False)
+    instance_id = _str(params, K.REMOTE_INSTANCE_ID, required=False)
     if instance_id is not None and len(instance_id.split(",")) != tp_size:
         raise InvalidTransferParams(
-            "remote_instance_id", f"must list one instance id per prefill rank ({tp_size}), comma-separated"
+            K.REMOTE_INSTANCE_ID, f"must list one instance id per prefill rank ({tp_size}), comma-separated"
         )
-    remote_num_tokens = params.get("remote_num_tokens")
+    remote_num_tokens = params.get(K.REMOTE_NUM_TOKENS)
     if remote_num_tokens is not None:
-        _int(params, "remote_num_tokens", 0, 2**31 - 1)
+        _int(params, K.REMOTE_NUM_TOKENS, 0, 2**31 - 1)
         if remote_num_tokens < num_tokens_to_pull(num_prompt_tokens, block_size):
             raise InvalidTransferParams(
-                "remote_num_tokens",
+                K.REMOTE_NUM_TOKENS,
                 f"prefill computed {remote_num_tokens} tokens, fewer than the {num_prompt_tokens}-token prompt"
                 " needs (was the prompt changed between the two legs?)",
             )
@@ -256,18 +260,18 @@ def parse_remote_prefill(
     most = -(-num_prompt_tokens // block_size) + 1
     if len(block_ids) < need:
         raise InvalidTransferParams(
-            "remote_block_ids",
+            K.REMOTE_BLOCK_IDS,
             f"has {len(block_ids)} ids but the {num_prompt_tokens}-token prompt needs at least {need}"
             f" (one per full block of {block_size} tokens)",
         )
     if len(block_ids) > most:
         raise InvalidTransferParams(
-            "remote_block_ids",
+            K.REMOTE_BLOCK_IDS,
             f"has {len(block_ids)} ids but a {num_prompt_tokens}-token prompt spans at most {most}",
         )
     expiry = _expiry(params)
     if expiry is not None and expiry <= now:
-        raise InvalidTransferParams("remote_lease_expiry", f"the prefill lease expired {now - expiry:.1f}s ago")
+        raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"the prefill lease expired {now - expiry:.1f}s ago")
     assert engine_id is not None and request_id is not None
     return RemotePrefill(
         remote_engine_id=engine_id,
@@ -280,33 +284,3 @@ def parse_remote_prefill(
         remote_lease_expiry=expiry,
         remote_hosts=hosts,
     )
-
-
-def producer_params(
-    *,
-    block_ids: list[int],
-    engine_id: str,
-    request_id: str,
-    host: str,
-    port: int,
-    tp_size: int,
-    instance_id: str | None,
-    lease_expiry: float,
-    num_tokens: int,
-    hosts: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """kv_transfer_params a prefill returns; the router forwards them to decode as-is."""
-    extra = {"remote_hosts": list(hosts)} if hosts else {}
-    return extra | {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_block_ids": [list(block_ids)],
-        "remote_engine_id": engine_id,
-        "remote_request_id": request_id,
-        "remote_host": host,
-        "remote_port": port,
-        "tp_size": tp_size,
-        "remote_instance_id": instance_id,
-        "remote_lease_expiry": lease_expiry,
-        "remote_num_tokens": num_tokens,
-    }

@@ -31,6 +31,7 @@ from pdfleet.connector.adapter.params import (
     wants_remote_decode,
     wants_remote_prefill,
 )
+from pdfleet.contract.kv_params import DO_REMOTE_PREFILL, error_params
 
 __all__ = ["KeepAlive", "PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
 
@@ -131,7 +132,7 @@ class SchedulerSide:
             if not wants_remote_prefill(params):
                 return None
             if not self.is_consumer:
-                raise InvalidTransferParams("do_remote_prefill", "this server is a KV producer; it does not pull")
+                raise InvalidTransferParams(DO_REMOTE_PREFILL, "this server is a KV producer; it does not pull")
             return parse_remote_prefill(
                 params,
                 num_prompt_tokens=request.num_prompt_tokens,
@@ -225,11 +226,11 @@ class SchedulerSide:
         self._handled.discard(rid)
         reason = self._rejected.pop(rid, None)
         if reason is not None:
-            return False, {"do_remote_prefill": False, "do_remote_decode": False, "pdfleet_error": reason}
+            return False, error_params(reason)
         try:
             remote_decode = wants_remote_decode(request.kv_transfer_params)
         except InvalidTransferParams as exc:
-            return False, {"do_remote_prefill": False, "do_remote_decode": False, "pdfleet_error": str(exc)}
+            return False, error_params(str(exc))
         if not remote_decode or not self.is_producer:
             return False, None
         from vllm.v1.request import RequestStatus

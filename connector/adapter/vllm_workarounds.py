@@ -21,13 +21,12 @@ import logging
 import os
 from typing import Mapping, Optional
 
-__all__ = ["SHM_RECHECK_ENV", "LOCAL_SHM_RECHECK_MS", "shm_recheck_ms", "apply_shm_recheck"]
+from pdfleet.contract.env import VLLM_SHM_RECHECK_MS as SHM_RECHECK_ENV
+
+__all__ = ["SHM_RECHECK_ENV", "shm_recheck_ms", "apply_shm_recheck"]
 
 log = logging.getLogger(__name__)
 
-SHM_RECHECK_ENV = "PDFLEET_VLLM_SHM_RECHECK_MS"
-# What `pdfleet local` sets: about 20 re-checks a second per parked reader, no measurable cost.
-LOCAL_SHM_RECHECK_MS = 50
 _MAX_MS = 5000  # vLLM's own interval: never raise it
 
 

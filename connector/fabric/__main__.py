@@ -7,7 +7,6 @@ termination message (read by the operator from the pod status), prints it, exits
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,11 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--termination-log", type=Path, default=Path("/dev/termination-log"))
     args = parser.parse_args(argv)
     verdict, _ = run_probe(want=args.want, min_gbps=args.min_gbps, mib=args.mib)
-    text = json.dumps(verdict.as_dict(), sort_keys=True)
+    text = verdict.to_json()
     for path in (args.result, args.termination_log):
         if path is not None:
             try:
-                path.write_text(text[:4000])  # the kubelet keeps at most 4 KiB of a termination message
+                path.write_text(text)  # to_json keeps to the kubelet's 4 KiB
             except OSError:
                 pass  # not in a pod (no /dev/termination-log): stdout still has it
     print(text, flush=True)

@@ -7,24 +7,22 @@ connector exports it as an info metric (`vllm:pdfleet_connector_kv_transport_inf
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Mapping, Optional
 
-RESULT_ENV = "PDFLEET_KV_TRANSPORT_FILE"
+from pdfleet.contract.fabric import RESULT_ENV, parse_verdict
+
 UNKNOWN = {"transport": "unknown", "status": "Unknown", "reason": "NoPreflight"}
 
 
 def info_labels(verdict_text: Optional[str]) -> dict[str, str]:
     """Bounded labels from a verdict file's text; Unknown when absent or unreadable."""
-    try:
-        verdict = json.loads(verdict_text or "")
-    except ValueError:
+    verdict = parse_verdict(verdict_text)
+    if verdict is None:
         return dict(UNKNOWN)
-    if not isinstance(verdict, dict) or verdict.get("status") not in ("True", "False"):
-        return dict(UNKNOWN)
-    transport = str(verdict.get("transport") or "none").split(",")[0].split("/")[0]  # the UCX transport, not the device
-    return {"transport": transport[:32], "status": verdict["status"], "reason": str(verdict.get("reason") or "")[:32]}
+    transport = (verdict.transport or "none").split(",")[0].split("/")[0]  # the UCX transport, not the device
+    return {"transport": transport[:32], "status": "True" if verdict.status else "False",
+            "reason": verdict.reason[:32]}
 
 
 def read_info_labels(env: Mapping[str, str] = os.environ) -> dict[str, str]:

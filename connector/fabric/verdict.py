@@ -13,12 +13,18 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-CONDITION_TYPE = "KVTransport"
-TCP_FALLBACK = "TCPFallback"
-DEVICE_MISSING = "DeviceMissing"
-BELOW_MIN = "BelowMinGBps"
-PROBE_FAILED = "ProbeFailed"
-VERIFIED = "TransportVerified"
+from pdfleet.contract.fabric import (
+    BELOW_MIN,
+    CONDITION_TYPE,
+    DEVICE_MISSING,
+    PROBE_FAILED,
+    TCP_FALLBACK,
+    VERIFIED,
+    FabricVerdict,
+)
+
+__all__ = ["BELOW_MIN", "CONDITION_TYPE", "DEVICE_MISSING", "PROBE_FAILED", "TCP_FALLBACK", "VERIFIED",
+           "ProbeRecord", "Verdict", "decide", "family", "read_transport", "ucx_problems"]
 
 # UCX transport names, by what they are.
 _FAMILIES = (
@@ -52,18 +58,7 @@ class ProbeRecord:
     mib: int = 8
 
 
-@dataclass(frozen=True)
-class Verdict:
-    status: bool
-    reason: str
-    message: str
-    transport: Optional[str] = None   # e.g. "rc_mlx5/mlx5_0:1", "tcp/eth0", "cma/memory"
-    gbps: Optional[float] = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {"type": CONDITION_TYPE, "status": "True" if self.status else "False", "reason": self.reason,
-                "message": self.message, "transport": self.transport,
-                "gBps": None if self.gbps is None else round(self.gbps, 3)}
+Verdict = FabricVerdict  # the verdict's fields and JSON form are the contract's
 
 
 def family(transport: Optional[str]) -> Optional[str]:

@@ -18,9 +18,9 @@ response without kv_transfer_params) goes to another prefill endpoint, at most
 kv_transfer_params, so decode prefills locally), marked ``x-pdfleet-fallback:
 decode-only``. A decode leg that fails before the router sent any byte goes to
 another decode endpoint (``decode_attempts`` in all) with prefill's
-kv_transfer_params while their lease (``remote_blocks_expiry_time``, unix
-seconds) has ``lease_margin_s`` left, else decode-only. A 4xx from either leg is
-the client's mistake and is relayed as is.
+kv_transfer_params while their lease (``remote_lease_expiry`` in
+pdfleet.contract.kv_params) has ``lease_margin_s`` left, else decode-only. A 4xx
+from either leg is the client's mistake and is relayed as is.
 
 A request that vLLM splits into several engine requests (``n > 1``, several
 prompts, beam search; see fanout.py) skips prefill: decode serves it alone,
@@ -53,7 +53,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pdfleet.connector.router.abandon import Abandoned, one_token_body, release_body
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.kv_params import remote_decode_request
+from pdfleet.contract.router_config import RouterConfig
+from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
 from pdfleet.connector.router.endpoints import (
     DECODE,
     PREFILL,
@@ -75,8 +77,6 @@ from pdfleet.connector.router.prefix_routing import PrefixRouting
 
 log = logging.getLogger("pdfleet.router")
 
-FALLBACK_HEADER = "x-pdfleet-fallback"
-REVISION_HEADER = "x-pdfleet-revision"
 REQUEST_ID_HEADER = "X-Request-Id"
 STATIC_REVISION = "static"
 _MAX_REQUEST_ID_LEN = 256
@@ -143,7 +143,7 @@ class Router:
         """Replace every known revision; called by discovery on each change."""
         self._groups = {g.revision: g for g in groups}
         old = self.selection.revision.revision if self.selection.revision else None
-        self.selection = select_revision(self._groups.values(), self.config.revision)
+        self.selection = select_revision(self._groups.values())
         new = self.selection.revision
         if (new.revision if new else None) != old:
             log.info("serving revision %s (%s)", new.revision if new else None, self.selection.reason)
@@ -295,7 +295,7 @@ class Router:
 
         if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
             self.metrics.fallbacks.labels(FAN_OUT).inc()
-            reply_headers[FALLBACK_HEADER] = "decode-only"
+            reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
             return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers, None)
         leg = asyncio.ensure_future(self._prefill_leg(group, path, body, upstream_headers, chat=chat))
         try:
@@ -310,7 +310,7 @@ class Router:
             return prefill.client_error
         if prefill.kv_transfer_params is None:
             self.metrics.fallbacks.labels("prefill_failed").inc()
-            reply_headers[FALLBACK_HEADER] = "decode-only"
+            reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
         return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers,
                                       prefill.kv_transfer_params)
 
@@ -332,7 +332,7 @@ class Router:
     @staticmethod
     def prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
         """The prefill leg's body: one token, not streamed, KV kept for a remote decode."""
-        return one_token_body(body, {"do_remote_decode": True}, chat=chat)
+        return one_token_body(body, remote_decode_request(), chat=chat)
 
     async def _prefill_leg(self, group: RevisionEndpoints, path: str, body: dict[str, Any],
                            headers: dict[str, str], *, chat: bool) -> _PrefillResult:
@@ -419,7 +419,7 @@ class Router:
                 if kv_params is not None and not lease_allows_reuse(kv_params, time.time(), cfg.lease_margin_s):
                     kv_params = None
                     self.metrics.fallbacks.labels("lease_expired").inc()
-                    reply_headers[FALLBACK_HEADER] = "decode-only"
+                    reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
             decode_body = dict(body)
             if kv_params is not None:
                 decode_body["kv_transfer_params"] = kv_params

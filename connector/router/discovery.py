@@ -1,12 +1,13 @@
 """Endpoints from the fleet's EndpointSlices, watched through the Kubernetes API server.
 
 The operator labels each role's headless Service with ``pdfleet.io/fleet``,
-``pdfleet.io/role`` (prefill|decode) and ``pdfleet.io/revision``; Kubernetes
+``pdfleet.io/role`` (prefill|decode) and ``pdfleet.io/revision``, and those of the
+serving revision with ``pdfleet.io/serving=true`` (keys in pdfleet.contract.labels); Kubernetes
 copies a Service's labels onto its EndpointSlices (plus
 ``kubernetes.io/service-name``). The router lists and watches the slices of
 its fleet, turns them into one RevisionEndpoints per revision (pure:
 ``groups_from_slices``) and hands them to the router, which picks the revision
-that serves.
+that serves (endpoints.py: ``select_revision``).
 
 Readiness is ``conditions.serving`` (the pod's Ready condition, true to it even
 under ``publishNotReadyAddresses``), else ``conditions.ready``; terminating
@@ -32,17 +33,18 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract import labels as label_keys
+from pdfleet.contract import ports as ports_contract
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, RevisionEndpoints
 
 log = logging.getLogger("pdfleet.router.discovery")
 
-FLEET_LABEL = "pdfleet.io/fleet"
-ROLE_LABEL = "pdfleet.io/role"
-REVISION_LABEL = "pdfleet.io/revision"
+FLEET_LABEL = label_keys.FLEET
+ROLE_LABEL = label_keys.ROLE
+REVISION_LABEL = label_keys.REVISION
+SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
 SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
-KV_EVENTS_PORT_NAME = "kv-events"  # the engines' KV event PUB port (operator/plan/engines.py)
-KV_EVENTS_REPLAY_PORT_NAME = "kv-events-replay"
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # one watch event (a slice holds at most 1000 endpoints)
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; the router then lists again
 
@@ -60,6 +62,7 @@ class SliceView:
     revision: str
     endpoints: tuple[Endpoint, ...]
     created: float
+    serving: bool = False
 
 
 def _timestamp(value: Any) -> float:
@@ -110,7 +113,7 @@ def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView
         return f"no port named {port_name!r} among {[p.get('name') for p in ports]}"
     ipv6 = obj.get("addressType") == "IPv6"
     by_name = {p.get("name"): p["port"] for p in ports}
-    events_port, replay_port = by_name.get(KV_EVENTS_PORT_NAME), by_name.get(KV_EVENTS_REPLAY_PORT_NAME)
+    events_port, replay_port = by_name.get(ports_contract.KV_EVENTS_NAME), by_name.get(ports_contract.KV_EVENTS_REPLAY_NAME)
     endpoints = []
     for ep in obj.get("endpoints") or ():
         addresses = ep.get("addresses") or ()
@@ -123,7 +126,8 @@ def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView
             kv_events=f"tcp://{host}:{events_port}" if events_port else None,
             kv_events_replay=f"tcp://{host}:{replay_port}" if events_port and replay_port else None,
         ))
-    return SliceView(role, revision, tuple(endpoints), _timestamp(meta.get("creationTimestamp")))
+    return SliceView(role, revision, tuple(endpoints), _timestamp(meta.get("creationTimestamp")),
+                     labels.get(SERVING_LABEL) == SERVING_TRUE)
 
 
 def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_name: str) -> list[RevisionEndpoints]:
@@ -132,6 +136,7 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
     roles: dict[str, dict[str, dict[str, bool]]] = {}
     events: dict[str, tuple[str | None, str | None]] = {}
     created: dict[str, float] = {}
+    serving: set[str] = set()
     for obj in slices:
         view = parse_slice(obj, fleet, port_name)
         if isinstance(view, str):
@@ -141,6 +146,8 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
             by_role[view.role][ep.url] = by_role[view.role].get(ep.url, False) or ep.ready
             if ep.kv_events:
                 events[ep.url] = (ep.kv_events, ep.kv_events_replay)
+        if view.serving:  # one labelled slice is enough: the operator labels both roles' Services
+            serving.add(view.revision)
         seen = created.get(view.revision)
         created[view.revision] = view.created if seen is None else min(seen, view.created)
     return [
@@ -149,6 +156,7 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
             prefill=tuple(Endpoint(u, r, *events.get(u, (None, None))) for u, r in sorted(by_role[PREFILL].items())),
             decode=tuple(Endpoint(u, r, *events.get(u, (None, None))) for u, r in sorted(by_role[DECODE].items())),
             created=created[rev],
+            serving=rev in serving,
         )
         for rev, by_role in sorted(roles.items())
     ]

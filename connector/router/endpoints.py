@@ -5,6 +5,20 @@ Nothing here does I/O, so every rule is table-tested in tests/unit/router.
 A *revision* groups the prefill and decode endpoints built from one fleet
 template (label ``pdfleet.io/revision``). KV caches only move between engines
 of the same revision, so both legs of a request always come from one group.
+
+Which revision serves is the operator's to say: it labels the engine Services of
+the serving revision ``pdfleet.io/serving=true`` (Kubernetes copies the label onto
+their EndpointSlices). The one rule, in ``select_revision``:
+
+1. the revision labelled serving, while it has a ready prefill and a ready decode
+   endpoint (if the label is briefly on two revisions during a switch, the newer);
+2. otherwise (the serving revision has no ready prefill or no ready decode, or no
+   revision is labelled: static endpoints, or an operator from before the label) the
+   newest revision that has both; the reason says which case it is;
+3. none has both: no revision, and requests get 503.
+
+Rule 2 is what a router did before the label existed, so an outage of the serving
+revision's pods during a drain still serves from the revision being drained.
 """
 
 from __future__ import annotations
@@ -12,8 +26,11 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-PREFILL = "prefill"
-DECODE = "decode"
+from pdfleet.contract import kv_params
+from pdfleet.contract.labels import ROLE_DECODE, ROLE_PREFILL
+
+PREFILL = ROLE_PREFILL
+DECODE = ROLE_DECODE
 ROLES = (PREFILL, DECODE)
 
 
@@ -35,6 +52,7 @@ class RevisionEndpoints:
     prefill: tuple[Endpoint, ...] = ()
     decode: tuple[Endpoint, ...] = ()
     created: float = 0.0
+    serving: bool = False  # labelled serving by the operator
 
     def ready(self, role: str) -> tuple[str, ...]:
         endpoints = self.prefill if role == PREFILL else self.decode
@@ -53,26 +71,25 @@ class Selection:
     reason: str
 
 
-def select_revision(groups: Iterable[RevisionEndpoints], preferred: str | None = None) -> Selection:
-    """Pick the revision that serves new requests.
+def select_revision(groups: Iterable[RevisionEndpoints]) -> Selection:
+    """Pick the revision that serves new requests (the rule in this module's docstring).
 
-    The operator's choice (``preferred``) wins when it has at least one ready
-    prefill and one ready decode; otherwise the newest revision that has both
-    serves, so a rollout whose new pods are not ready yet keeps the old
-    revision serving. Ties on ``created`` break on the revision name so that
-    every router replica picks the same one.
+    Ties on ``created`` break on the revision name so that every router replica
+    picks the same one.
     """
+    groups = list(groups)
     candidates = [g for g in groups if g.serviceable]
-    if preferred:
-        for g in candidates:
-            if g.revision == preferred:
-                return Selection(g, "preferred")
+    newest = lambda gs: max(gs, key=lambda g: (g.created, g.revision))  # noqa: E731
+    marked = [g for g in candidates if g.serving]
+    if marked:
+        return Selection(newest(marked), "labelled serving")
     if not candidates:
         return Selection(None, "no revision has a ready prefill and a ready decode endpoint")
-    newest = max(candidates, key=lambda g: (g.created, g.revision))
-    if preferred:
-        return Selection(newest, f"preferred revision {preferred!r} not serviceable; newest serviceable")
-    return Selection(newest, "newest serviceable")
+    labelled = sorted(g.revision for g in groups if g.serving)
+    if labelled:
+        return Selection(newest(candidates), f"serving revision {', '.join(labelled)} has no ready prefill and"
+                                             " decode endpoint; newest serviceable")
+    return Selection(newest(candidates), "no revision labelled serving; newest serviceable")
 
 
 def pick_least_outstanding(
@@ -120,13 +137,13 @@ class Outstanding:
 def lease_allows_reuse(kv_transfer_params: Mapping[str, object] | None, now: float, margin_s: float) -> bool:
     """Whether prefill's KV blocks may still be read by another decode.
 
-    The prefill engine holds the blocks until ``remote_blocks_expiry_time``
-    (unix seconds). Without a readable expiry the router cannot know, so it
-    does not reuse them (a decode-only retry recomputes instead).
+    The prefill engine holds the blocks until the params' lease expiry (unix seconds,
+    read through the contract's schema). Without a readable expiry, or params of a
+    version this router cannot read, the router cannot know, so it does not reuse them
+    (a decode-only retry recomputes instead).
     """
-    if not kv_transfer_params:
+    try:
+        expiry = kv_params.lease_expiry(kv_transfer_params)
+    except kv_params.UnsupportedVersion:
         return False
-    expiry = kv_transfer_params.get("remote_blocks_expiry_time")
-    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)):
-        return False
-    return float(expiry) - now >= margin_s
+    return expiry is not None and expiry - now >= margin_s

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pdfleet.contract import metrics as names
+from pdfleet.contract.routing import PREFIX_AWARE
+
 # Legs are short on a warm fleet and long under load: 1 ms .. 2 min.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # What the SLO planner steers to (p90 from these buckets): TTFT in 10s of ms, ITL in ms.
@@ -60,24 +63,24 @@ class RouterMetrics:
         )
         # SLO signals per revision (connector/router/timing.py), read by the operator's planner.
         self.ttft = Histogram(
-            "pdfleet_router_ttft_seconds", "Time to first token: request to decode's first answer byte relayed",
+            names.ROUTER_TTFT, "Time to first token: request to decode's first answer byte relayed",
             ["revision"], buckets=_TTFT_BUCKETS, registry=r,
         )
         self.itl = Histogram(
-            "pdfleet_router_itl_seconds", "Inter-token latency on streamed answers (chunk gap per event)",
+            names.ROUTER_ITL, "Inter-token latency on streamed answers (chunk gap per event)",
             ["revision"], buckets=_ITL_BUCKETS, registry=r,
         )
         self.legs_waiting = Gauge(
-            "pdfleet_router_legs_waiting", "Legs sent and not answered yet (decode: before its first byte)",
-            ["leg", "revision"], registry=r,
+            names.ROUTER_LEGS_WAITING, "Legs sent and not answered yet (decode: before its first byte)",
+            [names.LEG, "revision"], registry=r,
         )
         self.streams = Gauge(
-            "pdfleet_router_streams", "Decode legs answering (first byte seen, not finished)", ["revision"],
+            names.ROUTER_STREAMS, "Decode legs answering (first byte seen, not finished)", ["revision"],
             registry=r,
         )
         # KV-cache-aware routing (prefix_routing.py)
         self.prefix_decisions = Counter(
-            "pdfleet_router_prefix_decisions", "prefixAware choices, by leg and what scored them "
+            "pdfleet_router_prefix_decisions", f"{PREFIX_AWARE} choices, by leg and what scored them "
             "(events: the engines' KV events; routed: what the router sent where; mixed: events for the endpoints "
             "whose stream is synced, routed for the others; none: least outstanding)",
             ["leg", "source"], registry=r,

@@ -28,9 +28,10 @@ from itertools import accumulate
 from typing import Any
 
 from pdfleet.connector.router.kv_events import hash_key
+from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
 
-DEFAULT_SEED = "vllm-none-hash"
-SUPPORTED_ALGOS = ("sha256_cbor",)
+DEFAULT_SEED = DEFAULT_HASH_SEED
+SUPPORTED_ALGOS = (PREFIX_HASH_ALGO,)
 
 
 def _head(major: int, n: int) -> bytes:
@@ -87,7 +88,7 @@ class _TokenCodes:
 @dataclass(frozen=True)
 class HashConfig:
     block_size: int
-    algo: str = "sha256_cbor"
+    algo: str = PREFIX_HASH_ALGO
     seed: str = DEFAULT_SEED
 
     def __post_init__(self) -> None:

@@ -14,9 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-PREFIX_AWARE = "prefixAware"
-LEAST_OUTSTANDING = "leastOutstanding"
-POLICIES = (PREFIX_AWARE, LEAST_OUTSTANDING)
+from pdfleet.contract.routing import LEAST_OUTSTANDING, POLICIES, PREFIX_AWARE
+
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from pdfleet.contract import labels, ports
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec, RoleSpec
 
 ROLES = ("prefill", "decode")
@@ -40,9 +41,9 @@ OWNED_FLAGS = (
     "--kv-events-config",  # the router subscribes where the plan says engines publish
     "--prefix-caching-hash-algo",  # the router reproduces the plan's block hash
 )
-# The engines' KV event ports (operator/plan/engine.py KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT).
-KV_EVENTS_PORTS = (5557, 5558)
-RESERVED_LABEL_PREFIXES = ("pdfleet.io/", "app.kubernetes.io/")
+# The engines' KV event ports.
+KV_EVENTS_PORTS = ports.KV_EVENTS_PORTS
+RESERVED_LABEL_PREFIXES = (labels.PREFIX, "app.kubernetes.io/")
 
 
 @dataclass(frozen=True)

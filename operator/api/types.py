@@ -13,6 +13,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
+from pdfleet.contract import ports, routing
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
+
 GROUP = "pdfleet.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -140,7 +143,7 @@ class RoleSpec(Model):
 
 
 class EngineSpec(Model):
-    port: Port = Field(default=8000, description="vLLM's HTTP port inside prefill and decode pods.")
+    port: Port = Field(default=ports.ENGINE_HTTP, description="vLLM's HTTP port inside prefill and decode pods.")
     block_size: Annotated[int, Field(ge=1, le=1024)] = Field(
         default=16, description="Tokens per KV block; CPU engines need a multiple of 32."
     )
@@ -151,15 +154,16 @@ class EngineSpec(Model):
 class KVTransferSpec(Model):
     backends: Annotated[
         list[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]*$")]], Field(min_length=1, max_length=8)
-    ] = Field(default=["UCX"], description="NIXL backends, in order of preference.")
+    ] = Field(default=list(CONNECTOR_DEFAULTS.backends), description="NIXL backends, in order of preference.")
     buffer_device: Literal["cuda", "cpu"] = Field(
         default="cuda", description="Where the transferred KV lives: GPU memory, or a host buffer."
     )
     side_channel_port: Port = Field(
-        default=5600, description="Handshake (ZMQ) port of TP rank 0; rank r listens on port + r."
+        default=ports.SIDE_CHANNEL, description="Handshake (ZMQ) port of TP rank 0; rank r listens on port + r."
     )
     lease_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
-        default=120, description="How long prefill holds a request's blocks for decode to read."
+        default=int(CONNECTOR_DEFAULTS.lease_seconds),
+        description="How long prefill holds a request's blocks for decode to read.",
     )
     auth_secret_ref: Optional[SecretKeyRef] = Field(
         default=None,
@@ -277,23 +281,23 @@ class FlowControlSpec(Model):
     )
 
 
-RoutingPolicy = Literal["prefixAware", "leastOutstanding"]
+RoutingPolicy = Literal[routing.PREFIX_AWARE, routing.LEAST_OUTSTANDING]
 
 
 class RouterSpec(Model):
     enabled: bool = True
     replicas: Replicas = 1
-    port: Port = 8000
+    port: Port = ports.ROUTER_HTTP
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     prefill_policy: RoutingPolicy = Field(
-        default="prefixAware",
-        description="How the router picks a prefill: prefixAware (longest cached prompt prefix, from the engines'"
-        " KV events, bounded by load) or leastOutstanding (fewest requests in flight).",
+        default=routing.PREFIX_AWARE,
+        description=f"How the router picks a prefill: {routing.PREFIX_AWARE} (longest cached prompt prefix, from the"
+        f" engines' KV events, bounded by load) or {routing.LEAST_OUTSTANDING} (fewest requests in flight).",
     )
     decode_policy: RoutingPolicy = Field(
-        default="prefixAware",
-        description="How the router picks a decode: prefixAware (the decode already holding the longest prefix,"
-        " so fewer blocks are pulled) or leastOutstanding.",
+        default=routing.PREFIX_AWARE,
+        description=f"How the router picks a decode: {routing.PREFIX_AWARE} (the decode already holding the longest"
+        f" prefix, so fewer blocks are pulled) or {routing.LEAST_OUTSTANDING}.",
     )
     flow_control: FlowControlSpec = Field(default_factory=FlowControlSpec)
 

@@ -7,11 +7,12 @@ import logging
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
-from pdfleet.operator.reconcile.children import ChildRef, Kind, ObservedChild
+from pdfleet.operator.plan.kinds import STATEFULSET
+from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
 from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
 
 logger = logging.getLogger("pdfleet.operator")
-STS_KIND = Kind("apps/v1", "StatefulSet", "statefulsets")
+STS_KIND = STATEFULSET
 PostEvent = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 
 

@@ -19,7 +19,10 @@ from pdfleet.operator.api import scaler as scaler_api
 from pdfleet.operator.api.rules import replica_range
 from pdfleet.operator.autoscale.clamp import Bounds, Clamped, Ratio, clamp
 from pdfleet.operator.plan import naming
-from pdfleet.operator.reconcile.children import FLEET_LABEL, ROLE_LABEL, Kind, ObservedChild
+from pdfleet.contract.labels import FLEET as FLEET_LABEL
+from pdfleet.contract.labels import ROLE as ROLE_LABEL
+from pdfleet.operator.plan.kinds import Kind
+from pdfleet.operator.reconcile.children import ObservedChild
 
 ROLES = ("prefill", "decode")
 SCALER_KIND = Kind(scaler_api.API_VERSION, scaler_api.KIND, scaler_api.PLURAL)

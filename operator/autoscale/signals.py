@@ -14,12 +14,13 @@ from typing import Mapping, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdfleet.contract import metrics as names
 from pdfleet.operator.autoscale.planner import RoleSignal
 
-TTFT = "pdfleet_router_ttft_seconds"
-ITL = "pdfleet_router_itl_seconds"
-WAITING = "pdfleet_router_legs_waiting"
-STREAMS = "pdfleet_router_streams"
+TTFT = names.ROUTER_TTFT
+ITL = names.ROUTER_ITL
+WAITING = names.ROUTER_LEGS_WAITING
+STREAMS = names.ROUTER_STREAMS
 
 
 class MetricsError(ValueError):
@@ -54,8 +55,8 @@ def parse_router_metrics(text: str) -> RouterSample:
             elif s.name == f"{ITL}_bucket":
                 le = float(s.labels["le"])
                 itl[le] = itl.get(le, 0.0) + s.value
-            elif s.name == WAITING and s.labels.get("leg") in waiting:
-                waiting[s.labels["leg"]] += s.value
+            elif s.name == WAITING and s.labels.get(names.LEG) in waiting:
+                waiting[s.labels[names.LEG]] += s.value
             elif s.name == STREAMS:
                 streams += s.value
     return RouterSample(ttft, itl, waiting["prefill"], waiting["decode"], streams)

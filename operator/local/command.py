@@ -287,47 +287,41 @@ class LocalRunner:
     # --- health -------------------------------------------------------------
 
     async def _wait_healthy(self, names: Optional[list[str]] = None) -> bool:
-        import aiohttp
+        from pdfleet.operator.local.health import healthy
 
         names = list(names or self.children)
         started = time.monotonic()
         deadline = started + self.args.startup_timeout
         ready: set[str] = set()
         last_report = 0.0
-        timeout = aiohttp.ClientTimeout(total=2)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            while len(ready) < len(names):
-                if self.stop.is_set():
-                    _err(f"startup interrupted ({self.stop_reason})")
+        while len(ready) < len(names):
+            if self.stop.is_set():
+                _err(f"startup interrupted ({self.stop_reason})")
+                return False
+            for name in names:
+                if name in ready:
+                    continue
+                child = self.children[name]
+                if not child.alive():
+                    self._report_failure(name, f"exited with code {child.proc.returncode} while starting")
                     return False
+                if await asyncio.to_thread(healthy, self.launches[name].url):
+                    ready.add(name)
+                    _err(f"{name} healthy after {time.monotonic() - started:.0f}s")
+            now = time.monotonic()
+            if now > deadline:
                 for name in names:
-                    if name in ready:
-                        continue
-                    child = self.children[name]
-                    if not child.alive():
-                        self._report_failure(name, f"exited with code {child.proc.returncode} while starting")
-                        return False
-                    try:
-                        async with session.get(self.launches[name].url + "/health") as resp:
-                            if resp.status == 200:
-                                ready.add(name)
-                                _err(f"{name} healthy after {time.monotonic() - started:.0f}s")
-                    except (aiohttp.ClientError, asyncio.TimeoutError):
-                        pass
-                now = time.monotonic()
-                if now > deadline:
-                    for name in names:
-                        if name not in ready:
-                            self._report_failure(name, f"not healthy after {self.args.startup_timeout:.0f}s")
-                    return False
-                if now - last_report >= 10 and len(ready) < len(names):
-                    waiting = ", ".join(n for n in names if n not in ready)
-                    _err(f"waiting for {waiting} ({now - started:.0f}s)")
-                    last_report = now
-                try:
-                    await asyncio.wait_for(self.stop.wait(), 1.0)
-                except asyncio.TimeoutError:
-                    pass
+                    if name not in ready:
+                        self._report_failure(name, f"not healthy after {self.args.startup_timeout:.0f}s")
+                return False
+            if now - last_report >= 10 and len(ready) < len(names):
+                waiting = ", ".join(n for n in names if n not in ready)
+                _err(f"waiting for {waiting} ({now - started:.0f}s)")
+                last_report = now
+            try:
+                await asyncio.wait_for(self.stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
         return True
 
     def _report_failure(self, name: str, why: str) -> None:
@@ -341,7 +335,7 @@ class LocalRunner:
 
     async def _start_router(self) -> None:
         from pdfleet.connector.router.app import start_router
-        from pdfleet.connector.router.config import RouterConfig
+        from pdfleet.contract.router_config import RouterConfig
         from pdfleet.operator.plan.engine import hash_seed
         from pdfleet.operator.plan.router import flow_control_config
 

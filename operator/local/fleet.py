@@ -11,13 +11,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
-from pdfleet.connector.adapter.vllm_workarounds import LOCAL_SHM_RECHECK_MS, SHM_RECHECK_ENV
+from pdfleet.contract import env as env_names
 from pdfleet.operator.api.rules import FieldError
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, vllm_args
 
 ROLES = ("prefill", "decode")
 LOOPBACK = "127.0.0.1"
+# Bound on vLLM's lost engine-core/worker wake-ups in local engines (connector/adapter/vllm_workarounds.py):
+# about 20 re-checks a second per parked reader, no measurable cost.
+LOCAL_SHM_RECHECK_MS = 50
 # KV cache per engine (GiB) unless the spec's env sets one: a local fleet shares one machine.
 DEFAULT_KVCACHE_GIB = "1"
 
@@ -195,13 +198,13 @@ def plan_local(
             env.pop(UCX_CUDA_IPC_GET_ZCOPY, None)  # the runner's own setting wins over pdfleet's default
         env.update({
             # Local overrides of what the pod gets from the downward API and the spec.
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": LOOPBACK,
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(p.side_channel),
+            env_names.SIDE_CHANNEL_HOST: LOOPBACK,
+            env_names.SIDE_CHANNEL_PORT: str(p.side_channel),
             "VLLM_CPU_OMP_THREADS_BIND": omp_bind(rank_cpus),
             "PYTHONUNBUFFERED": "1",
         })
         # Engines on one machine starve vLLM's wake-up notifications (vllm_workarounds.py).
-        env.setdefault(SHM_RECHECK_ENV, str(LOCAL_SHM_RECHECK_MS))
+        env.setdefault(env_names.VLLM_SHM_RECHECK_MS, str(LOCAL_SHM_RECHECK_MS))
         engines.append(EngineLaunch(
             name=f"{role}-{i}",
             role=role,

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Optional
 
 import aiohttp
 
-FALLBACK_HEADER = "x-pdfleet-fallback"
+from pdfleet.contract.routing import FALLBACK_HEADER
+
 TRANSFER_SOURCE_METRIC = "vllm:prompt_tokens_by_source_total"
 # Metric families worth showing from the engines, besides the token sources.
 CONNECTOR_METRIC_PREFIXES = ("vllm:pdfleet_", "pdfleet_", "vllm:nixl")

@@ -27,7 +27,7 @@ class PlanOptions:
     default_image: str = DEFAULT_IMAGE
     namespace: Optional[str] = None  # overrides metadata.namespace
     owner: Optional[dict[str, Any]] = None  # controller owner reference put on every child
-    serving_revision: Optional[str] = None  # revision the router sends traffic to; default: the current one
+    serving_revision: Optional[str] = None  # revision that serves new requests; default: the current one
 
 
 def image_of(resource: DisaggregatedInference, options: PlanOptions = PlanOptions()) -> str:
@@ -62,11 +62,11 @@ def plan(
     spec = resource.spec
     ctx = context(resource, options)
     objects: list[dict[str, Any]] = [engines.kv_config_map(ctx, spec)]
+    serving = (options.serving_revision or ctx.revision) == ctx.revision
     for role in ROLES:
-        objects += [roles.headless_service(ctx, spec, role), *roles.workloads(ctx, spec, role)]
-    if spec.router.enabled:
-        serving = options.serving_revision or ctx.revision
-        objects += [*router.rbac(ctx), router.deployment(ctx, spec, serving), router.service(ctx, spec)]
+        objects += [roles.headless_service(ctx, spec, role, serving=serving), *roles.workloads(ctx, spec, role)]
+    if spec.router.enabled:  # the router reads the serving revision from the Services' label: no restart on a switch
+        objects += [*router.rbac(ctx), router.deployment(ctx, spec), router.service(ctx, spec)]
     if spec.disruption.enabled:
         objects += [policy.pdb(ctx, spec, role) for role in ROLES]
     if spec.network.network_policy:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import base64
 from typing import Any, Optional
 
+from pdfleet.contract import labels
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
 
 GENERATED_KEY = "key"
 KEY_BYTES = 32
-GENERATED_ANNOTATION = "pdfleet.io/generated"
+GENERATED_ANNOTATION = labels.GENERATED
 
 
 def generated_secret_name(fleet: str) -> str:

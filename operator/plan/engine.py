@@ -9,21 +9,19 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from pdfleet.contract import env as env_names
+from pdfleet.contract import ports
+from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE, KV_ROLES, ConnectorExtraConfig
+from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
-CONNECTOR_MODULE = "pdfleet.connector"
-CONNECTOR_CLASS = "PdfleetConnector"
-KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 SECRET_DIR = "/var/run/secrets/pdfleet"
 SECRET_FILE = "side-channel-secret"
 # KV cache events (the router's prefix index): a ZMQ PUB port and its replay port on every engine.
-KV_EVENTS_PORT = 5557
-KV_EVENTS_REPLAY_PORT = 5558
-# The block hash the router can reproduce without Python pickling (connector/router/prefix_hash.py).
-PREFIX_HASH_ALGO = "sha256_cbor"
-DEFAULT_HASH_SEED = "vllm-none-hash"  # vLLM's seed of the first block's parent, unless PYTHONHASHSEED is set
+KV_EVENTS_PORT = ports.KV_EVENTS
+KV_EVENTS_REPLAY_PORT = ports.KV_EVENTS_REPLAY
 
 
 def kv_events_config(endpoint: str, replay: Optional[str]) -> dict[str, Any]:
@@ -38,7 +36,7 @@ def hash_seed(spec: DisaggregatedInferenceSpec) -> str:
     """The seed the engines' block hashes start from (the router must use the same)."""
     seed = DEFAULT_HASH_SEED
     for var in [*spec.engine.env, *spec.prefill.env, *spec.decode.env]:
-        if var.name == "PYTHONHASHSEED":
+        if var.name == env_names.HASH_SEED:
             seed = var.value
     return seed
 
@@ -48,15 +46,15 @@ def kv_transfer_config(
 ) -> dict[str, Any]:
     """vLLM's --kv-transfer-config for one role."""
     kv = spec.kv_transfer
-    extra: dict[str, Any] = {
-        "backends": list(kv.backends),
-        "lease_seconds": kv.lease_seconds,
+    extra = ConnectorExtraConfig(
+        backends=tuple(kv.backends),
+        lease_seconds=kv.lease_seconds,
         # Mixed into the connector's compatibility hash: engines of two revisions
         # refuse each other's handshake, even if something routes across a rollout.
-        "compat_extra": f"pdfleet-revision={revision}",
-    }
-    # Always signed: the user's Secret (authSecretRef) or the fleet's generated one is mounted there.
-    extra["auth_secret_file"] = secret_file or f"{SECRET_DIR}/{SECRET_FILE}"
+        compat_extra=f"pdfleet-revision={revision}",
+        # Always signed: the user's Secret (authSecretRef) or the fleet's generated one is mounted there.
+        auth_secret_file=secret_file or f"{SECRET_DIR}/{SECRET_FILE}",
+    ).to_extra()
     return {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
@@ -129,7 +127,7 @@ def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     """Plain environment of an engine. The side-channel host is not here: pods
     take it from the downward API (status.podIP), local runs use loopback.
     A variable the user sets in the spec's env always wins."""
-    env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(spec.kv_transfer.side_channel_port)}
+    env = {env_names.SIDE_CHANNEL_PORT: str(spec.kv_transfer.side_channel_port)}
     net = spec.network
     if net.rdma and net.rdma.devices:
         env["UCX_NET_DEVICES"] = ",".join(net.rdma.devices)

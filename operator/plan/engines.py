@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdfleet.contract import env as env_names
+from pdfleet.contract import ports
 from pdfleet.operator.api.rules import gpus
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain, naming
@@ -21,10 +23,10 @@ from pdfleet.operator.plan.engine import (
 )
 from pdfleet.operator.plan.meta import Context, metadata
 
-HTTP_PORT_NAME = "http"
-SIDE_CHANNEL_PORT_NAME = "nixl-side"
-KV_EVENTS_PORT_NAME = "kv-events"  # read by the router's discovery (connector/router/discovery.py)
-KV_EVENTS_REPLAY_PORT_NAME = "kv-events-replay"
+HTTP_PORT_NAME = ports.HTTP_NAME
+SIDE_CHANNEL_PORT_NAME = ports.SIDE_CHANNEL_NAME
+KV_EVENTS_PORT_NAME = ports.KV_EVENTS_NAME  # the router's discovery reads these names
+KV_EVENTS_REPLAY_PORT_NAME = ports.KV_EVENTS_REPLAY_NAME
 KV_EVENTS_PORTS = ((KV_EVENTS_PORT_NAME, KV_EVENTS_PORT), (KV_EVENTS_REPLAY_PORT_NAME, KV_EVENTS_REPLAY_PORT))
 KV_CONFIG_DIR = "/etc/pdfleet"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
@@ -44,7 +46,7 @@ def _env(spec: DisaggregatedInferenceSpec, role: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         # The side channel must be reachable by other pods and must not be
         # 0.0.0.0 or localhost, which make decode dial itself.
-        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": env_names.SIDE_CHANNEL_HOST, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
     source = spec.model.source
@@ -230,7 +232,7 @@ def kv_config_map(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, A
         f"kv-transfer-{role}.json": json.dumps(kv_transfer_config(spec, role, ctx.revision), indent=2, sort_keys=True)
         for role in ("prefill", "decode")
     }
-    labels = {**naming.fleet_labels(ctx.fleet), naming.REVISION_LABEL: ctx.revision}
+    labels = naming.revision_only_labels(ctx.fleet, ctx.revision)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdfleet.contract import fabric as fabric_contract
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.engine import engine_env
 
-CONTAINER_NAME = "kv-preflight"
+CONTAINER_NAME = fabric_contract.CONTAINER_NAME
 MODULE = "pdfleet.connector.fabric"
 RUN_DIR = "/run/pdfleet"
 RESULT_FILE = f"{RUN_DIR}/kv-transport.json"
-RESULT_ENV = "PDFLEET_KV_TRANSPORT_FILE"
+RESULT_ENV = fabric_contract.RESULT_ENV
 VOLUME = "pdfleet-run"
 PROBE_MIB = 8
 # UCX_TLS entries that mean RDMA verbs (InfiniBand / RoCE).

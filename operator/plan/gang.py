@@ -24,16 +24,16 @@ from __future__ import annotations
 from typing import Any
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import naming
+from pdfleet.operator.plan import kinds, naming
 from pdfleet.operator.plan.meta import Context, metadata
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
-VOLCANO_API = "scheduling.volcano.sh/v1beta1"
+VOLCANO_API = kinds.VOLCANO_PODGROUP.api_version
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_SCHEDULER = "volcano"
-COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
+COSCHEDULING_API = kinds.COSCHEDULING_PODGROUP.api_version
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 # How long scheduler-plugins waits for a whole group before it gives the pods back.
 COSCHEDULING_TIMEOUT_SECONDS = 600
@@ -80,11 +80,11 @@ def pod_group(ctx: Context, spec: DisaggregatedInferenceSpec, role: str, group: 
         body: dict[str, Any] = {"minMember": min_member}
         if spec.scheduling.queue_name:
             body["queue"] = spec.scheduling.queue_name
-        return {"apiVersion": VOLCANO_API, "kind": "PodGroup", "metadata": metadata(ctx, group, labels), "spec": body}
+        return {"apiVersion": VOLCANO_API, "kind": kinds.VOLCANO_PODGROUP.kind, "metadata": metadata(ctx, group, labels), "spec": body}
     if kind == "coscheduling":
         return {
             "apiVersion": COSCHEDULING_API,
-            "kind": "PodGroup",
+            "kind": kinds.COSCHEDULING_PODGROUP.kind,
             "metadata": metadata(ctx, group, labels),
             "spec": {"minMember": min_member, "scheduleTimeoutSeconds": COSCHEDULING_TIMEOUT_SECONDS},
         }

@@ -20,12 +20,12 @@ from typing import Any, Optional
 
 from pdfleet.operator.api.rules import ranks_per_pod
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import naming
+from pdfleet.operator.plan import kinds, naming
 from pdfleet.operator.plan.engines import HTTP_PORT_NAME, SIDE_CHANNEL_PORT_NAME, pod_template
 from pdfleet.operator.plan.meta import Context, metadata
 
-LWS_API = "leaderworkerset.x-k8s.io/v1"
-LWS_KIND = "LeaderWorkerSet"
+LWS_API = kinds.LWS.api_version
+LWS_KIND = kinds.LWS.kind
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 WORKER_INDEX_ENV = "LWS_WORKER_INDEX"

@@ -6,13 +6,14 @@ import hashlib
 import json
 from typing import Any
 
+from pdfleet.contract import labels
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 
-FLEET_LABEL = "pdfleet.io/fleet"
-ROLE_LABEL = "pdfleet.io/role"
-REVISION_LABEL = "pdfleet.io/revision"
-GROUP_LABEL = "pdfleet.io/group"  # replica index of a per-replica LeaderWorkerSet (gang scheduling)
-ROUTER = "router"
+FLEET_LABEL = labels.FLEET
+ROLE_LABEL = labels.ROLE
+REVISION_LABEL = labels.REVISION
+GROUP_LABEL = labels.GROUP
+ROUTER = labels.ROLE_ROUTER
 REVISION_LENGTH = 10
 
 
@@ -33,6 +34,11 @@ def role_labels(fleet: str, role: str) -> dict[str, str]:
 
 def revision_labels(fleet: str, role: str, revision: str) -> dict[str, str]:
     return {**role_labels(fleet, role), REVISION_LABEL: revision}
+
+
+def revision_only_labels(fleet: str, revision: str) -> dict[str, str]:
+    """A revision's objects that belong to no one role (its ConfigMap)."""
+    return {**fleet_labels(fleet), REVISION_LABEL: revision}
 
 
 def selector(fleet: str, role: str, revision: str | None = None) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from pdfleet.contract import labels
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import engines, fabric, gang, multinode, naming, placement
 from pdfleet.operator.plan.meta import Context
@@ -52,8 +53,13 @@ def workloads(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> list
     return out
 
 
-def headless_service(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> dict[str, Any]:
+def headless_service(ctx: Context, spec: DisaggregatedInferenceSpec, role: str, *, serving: bool = True
+                     ) -> dict[str, Any]:
+    """The role's headless Service; ``serving``: this revision serves new requests, and the label
+    that says so (which its EndpointSlices carry) is how the router learns it."""
     svc = engines.headless_service(ctx, spec, role)
+    if serving:
+        svc["metadata"]["labels"][labels.SERVING] = labels.SERVING_TRUE
     if multinode.is_multinode(spec, role):
         svc["spec"]["selector"] = {**svc["spec"]["selector"], **multinode.leader_selector()}
         local = spec.kv_transfer.side_channel_port + spec.role(role).tensor_parallel_size // spec.role(role).nodes_per_replica

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdfleet.connector.router.flow.config import FLAG as FLOW_CONTROL_FLAG
-from pdfleet.connector.router.flow.config import FlowControlConfig, Priority
+from pdfleet.contract.flow_control import FlowControlConfig, Priority
+from pdfleet.contract.ports import HTTP_NAME
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
@@ -21,29 +22,26 @@ RESTRICTED_CONTAINER_SECURITY = {
 }
 
 
-def router_args(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision: str) -> list[str]:
-    return [
-        "router",
-        "--host", "0.0.0.0",
-        "--port", str(spec.router.port),
-        "--kubernetes",
-        "--namespace", ctx.namespace,
-        "--fleet", ctx.fleet,
-        "--prefill-policy", spec.router.prefill_policy,
-        "--decode-policy", spec.router.decode_policy,
+def router_config(ctx: Context, spec: DisaggregatedInferenceSpec) -> RouterConfig:
+    """What the router pod runs. No revision: the router reads the serving revision from the
+    engine Services' label, so a rollout never changes (and so never restarts) the router."""
+    return RouterConfig(
+        host="0.0.0.0",
+        port=spec.router.port,
+        kubernetes_fleet=ctx.fleet,
+        kubernetes_namespace=ctx.namespace,
+        prefill_policy=spec.router.prefill_policy,
+        decode_policy=spec.router.decode_policy,
         # the engines' block hashing, so that the router computes the same hashes
-        "--tokenizer", model_path(spec),
-        "--block-size", str(spec.engine.block_size),
-        "--hash-seed", hash_seed(spec),
-        *flow_control_args(spec),
-        "--revision", serving_revision,  # last: the rollout logic and its tests read it there
-    ]  # fmt: skip
-
-
-# ---- flow control (issue 22): spec.router.flowControl as the router's one --flow-control JSON argument ----
+        tokenizer=model_path(spec),
+        block_size=spec.engine.block_size,
+        hash_seed=hash_seed(spec),
+        flow_control=flow_control_config(spec),
+    )
 
 
 def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:
+    """spec.router.flowControl as the router's settings (rendered by RouterConfig only while enabled)."""
     fc = spec.router.flow_control
     return FlowControlConfig(
         enabled=fc.enabled, max_queue_s=float(fc.max_queue_seconds), max_queued=fc.max_queued_requests,
@@ -52,23 +50,21 @@ def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:
     )
 
 
-def flow_control_args(spec: DisaggregatedInferenceSpec) -> list[str]:
-    """Nothing while disabled, so that fleets without flow control keep their router pod template."""
-    config = flow_control_config(spec)
-    return [FLOW_CONTROL_FLAG, config.to_arg()] if config.enabled else []
+def router_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
+    return ["router", *router_config(ctx, spec).to_argv()]
 
 
-def deployment(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision: str) -> dict[str, Any]:
+def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     name = naming.router_name(ctx.fleet)
     labels = naming.role_labels(ctx.fleet, naming.ROUTER)
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3}
+    probe = {"httpGet": {"path": "/health", "port": HTTP_NAME}, "periodSeconds": 5, "failureThreshold": 3}
     container = {
         "name": "router",
         "image": ctx.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["pdfleet"],
-        "args": router_args(ctx, spec, serving_revision),
-        "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
+        "args": router_args(ctx, spec),
+        "ports": [{"name": HTTP_NAME, "containerPort": spec.router.port, "protocol": "TCP"}],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -103,7 +99,7 @@ def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
         "spec": {
             "type": spec.router.service_type,
             "selector": naming.selector(ctx.fleet, naming.ROUTER),
-            "ports": [{"name": "http", "port": spec.router.port, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": HTTP_NAME, "port": spec.router.port, "targetPort": HTTP_NAME, "protocol": "TCP"}],
         },
     }
 

@@ -18,10 +18,10 @@ from typing import Any, Callable, Mapping, Optional
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.auth import KEY_BYTES, generated_secret, generated_secret_name, needs_generated_secret
-from pdfleet.operator.reconcile.children import Kind
+from pdfleet.operator.plan import kinds
 from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
 
-SECRET = Kind("v1", "Secret", "secrets")
+SECRET = kinds.SECRET
 RECHECK_SECONDS = 600.0
 
 

@@ -14,65 +14,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
+from pdfleet.contract import labels as label_keys
+from pdfleet.operator.plan import kinds
+from pdfleet.operator.plan.kinds import GANG_KINDS, LWS, OWNED_KINDS, POD, Kind
 from pdfleet.operator.reconcile.kvtransport import PodTransport, from_pod_status
 
-FLEET_LABEL = "pdfleet.io/fleet"
-ROLE_LABEL = "pdfleet.io/role"
-REVISION_LABEL = "pdfleet.io/revision"
-HASH_ANNOTATION = "pdfleet.io/applied-hash"
+FLEET_LABEL = label_keys.FLEET
+ROLE_LABEL = label_keys.ROLE
+REVISION_LABEL = label_keys.REVISION
+HASH_ANNOTATION = label_keys.APPLIED_HASH
+SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 FIELD_MANAGER = "pdfleet"
 
 
-@dataclass(frozen=True)
-class Kind:
-    api_version: str
-    kind: str
-    plural: str
-    namespaced: bool = True
-
-    @property
-    def group(self) -> str:
-        return self.api_version.rpartition("/")[0]
-
-    @property
-    def version(self) -> str:
-        return self.api_version.rpartition("/")[2]
-
-    def path(self, namespace: Optional[str], name: Optional[str] = None, subresource: Optional[str] = None) -> str:
-        root = f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
-        out = f"{root}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{root}/{self.plural}"
-        if name:
-            out += f"/{name}"
-        if subresource:
-            out += f"/{subresource}"
-        return out
-
-
-# Every kind the plan may produce. The operator watches all of them (label-selected)
-# so that it notices drift and deletions, and owns them through ownerReferences.
-OWNED_KINDS: tuple[Kind, ...] = (
-    Kind("apps/v1", "StatefulSet", "statefulsets"),
-    Kind("apps/v1", "Deployment", "deployments"),
-    Kind("v1", "Service", "services"),
-    Kind("v1", "ConfigMap", "configmaps"),
-    Kind("v1", "ServiceAccount", "serviceaccounts"),
-    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-    Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
-    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
-    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
-)
-# Multi-node roles (issue 12): LeaderWorkerSets are watched like StatefulSets; a gang
-# provider's PodGroups only when the operator is told the provider is installed (the
-# chart's values grant RBAC for exactly those), see handlers.OperatorOptions.gang_providers.
-LWS = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
-OWNED_KINDS = OWNED_KINDS + (LWS,)
-GANG_KINDS: dict[str, Kind] = {
-    "volcano": Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups"),
-    "coscheduling": Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups"),
-}
-WORKLOAD_KINDS = ("StatefulSet", "Deployment", "LeaderWorkerSet")
-POD = Kind("v1", "Pod", "pods")
+WORKLOAD_KINDS = kinds.WORKLOAD_KINDS
+# The kinds live in plan/kinds.py; these names stay importable from here for the reconciler.
+__all__ = ["GANG_KINDS", "LWS", "OWNED_KINDS", "POD", "WORKLOAD_KINDS", "Kind", "ChildRef", "ObservedChild",
+           "ObservedPod", "Actions", "diff", "kind_of", "observe_child", "observe_pod", "owner_reference", "stamp",
+           "manifest_hash"]
 _BY_KIND = {(k.api_version, k.kind): k for k in (*OWNED_KINDS, *GANG_KINDS.values())}
 
 
@@ -153,6 +113,7 @@ class ObservedChild:
     ready_replicas: int = 0
     updated_replicas: int = 0
     ports: tuple[tuple[str, int], ...] = ()   # named container ports of a workload's pod template
+    serving: bool = False          # labelled as the serving revision's (engine Services)
 
 
 @dataclass(frozen=True)
@@ -209,6 +170,7 @@ def observe_child(body: Mapping[str, Any]) -> ObservedChild:
         ready_replicas=_int(status.get("readyReplicas")),
         updated_replicas=_int(status.get("updatedReplicas")),
         ports=_template_ports(template_spec),
+        serving=labels.get(SERVING_LABEL) == SERVING_TRUE,
     )
 
 

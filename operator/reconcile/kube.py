@@ -129,6 +129,11 @@ class KubeClient:
             if exc.status != 404:  # already gone: the goal is reached
                 raise
 
+    async def merge_patch(self, ref: ChildRef, kind: Kind, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of one object (null removes a key)."""
+        return await self._call("patch", kind.plural, "patch", kind.path(ref.namespace, ref.name),
+                                payload=dict(patch), headers={"Content-Type": "application/merge-patch+json"})
+
     async def patch_status(self, kind: Kind, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the status with a merge patch on the /status subresource.
 

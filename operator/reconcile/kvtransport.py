@@ -1,7 +1,7 @@
 """The KVTransport condition, from the fabric preflight's verdicts in pod statuses (pure).
 
 Each engine pod's `kv-preflight` init container writes its verdict (JSON, see
-pdfleet.connector.fabric) as its termination message; the kubelet copies it into
+pdfleet.contract.fabric) as its termination message; the kubelet copies it into
 `status.initContainerStatuses[].state.terminated.message`, which the operator sees
 through its pod watch. Per role, at the serving revision: False if any pod's verdict is
 False (the first such pod named), True when every pod that reported is True, Unknown
@@ -10,13 +10,14 @@ while none has reported. The fleet's condition is the worst of its roles.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-CONDITION_TYPE = "KVTransport"
-PREFLIGHT_CONTAINER = "kv-preflight"  # pdfleet.operator.plan.fabric.CONTAINER_NAME
+from pdfleet.contract.fabric import CONDITION_TYPE, CONTAINER_NAME, VERIFIED, parse_verdict
+
+PREFLIGHT_CONTAINER = CONTAINER_NAME
 PENDING = "Pending"
+__all__ = ["CONDITION_TYPE", "PodTransport", "RoleTransport", "fleet_transport", "from_pod_status", "role_transport"]
 
 
 @dataclass(frozen=True)
@@ -37,16 +38,12 @@ def from_pod_status(status: Mapping[str, Any]) -> Optional[PodTransport]:
             continue
         terminated = ((cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
                       or {})
-        try:
-            verdict = json.loads(terminated.get("message") or "")
-        except (TypeError, ValueError):
+        message = terminated.get("message")
+        verdict = parse_verdict(message if isinstance(message, str) else None)
+        if verdict is None:
             return None
-        if not isinstance(verdict, dict) or verdict.get("status") not in ("True", "False"):
-            return None
-        gbps = verdict.get("gBps")
-        return PodTransport(str(verdict["status"]), str(verdict.get("reason") or ""),
-                            str(verdict.get("message") or "")[:500], verdict.get("transport") or None,
-                            float(gbps) if isinstance(gbps, (int, float)) else None)
+        return PodTransport("True" if verdict.status else "False", verdict.reason, verdict.message,
+                            verdict.transport, verdict.gbps)
     return None
 
 
@@ -91,6 +88,6 @@ def fleet_transport(roles: Mapping[str, RoleTransport]) -> RoleTransport:
         for role, rt in roles.items():
             if rt.status == want:
                 return RoleTransport(want, rt.reason, f"{role}: {rt.message}", rt.transport, rt.gbps)
-    return RoleTransport("True", "TransportVerified",
+    return RoleTransport("True", VERIFIED,
                          "; ".join(f"{role}: {rt.message}" for role, rt in roles.items()),
                          None, min((rt.gbps for rt in roles.values() if rt.gbps is not None), default=None))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
+from pdfleet.contract import labels as label_keys
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.plan import PlanOptions, plan, revision_of
 from pdfleet.operator.plan.engines import HTTP_PORT_NAME, KV_EVENTS_PORT_NAME, SIDE_CHANNEL_PORT_NAME
@@ -49,7 +50,7 @@ def router_url(desired: Iterable[Mapping[str, Any]], cr: DisaggregatedInference)
     """In-cluster URL of the router Service, when the plan has one."""
     for obj in desired:
         labels = (obj.get("metadata") or {}).get("labels") or {}
-        if obj.get("kind") == "Service" and labels.get("pdfleet.io/role") == "router":
+        if obj.get("kind") == "Service" and labels.get(label_keys.ROLE) == label_keys.ROLE_ROUTER:
             meta = obj["metadata"]
             port = (obj.get("spec") or {}).get("ports", [{}])[0].get("port", cr.spec.router.port)
             return f"http://{meta['name']}.{meta['namespace']}.svc:{port}"

@@ -14,10 +14,12 @@ import logging
 import time
 from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
 
+from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
+from pdfleet.operator.plan import kinds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
@@ -38,7 +40,7 @@ logger = logging.getLogger("pdfleet.operator")
 
 Key = tuple[str, str]  # (namespace, name)
 CR_KIND = ch.Kind(api.API_VERSION, api.KIND, api.PLURAL)
-EVENT_KIND = ch.Kind("v1", "Event", "events")
+EVENT_KIND = kinds.EVENT
 
 
 @dataclasses.dataclass
@@ -194,7 +196,7 @@ class Reconciler:
 
         recent = self.recently_applied.setdefault(key, {})
         for c in owned:  # the watch caught up with what was applied
-            if recent.get(c.ref) == c.applied_hash:
+            if c.ref in recent and recent[c.ref] == c.applied_hash:
                 del recent[c.ref]
         actions = ch.diff(desired, owned, owner_uid=uid, keep_revisions=decision.keep, recently_applied=recent,
                           current_revision=target)
@@ -217,6 +219,8 @@ class Reconciler:
                 await self._event(body, "Normal", "Updated", _summary("updated", updated))
             if actions.delete:
                 await self._event(body, "Normal", "Deleted", _summary("deleted", [str(c.ref) for c in actions.delete]))
+        deleted = {c.ref for c in actions.delete}
+        errors += await self._unmark_stale_serving([c for c in owned if c.ref not in deleted], decision.serving)
         errors += await self.scaling.sync(key, body, scaling, owned, serving=decision.serving, target=target)
         conflicts = [f"HorizontalPodAutoscaler/{h}" for role in scaling.autoscaled
                      for h in self.autoscalers((namespace, f"{name}-{role}"))]
@@ -255,6 +259,19 @@ class Reconciler:
             raise ReconcileError("; ".join(errors))
         requeue = min((r for r in (decision.requeue_after, planned.requeue_after) if r is not None), default=None)
         return requeue, ("changed" if actions.writes else "unchanged")
+
+    async def _unmark_stale_serving(self, owned: Sequence[ch.ObservedChild], serving: str) -> list[str]:
+        """After a switch: the previous revision's Services lose the serving label (after the new
+        revision's got it, in the writes before this)."""
+        errors = []
+        for child in rollout.stale_serving_marks(owned, serving):
+            try:
+                await self.client.merge_patch(child.ref, ch.kind_of({"apiVersion": child.ref.api_version,
+                                                                    "kind": child.ref.kind}), rollout.unmark_serving())
+            except ApiFailure as exc:
+                if exc.status != 404:  # gone (the drain ended): nothing left to unmark
+                    errors.append(f"unmark {child.ref}: {exc.status} {exc.message}")
+        return errors
 
     async def _write_children(self, key: Key, actions: ch.Actions, owned: Sequence[ch.ObservedChild]) -> list[str]:
         recent = self.recently_applied.setdefault(key, {})
@@ -310,7 +327,7 @@ class Reconciler:
                                "namespace": meta.get("namespace"), "uid": meta.get("uid")},
             "type": type_, "reason": reason, "message": message[:1024],
             "source": {"component": "pdfleet-operator"},
-            "reportingComponent": "pdfleet.io/operator", "reportingInstance": self.options.instance,
+            "reportingComponent": label_keys.REPORTING_COMPONENT, "reportingInstance": self.options.instance,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:

@@ -13,6 +13,12 @@ decode of another. When the spec's revision changes:
 
 A revision that was never served (the spec changed again mid-rollout) is dropped at
 once. If the serving revision has no pods at all, there is nothing to protect: switch.
+
+The operator alone says which revision serves: the plan labels the serving revision's
+engine Services ``pdfleet.io/serving=true`` and the router reads the label from their
+EndpointSlices (connector/router/endpoints.py has its rule for a serving revision without
+ready endpoints). After a switch the old revision's Services, which the plan no longer
+renders, lose the label through ``unmark_serving`` (a merge patch).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from pdfleet.operator.reconcile.children import ObservedPod
+from pdfleet.operator.reconcile.children import HASH_ANNOTATION, SERVING_LABEL, ObservedChild, ObservedPod
 
 PAIRED_ROLES = ("prefill", "decode")
 
@@ -105,6 +111,18 @@ def decide(
     return Decision(serving, target, frozenset({serving, target}),
                     RolloutState(serving=serving, previous=state.previous, switched_at=state.switched_at),
                     "RollingOut")
+
+
+def stale_serving_marks(children: Iterable[ObservedChild], serving: str) -> list[ObservedChild]:
+    """Services still labelled serving that belong to another revision than ``serving``."""
+    return [c for c in children
+            if c.ref.kind == "Service" and c.serving and c.revision != serving and not c.deleting]
+
+
+def unmark_serving() -> dict[str, object]:
+    """Merge patch that takes the serving label off a Service. The applied hash goes too, so
+    that the plan applies the Service again (label included) if its revision serves again."""
+    return {"metadata": {"labels": {SERVING_LABEL: None}, "annotations": {HASH_ANNOTATION: None}}}
 
 
 @dataclass(frozen=True)

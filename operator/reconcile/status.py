@@ -16,7 +16,7 @@ from pdfleet.operator.reconcile.children import ObservedChild, ObservedPod
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
 from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled", "KVTransport")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled", KV_TRANSPORT)
 
 
 @dataclass(frozen=True)

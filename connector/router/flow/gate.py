@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdfleet.connector.router.errors import error_response
-from pdfleet.connector.router.flow.config import FlowControlConfig
+from pdfleet.contract.flow_control import FlowControlConfig
 from pdfleet.connector.router.flow.discipline import (
     DISPLACED,
     QUEUE_FULL,

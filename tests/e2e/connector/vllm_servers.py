@@ -14,12 +14,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from pdfleet.operator.local.health import NotHealthy, wait_healthy
 
 MODEL_NAME = "tiny"
 BLOCK = 32
@@ -67,17 +68,10 @@ class Server:
                                      cwd=tempfile.gettempdir(), start_new_session=True)
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"server not ready in {STARTUP_TIMEOUT}s; log:\n{self.tail()}")
+        try:
+            wait_healthy(self.url, alive=self.alive, timeout=STARTUP_TIMEOUT)
+        except NotHealthy as exc:
+            raise RuntimeError(f"{exc}; log:\n{self.tail()}") from None
 
     def tail(self, n: int = 60) -> str:
         try:

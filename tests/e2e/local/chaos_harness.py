@@ -45,7 +45,8 @@ from local_fleet import TINY_CR, Answer, Fleet, Req, ask, metric_sum
 
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.operator.local.health import healthy
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 
 LEASE_SECONDS = 20
@@ -254,11 +255,7 @@ class ChaosFleet:
         return next(e for e in self.engines() if e["name"] == name)
 
     async def healthy(self, url: str) -> bool:
-        try:
-            async with httpx.AsyncClient(timeout=2) as http:
-                return (await http.get(url + "/health")).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return await asyncio.to_thread(healthy, url)
 
     async def wait_back(self, name: str, old_pid: Optional[int], timeout: float = 600) -> None:
         """Until engine `name` runs (a new process if it was replaced) and answers /health."""

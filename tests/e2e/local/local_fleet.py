@@ -21,6 +21,7 @@ import httpx
 import yaml
 
 from pdfleet.operator.api import parse
+from pdfleet.operator.local.health import NotHealthy, wait_healthy
 from pdfleet.operator.local.processes import reserve_ports, start_child, stop_groups
 from pdfleet.operator.local.tiny_model import ensure_tiny_model
 from pdfleet.operator.plan.engine import ENGINE_MODULE, served_model_name, vllm_args
@@ -247,16 +248,10 @@ def reference_server(workdir: Path, model_dir: Path) -> Iterator[str]:
     child = start_child("reference", [sys.executable, "-m", ENGINE_MODULE, *args], env, log, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert child.alive(), f"reference server exited:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "reference server not healthy in time"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        try:
+            wait_healthy(url, alive=child.alive, timeout=STARTUP_TIMEOUT_S)
+        except NotHealthy as exc:
+            raise AssertionError(f"reference server {exc}:\n{log.read_text()[-3000:]}") from None
         yield url
     finally:
         stop_groups([child.pgid], [child.proc])

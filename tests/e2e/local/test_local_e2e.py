@@ -1,6 +1,6 @@
 """`pdfleet local` end to end on CPU: 1 prefill + 1 decode (pdfleet's connector) behind the router,
-token-identical to a single vLLM server, under concurrency, through a prefill crash, and no
-process left behind after SIGTERM. One fleet for the whole module; the reference server ran
+token-identical to a single vLLM server, a decode retry that reuses prefill's KV, under
+concurrency, through a prefill crash, and no process left behind after SIGTERM. One fleet for the whole module; the reference server ran
 before it (never beside it: engines on shared cores slow each other down)."""
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import pytest
 
 from local_fleet import Answer, Req, ask, ask_all, local_fleet, metric_sum, transferred_tokens
 from observability_assets import all_queries, split_by_source
+from pdfleet.connector.router.app import start_router
+from pdfleet.contract.router_config import RouterConfig
+from pdfleet.contract.routing import LEAST_OUTSTANDING
 from pdfleet.operator.local.processes import reserve_ports
 from pdfleet.operator.observability.promql import exported_names, missing_metrics
 
@@ -57,6 +60,57 @@ def test_router_line_is_printed_once(fleet, router_port):
     cpus = [set(c for rank in e["cpus"] for c in rank) for e in state["engines"]]
     if len(os.sched_getaffinity(0)) >= 2:
         assert not cpus[0] & cpus[1]
+
+
+async def _retry_through_a_dead_decode(fleet, req: Req, *, lease_margin_s: float) -> tuple[Answer, dict]:
+    """One request through an in-process router whose first decode is dead (nothing listens: the
+    leg fails before its first byte) and whose second is the fleet's decode; what moved, counted."""
+    prefill, decode = fleet.engine("prefill")["url"], fleet.engine("decode")["url"]
+    dead = f"http://127.0.0.1:{reserve_ports(1)[0]}"
+    # leastOutstanding over (dead, decode) with no ejection: the first pick is the dead one, the retry the live one.
+    config = RouterConfig(prefill=(prefill,), decode=(dead, decode), prefill_policy=LEAST_OUTSTANDING,
+                          decode_policy=LEAST_OUTSTANDING, eject_s=0, lease_margin_s=lease_margin_s)
+    runner, port = await start_router(config, "127.0.0.1", 0)
+    try:
+        prefills_before = metric_sum(httpx.get(prefill + "/metrics", timeout=10).text, "vllm:request_success_total")
+        pulled_before = transferred_tokens(decode)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+            answer = await ask(client, f"http://127.0.0.1:{port}", req)
+            # the router runs in this event loop: never a blocking call to it
+            router_metrics = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        moved = {
+            "prefill_legs": metric_sum(httpx.get(prefill + "/metrics", timeout=10).text,
+                                       "vllm:request_success_total") - prefills_before,
+            "pulled_tokens": transferred_tokens(decode) - pulled_before,
+            "decode_retries": metric_sum(router_metrics, "pdfleet_router_retries_total", leg="decode"),
+            "dead_failures": metric_sum(router_metrics, "pdfleet_router_leg_failures_total", leg="decode",
+                                        reason="connect"),
+        }
+    finally:
+        await runner.cleanup()
+    return answer, moved
+
+
+async def test_a_decode_retry_reuses_prefills_kv(fleet, prompts, reference):
+    """The lease-reuse fix end to end: a decode leg that fails before its first byte is retried on
+    another decode with the same prefill's kv_transfer_params (the router reads the lease the
+    connector writes), so the retry pulls prefill's KV: one prefill leg, output token-identical.
+    Runs before the other tests, so that decode has not cached these prompts itself."""
+    by_label = {r.label: r for r in prompts.identity}
+    reuse, control = by_label["500 tokens"], by_label["200 tokens"]
+
+    answer, moved = await _retry_through_a_dead_decode(fleet, reuse, lease_margin_s=1.0)
+    assert differences([reuse], [answer], reference) == []  # P/D (no fallback header) and token-identical
+    assert moved["dead_failures"] == 1 and moved["decode_retries"] == 1, moved
+    assert moved["prefill_legs"] == 1, moved  # no second prefill leg
+    assert moved["pulled_tokens"] >= 15 * 32, moved  # the 500-token prompt's 15 full blocks came from prefill
+
+    # Negative control: a lease margin longer than any lease makes the router refuse reuse (what it
+    # did for every retry before the fix): decode computes alone, pulls nothing, and says so.
+    answer, moved = await _retry_through_a_dead_decode(fleet, control, lease_margin_s=1e9)
+    assert differences([control], [answer], reference, pd_only=False) == []
+    assert answer.fallback == "decode-only", answer
+    assert moved["decode_retries"] == 1 and moved["prefill_legs"] == 1 and moved["pulled_tokens"] == 0, moved
 
 
 async def test_prompts_are_token_identical_to_a_single_server(fleet, prompts, reference):

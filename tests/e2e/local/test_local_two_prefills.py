@@ -44,7 +44,7 @@ from local_fleet import (
 )
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.connector.router.app import start_router
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig

@@ -17,7 +17,7 @@ from kube_fixture import FakeKube, eventually
 from operator_scenarios import STS, fleet, make_fleet_ready, wait_status
 
 from pdfleet.connector.router.app import start_router
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator import api
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "router"))

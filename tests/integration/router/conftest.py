@@ -5,7 +5,7 @@ import pytest
 from router_fakes import FakeEngine
 
 from pdfleet.connector.router.app import start_router
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 
 # Tight timeouts keep failure tests fast; eject_s=0 keeps endpoint choice a
 # function of load alone, so a failing endpoint keeps being tried.

@@ -15,6 +15,9 @@ from typing import Any
 
 from aiohttp import web
 
+from pdfleet.connector.adapter.params import producer_params
+from pdfleet.contract.ports import SIDE_CHANNEL
+
 
 @dataclass
 class Received:
@@ -86,16 +89,11 @@ class FakeEngine:
     def _prefill_answer(self, request: web.Request, body: dict) -> web.Response:
         answer: dict[str, Any] = {"id": "cmpl-p", "choices": [{"index": 0, "text": "x"}], "served_by": self.name}
         if self.mode != "no_kv":
-            answer["kv_transfer_params"] = {
-                "do_remote_prefill": True,
-                "do_remote_decode": False,
-                "remote_engine_id": self.name,
-                "remote_request_id": request.headers.get("X-Request-Id"),
-                "remote_block_ids": [[1, 2, 3]],
-                "remote_host": "127.0.0.1",
-                "remote_port": 5600,
-                "remote_blocks_expiry_time": time.time() + self.lease_s,
-            }
+            # Through the connector's own producer: the router reads what pdfleet's engines write.
+            answer["kv_transfer_params"] = producer_params(
+                block_ids=[1, 2, 3], engine_id=self.name, request_id=request.headers.get("X-Request-Id") or "",
+                host="127.0.0.1", port=SIDE_CHANNEL, tp_size=1, instance_id=None,
+                lease_expiry=time.time() + self.lease_s, num_tokens=48)
         return web.json_response(answer)
 
     async def _decode_answer(self, request: web.Request, body: dict) -> web.StreamResponse:

@@ -23,12 +23,11 @@ def parse(argv):
 
 
 def test_flags_become_config(monkeypatch):
-    monkeypatch.setenv("PDFLEET_ACTIVE_REVISION", "abc123")
     monkeypatch.setenv("POD_NAMESPACE", "serving")
     args = parse(["--kubernetes", "--fleet", "f1", "--max-body-bytes", "10", "--prefill-attempts", "3",
                   "--decode-idle-timeout-s", "7.5"])
     cfg = command.config_from_args(args)
-    assert (cfg.kubernetes_fleet, cfg.kubernetes_namespace, cfg.revision) == ("f1", "serving", "abc123")
+    assert (cfg.kubernetes_fleet, cfg.kubernetes_namespace) == ("f1", "serving")
     assert (cfg.max_body_bytes, cfg.prefill_attempts, cfg.decode_idle_timeout_s) == (10, 3, 7.5)
     cfg = command.config_from_args(parse(["--prefill", "http://a:1", "--prefill", "http://b:2", "--decode", "http://c:3"]))
     assert cfg.prefill == ("http://a:1", "http://b:2") and cfg.decode == ("http://c:3",)
@@ -79,11 +78,11 @@ async def test_router_process_serves_and_stops_on_sigterm(fleet):
 
 
 def test_operator_plan_arguments_parse():
-    """The argument shape operator/plan/router.py gives the router container."""
+    """The argument shape an operator from before the serving label gave the router: --revision is ignored."""
     from pdfleet.operator.cli import build_parser
 
     argv = ["router", "--host", "0.0.0.0", "--port", "8000", "--kubernetes", "--namespace", "serving",
             "--fleet", "f1", "--revision", "abcdef0123"]
     parser, module = build_parser(argv)
     cfg = module.config_from_args(parser.parse_args(argv))
-    assert (cfg.kubernetes_fleet, cfg.kubernetes_namespace, cfg.revision) == ("f1", "serving", "abcdef0123")
+    assert (cfg.kubernetes_fleet, cfg.kubernetes_namespace, cfg.host) == ("f1", "serving", "0.0.0.0")

@@ -9,6 +9,8 @@ import json
 import pytest
 import yaml
 
+from pdfleet.contract import labels
+
 pytestmark = pytest.mark.timeout(60)
 
 NS = "serving"
@@ -16,13 +18,15 @@ SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
 COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 3}
 
 
-def endpoint_slice(name, engine, role, revision, *, ready=True, fleet="f1", created="2026-01-01T00:00:00Z"):
+def endpoint_slice(name, engine, role, revision, *, ready=True, fleet="f1", created="2026-01-01T00:00:00Z",
+                   serving=False):
     port = int(engine.url.rsplit(":", 1)[1])
+    serving_label = {labels.SERVING: labels.SERVING_TRUE} if serving else {}
     return {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": NS, "creationTimestamp": created,
                      "labels": {"pdfleet.io/fleet": fleet, "pdfleet.io/role": role, "pdfleet.io/revision": revision,
-                                "kubernetes.io/service-name": f"{fleet}-{role}-{revision}"}},
+                                "kubernetes.io/service-name": f"{fleet}-{role}-{revision}", **serving_label}},
         "addressType": "IPv4",
         "ports": [{"name": "kv", "port": 1, "protocol": "TCP"}, {"name": "http", "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
@@ -125,21 +129,31 @@ async def test_router_follows_endpointslices_and_never_mixes_revisions(api, kube
     assert all(r.params.get("labelSelector") == "pdfleet.io/fleet=f1" for r in api_requests)
 
 
-async def test_operator_revision_wins_while_serviceable(api, kubeconfig, fleet):
+async def test_the_revision_labelled_serving_wins_while_serviceable(api, kubeconfig, fleet):
     pa, da = await fleet.engine("pA", "prefill"), await fleet.engine("dA", "decode")
     pb, db = await fleet.engine("pB", "prefill"), await fleet.engine("dB", "decode")
     for name, eng, role, rev, created in [("p1", pa, "prefill", "r1", "2026-01-01T00:00:00Z"),
                                           ("d1", da, "decode", "r1", "2026-01-01T00:00:00Z"),
                                           ("p2", pb, "prefill", "r2", "2026-02-01T00:00:00Z"),
                                           ("d2", db, "decode", "r2", "2026-02-01T00:00:00Z")]:
-        await apply(fleet, api, endpoint_slice(name, eng, role, rev, created=created))
-    url = await fleet.router([], [], kubernetes_fleet="f1", kubernetes_namespace=NS, kubeconfig=kubeconfig,
-                             revision="r1")
+        await apply(fleet, api, endpoint_slice(name, eng, role, rev, created=created, serving=rev == "r1"))
+    url = await fleet.router([], [], kubernetes_fleet="f1", kubernetes_namespace=NS, kubeconfig=kubeconfig)
+    # r1 is older, but the operator labels it serving
     await wait_health(fleet, url, lambda h: h["revision"] == "r1" and len(h["revisions"]) == 2, "serving r1")
     assert await serve(fleet, url, 2) == [("pA", "dA")] * 2
-    # r1 loses its only ready decode: the newest serviceable revision takes over
+    # r1 loses its only ready decode: the newest serviceable revision takes over (the documented rule)
     await patch(fleet, api, "d1", {"endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": False}}]})
     await wait_health(fleet, url, lambda h: h["revision"] == "r2", "falling over to r2")
+    assert await serve(fleet, url, 2) == [("pB", "dB")] * 2
+    # ...and goes back to r1 when it is serviceable again
+    await patch(fleet, api, "d1", {"endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]})
+    await wait_health(fleet, url, lambda h: h["revision"] == "r1", "back to r1")
+    # The operator moves the label to r2: the same router process follows, no restart.
+    for name in ("p2", "d2"):
+        await patch(fleet, api, name, {"metadata": {"labels": {labels.SERVING: labels.SERVING_TRUE}}})
+    for name in ("p1", "d1"):
+        await patch(fleet, api, name, {"metadata": {"labels": {labels.SERVING: "false"}}})
+    await wait_health(fleet, url, lambda h: h["revision"] == "r2", "the label moved to r2")
     assert await serve(fleet, url, 2) == [("pB", "dB")] * 2
 
 
@@ -150,7 +164,7 @@ async def test_list_errors_keep_last_endpoints_and_watch_errors_relist():
     from aiohttp import web
 
     from pdfleet.connector.router.app import Router
-    from pdfleet.connector.router.config import RouterConfig
+    from pdfleet.contract.router_config import RouterConfig
     from pdfleet.connector.router.discovery import ApiAccess, kubernetes_discovery
     from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 

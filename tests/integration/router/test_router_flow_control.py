@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_fakes import FakeEngine  # noqa: F401  (the fixture's engines)
 
-from pdfleet.connector.router.flow.config import FlowControlConfig, Priority
+from pdfleet.contract.flow_control import FlowControlConfig, Priority
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
 

@@ -15,7 +15,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import admission_errors  # noqa: E402
 from pdfleet.connector.router import command  # noqa: E402
-from pdfleet.connector.router.flow.config import (  # noqa: E402
+from pdfleet.contract.flow_control import (  # noqa: E402
     PRIORITY_HEADER,
     TENANT_HEADER,
     FlowControlConfig,
@@ -95,7 +95,7 @@ def test_disabled_flow_control_leaves_the_router_pod_template_as_before() -> Non
 
 def test_the_plan_passes_flow_control_and_the_router_parses_it_back() -> None:
     args = router_args(cr(FC))
-    assert args[-2] == "--revision"  # still last: the rollout logic reads it there
+    assert "--revision" not in args  # the router learns the serving revision from the operator's label
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     config = command.config_from_args(parser.parse_args(args[1:])).flow_control

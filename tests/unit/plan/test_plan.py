@@ -194,15 +194,22 @@ def test_revision_tracks_what_prefill_and_decode_must_agree_on(change: Any, chan
     assert (_revision(cr) != before) == changes_revision
 
 
-def test_revision_names_children_and_router_follows_serving_revision() -> None:
+def test_revision_names_children_and_only_the_serving_revision_is_labelled_serving() -> None:
     cr = load("tiny-cpu")
     rev = _revision(cr)
-    objs = plan(cr, PlanOptions(serving_revision="oldrev1234"))
-    assert sts(objs, "prefill")["metadata"]["name"] == f"tiny-prefill-{rev}"
-    assert sts(objs, "decode")["spec"]["template"]["metadata"]["labels"]["pdfleet.io/revision"] == rev
-    (router,) = by_kind(objs, "Deployment")
-    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--revision") + 1] == "oldrev1234"
+    rolling = plan(cr, PlanOptions(serving_revision="oldrev1234"))
+    assert sts(rolling, "prefill")["metadata"]["name"] == f"tiny-prefill-{rev}"
+    assert sts(rolling, "decode")["spec"]["template"]["metadata"]["labels"]["pdfleet.io/revision"] == rev
+    served = plan(cr, PlanOptions(serving_revision=rev))
+    for objs, serving in ((rolling, None), (served, "true"), (plan(cr), "true")):
+        services = [o for o in by_kind(objs, "Service") if o["metadata"]["labels"]["pdfleet.io/role"] != "router"]
+        assert len(services) == 2
+        assert all(s["metadata"]["labels"].get("pdfleet.io/serving") == serving for s in services)
+    # The router is told nothing about revisions: its Deployment is the same whichever serves.
+    (router_rolling,) = by_kind(rolling, "Deployment")
+    (router_served,) = by_kind(served, "Deployment")
+    assert router_rolling == router_served
+    assert "--revision" not in router_served["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_optional_children_follow_the_spec() -> None:

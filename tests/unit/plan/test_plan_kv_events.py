@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from pdfleet.connector.router.command import add_arguments, config_from_args
-from pdfleet.connector.router.discovery import KV_EVENTS_PORT_NAME as DISCOVERY_PORT_NAME
 from pdfleet.connector.router.discovery import parse_slice
 from pdfleet.operator.api import InvalidResource, parse
 from pdfleet.operator.local.fleet import EnginePorts, kv_events_endpoints, plan_local
@@ -43,7 +42,6 @@ def test_every_engine_publishes_kv_events_on_named_ports(example):
     for svc in (o for o in objs if o["kind"] == "Service" and o["spec"].get("clusterIP") == "None"):
         named = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
         assert named["kv-events"] == (5557, "kv-events") and named["kv-events-replay"] == (5558, "kv-events-replay")
-    assert KV_EVENTS_PORT_NAME == DISCOVERY_PORT_NAME  # what the plan names is what the router looks up
 
 
 def test_network_policy_lets_the_router_reach_the_event_ports():

@@ -106,3 +106,36 @@ def test_decisions_only_move_forward():
         served.append(d.serving)
     assert served == ["old", "old", "new", "new", "new", "new"]
     assert states[-1] == RolloutState(serving="new")
+
+
+def _child(kind: str, name: str, revision: str | None, *, serving=False, deleting=False):
+    from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
+
+    return ObservedChild(ChildRef("v1" if kind == "Service" else "apps/v1", kind, "ns", name), revision=revision,
+                         serving=serving, deleting=deleting)
+
+
+@pytest.mark.parametrize("children, serving, stale", [
+    ([], "new", []),
+    ([_child("Service", "f-prefill-new", "new", serving=True)], "new", []),
+    ([_child("Service", "f-prefill-old", "old", serving=True), _child("Service", "f-prefill-new", "new", serving=True)],
+     "new", ["f-prefill-old"]),  # after the switch: the old pair loses the label
+    ([_child("Service", "f-prefill-old", "old", serving=True), _child("Service", "f-prefill-new", "new")],
+     "old", []),  # rolling out: the old pair keeps it, the new has none yet
+    ([_child("Service", "f-prefill-old", "old")], "new", []),  # already unmarked: no write
+    ([_child("Service", "f-prefill-old", "old", serving=True, deleting=True)], "new", []),  # going anyway
+    ([_child("StatefulSet", "f-prefill-old", "old", serving=True)], "new", []),  # only Services carry it
+])
+def test_stale_serving_marks(children, serving, stale):
+    from pdfleet.operator.reconcile.rollout import stale_serving_marks
+
+    assert [c.ref.name for c in stale_serving_marks(children, serving)] == stale
+
+
+def test_unmark_serving_removes_the_label_and_the_applied_hash():
+    from pdfleet.contract import labels
+    from pdfleet.operator.reconcile.rollout import unmark_serving
+
+    patch = unmark_serving()
+    assert patch["metadata"]["labels"] == {labels.SERVING: None}
+    assert patch["metadata"]["annotations"] == {labels.APPLIED_HASH: None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.connector.router.chat_prompt import PARTS, STRING, content_format, plain_conversation
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
 from pdfleet.connector.router.prefix_routing import PrefixRouting, Tokenizer

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from pdfleet.connector.router.flow.config import FlowControlConfig
+from pdfleet.contract.flow_control import FlowControlConfig
 from pdfleet.connector.router.flow.gate import FlowGate
 
 
@@ -90,7 +90,7 @@ async def test_disabled_runs_the_handler_at_once_and_registers_nothing() -> None
     ({"x-gateway-inference-fairness-id": "t" * 129}, "sha256:", 1),  # long ids hashed
 ])
 def test_classify(headers, tenant, klass) -> None:
-    from pdfleet.connector.router.flow.config import Priority
+    from pdfleet.contract.flow_control import Priority
     g = FlowGate(FlowControlConfig(enabled=True, priorities=(Priority("batch", 1), Priority("interactive", 5))),
                  CollectorRegistry())
     got_tenant, got_klass = g.classify(headers)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
 from pdfleet.connector.router.prefix_routing import PrefixRouting, Tokenizer

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.connector.router.app import Router, static_groups
-from pdfleet.connector.router.config import RouterConfig
+from pdfleet.contract import kv_params
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import (
     DECODE,
     PREFILL,
@@ -18,7 +19,7 @@ from pdfleet.connector.router.endpoints import (
 )
 
 
-def rev(name, created, p_ready=1, p_unready=0, d_ready=1, d_unready=0):
+def rev(name, created, p_ready=1, p_unready=0, d_ready=1, d_unready=0, serving=False):
     return RevisionEndpoints(
         revision=name,
         prefill=tuple(Endpoint(f"http://{name}-p{i}", True) for i in range(p_ready))
@@ -26,6 +27,7 @@ def rev(name, created, p_ready=1, p_unready=0, d_ready=1, d_unready=0):
         decode=tuple(Endpoint(f"http://{name}-d{i}", True) for i in range(d_ready))
         + tuple(Endpoint(f"http://{name}-du{i}", False) for i in range(d_unready)),
         created=created,
+        serving=serving,
     )
 
 
@@ -34,33 +36,42 @@ NEW = rev("new", 200)
 NEW_NO_DECODE = rev("new", 200, d_ready=0, d_unready=2)
 NEW_NO_PREFILL = rev("new", 200, p_ready=0, p_unready=1)
 NEWER_EMPTY = RevisionEndpoints("newer", created=300)
+OLD_SERVING = rev("old", 100, serving=True)
+NEW_SERVING = rev("new", 200, serving=True)
+NEW_SERVING_NO_DECODE = rev("new", 200, d_ready=0, d_unready=2, serving=True)
 
 
 @pytest.mark.parametrize(
-    "groups, preferred, expected",
+    "groups, expected, reason",
     [
-        ([], None, None),
-        ([OLD], None, "old"),
-        ([OLD, NEW], None, "new"),
-        ([NEW, OLD], None, "new"),  # order of discovery does not matter
-        ([OLD, NEW_NO_DECODE], None, "old"),  # new revision not ready yet: old keeps serving
-        ([OLD, NEW_NO_PREFILL], None, "old"),
-        ([OLD, NEW, NEWER_EMPTY], None, "new"),
-        ([OLD, NEW], "old", "old"),  # the operator's choice wins when serviceable
-        ([OLD, NEW_NO_DECODE], "new", "old"),  # ...and is overridden when not
-        ([OLD, NEW], "gone", "new"),
-        ([NEW_NO_DECODE], None, None),
-        ([rev("a", 5), rev("b", 5)], None, "b"),  # equal age: name decides, same on every replica
+        ([], None, "no revision has"),
+        # no revision labelled serving (static endpoints, an operator from before the label): newest serviceable
+        ([OLD], "old", "no revision labelled serving"),
+        ([OLD, NEW], "new", "no revision labelled serving"),
+        ([NEW, OLD], "new", "no revision labelled"),  # order of discovery does not matter
+        ([OLD, NEW_NO_DECODE], "old", "no revision labelled"),  # new revision not ready yet: old keeps serving
+        ([OLD, NEW_NO_PREFILL], "old", "no revision labelled"),
+        ([OLD, NEW, NEWER_EMPTY], "new", "no revision labelled"),
+        ([rev("a", 5), rev("b", 5)], "b", "no revision labelled"),  # equal age: name decides, same on every replica
+        # the operator's label wins while its revision is serviceable, even over a newer one
+        ([OLD_SERVING, NEW], "old", "labelled serving"),
+        ([OLD, NEW_SERVING], "new", "labelled serving"),
+        ([OLD_SERVING, NEW_SERVING], "new", "labelled serving"),  # a switch half seen: the newer
+        ([OLD_SERVING, NEW_SERVING_NO_DECODE], "old", "labelled serving"),
+        # the rule for a serving revision without ready endpoints: newest serviceable, and the reason says so
+        ([OLD, NEW_SERVING_NO_DECODE], "old", "serving revision new has no ready prefill and decode endpoint"),
+        ([NEW_SERVING_NO_DECODE], None, "no revision has"),
+        ([NEW_SERVING_NO_DECODE, NEWER_EMPTY], None, "no revision has"),
     ],
 )
-def test_select_revision(groups, preferred, expected):
-    sel = select_revision(groups, preferred)
+def test_select_revision(groups, expected, reason):
+    sel = select_revision(groups)
     assert (sel.revision.revision if sel.revision else None) == expected
-    assert sel.reason
+    assert reason in sel.reason
 
 
 def test_selected_revision_never_mixes_endpoints():
-    sel = select_revision([OLD, NEW], None)
+    sel = select_revision([OLD, NEW])
     assert all(u.startswith("http://new-") for u in sel.revision.ready(PREFILL) + sel.revision.ready(DECODE))
     assert sel.revision.ready(DECODE) == ("http://new-d0",)  # unready endpoints are never offered
 
@@ -98,19 +109,28 @@ def test_outstanding_counts_up_and_down():
     assert o.counts == {"a": 1}
 
 
+EXPIRY, VERSION = kv_params.REMOTE_LEASE_EXPIRY, kv_params.VERSION_KEY
+
+
 @pytest.mark.parametrize(
     "params, expected",
     [
         (None, False),
         ({}, False),
-        ({"remote_blocks_expiry_time": None}, False),  # upstream vLLM's prefill leaves it None
-        ({"remote_blocks_expiry_time": "1000"}, False),
-        ({"remote_blocks_expiry_time": True}, False),
-        ({"remote_blocks_expiry_time": 1000.0}, True),  # now=990, margin 1: 10 s left
-        ({"remote_blocks_expiry_time": 1000}, True),
-        ({"remote_blocks_expiry_time": 990.5}, False),  # 0.5 s left < margin
-        ({"remote_blocks_expiry_time": 900.0}, False),  # expired
-        ({"remote_blocks_expiry_time": 5.0}, False),  # a perf_counter value, not unix time
+        ({EXPIRY: None}, False),
+        ({EXPIRY: "1000"}, False),
+        ({EXPIRY: True}, False),
+        ({EXPIRY: float("nan")}, False),
+        ({EXPIRY: 1000.0}, True),  # now=990, margin 1: 10 s left
+        ({EXPIRY: 1000}, True),
+        ({EXPIRY: 990.5}, False),  # 0.5 s left < margin
+        ({EXPIRY: 900.0}, False),  # expired
+        ({EXPIRY: 5.0}, False),  # a perf_counter value, not unix time
+        ({EXPIRY: 1000, VERSION: "1.1"}, True),
+        ({EXPIRY: 1000, VERSION: "1.9"}, True),  # a newer minor version only adds keys
+        ({EXPIRY: 1000, VERSION: "2.0"}, False),  # a newer major version: not read, not reused
+        ({EXPIRY: 1000, VERSION: 1.1}, False),  # malformed version
+        ({"remote_blocks_expiry_time": 1000}, False),  # upstream vLLM's key is not pdfleet's schema
     ],
 )
 def test_lease_allows_reuse(params, expected):

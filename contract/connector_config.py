@@ -1,0 +1,127 @@
+"""The connector's ``kv_connector_extra_config``: one typed object, one set of defaults.
+
+The operator renders it (plan/engine.py: ``kv_transfer_config``), the API's ``kvTransfer``
+defaults come from ``DEFAULTS``, and the connector parses it (adapter/config.py) with
+``ConnectorExtraConfig.parse``, which names the key and what is allowed on bad input.
+
+Keys (all optional):
+
+- ``lease_seconds`` (number > 0, default 120): how long prefill holds a finished request's
+  blocks for decode to read; decode heartbeats extend it. (Until this contract the API said
+  120 and the connector 30; every fleet the operator renders has always passed 120.)
+- ``backends`` (non-empty list of NIXL backend names, default ``["UCX"]``).
+- ``auth_secret_file`` (path): file whose bytes are the side channel's HMAC key; the key itself
+  never goes in the config.
+- ``allow_unauthenticated`` (bool, default false): without ``auth_secret_file`` the connector
+  refuses to start unless this is true.
+- ``handshake_timeout`` (number > 0, default 5.0 seconds), ``handshake_retries`` (int >= 0, default 3).
+- ``compat_extra`` (string): mixed into the compatibility hash, to keep apart fleets that must
+  never exchange KV (the operator puts the revision there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+CONNECTOR_CLASS = "PdfleetConnector"
+CONNECTOR_MODULE = "pdfleet.connector"
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+LEASE_SECONDS = "lease_seconds"
+BACKENDS = "backends"
+AUTH_SECRET_FILE = "auth_secret_file"
+ALLOW_UNAUTHENTICATED = "allow_unauthenticated"
+HANDSHAKE_TIMEOUT = "handshake_timeout"
+HANDSHAKE_RETRIES = "handshake_retries"
+COMPAT_EXTRA = "compat_extra"
+
+
+class ConnectorConfigError(ValueError):
+    """A connector setting is invalid; the message names it and what is allowed."""
+
+
+def _where(key: str) -> str:
+    return f"kv_connector_extra_config.{key}"
+
+
+@dataclass(frozen=True)
+class ConnectorExtraConfig:
+    lease_seconds: float = 120
+    backends: tuple[str, ...] = ("UCX",)
+    auth_secret_file: str | None = None
+    allow_unauthenticated: bool = False
+    handshake_timeout: float = 5.0
+    handshake_retries: int = 3
+    compat_extra: str = ""
+
+    def to_extra(self) -> dict[str, Any]:
+        """The JSON object vLLM passes to the connector. The keys the operator always sets are
+        always written; the others only when they differ from the default."""
+        out: dict[str, Any] = {BACKENDS: list(self.backends), LEASE_SECONDS: _number(self.lease_seconds)}
+        if self.compat_extra:
+            out[COMPAT_EXTRA] = self.compat_extra
+        if self.auth_secret_file is not None:
+            out[AUTH_SECRET_FILE] = self.auth_secret_file
+        for f in fields(self):
+            if f.name in (HANDSHAKE_TIMEOUT, HANDSHAKE_RETRIES, ALLOW_UNAUTHENTICATED):
+                value = getattr(self, f.name)
+                if value != f.default:
+                    out[f.name] = value
+        return out
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any] | None) -> "ConnectorExtraConfig":
+        """Validate ``kv_connector_extra_config``; raise ``ConnectorConfigError`` naming the key."""
+        extra = dict(extra or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in extra if k not in known)
+        if unknown:
+            raise ConnectorConfigError(f"kv_connector_extra_config has unknown keys {unknown}; allowed: {sorted(known)}")
+        backends = extra.get(BACKENDS, list(DEFAULTS.backends))
+        if (not isinstance(backends, (list, tuple)) or not backends
+                or not all(isinstance(b, str) and b for b in backends)):
+            raise ConnectorConfigError(f"{_where(BACKENDS)} must be a non-empty list of names, got {backends!r}")
+        retries = extra.get(HANDSHAKE_RETRIES, DEFAULTS.handshake_retries)
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConnectorConfigError(f"{_where(HANDSHAKE_RETRIES)} must be an integer >= 0, got {retries!r}")
+        compat_extra = extra.get(COMPAT_EXTRA, DEFAULTS.compat_extra)
+        if not isinstance(compat_extra, str):
+            raise ConnectorConfigError(f"{_where(COMPAT_EXTRA)} must be a string, got {compat_extra!r}")
+        allow = extra.get(ALLOW_UNAUTHENTICATED, DEFAULTS.allow_unauthenticated)
+        if not isinstance(allow, bool):
+            raise ConnectorConfigError(f"{_where(ALLOW_UNAUTHENTICATED)} must be true or false, got {allow!r}")
+        path = extra.get(AUTH_SECRET_FILE)
+        if path is None and not allow:
+            raise ConnectorConfigError(
+                f"{_where(AUTH_SECRET_FILE)} is not set: the side channel would accept anyone"
+                " (and a NIXL READ can then read this engine's KV cache). Mount a key file and set"
+                f" {AUTH_SECRET_FILE}, or set {ALLOW_UNAUTHENTICATED}: true to run without one"
+            )
+        if path is not None and (not isinstance(path, str) or not path):
+            raise ConnectorConfigError(f"{_where(AUTH_SECRET_FILE)} must be a file path, got {path!r}")
+        return cls(
+            lease_seconds=_positive(extra, LEASE_SECONDS, DEFAULTS.lease_seconds),
+            backends=tuple(backends),
+            auth_secret_file=path,
+            allow_unauthenticated=allow,
+            handshake_timeout=_positive(extra, HANDSHAKE_TIMEOUT, DEFAULTS.handshake_timeout),
+            handshake_retries=retries,
+            compat_extra=compat_extra,
+        )
+
+
+DEFAULTS = ConnectorExtraConfig()
+
+
+def _number(value: float) -> float | int:
+    # 120, not 120.0: the rendered engine args (and so the pods) stay as they were.
+    return int(value) if float(value).is_integer() else value
+
+
+def _positive(extra: Mapping[str, Any], key: str, default: float) -> float:
+    value = extra.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConnectorConfigError(f"{_where(key)} must be a number > 0, got {value!r}")
+    return float(value)

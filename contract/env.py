@@ -1,0 +1,16 @@
+"""Environment variable names that one part sets and another reads."""
+
+from __future__ import annotations
+
+# The connector's side channel (names follow vLLM's NixlConnector): the address decode dials
+# (a pod's IP, from the downward API; never a wildcard) and the port of TP rank 0.
+SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
+SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+# The engines' block-hash seed; the router must hash with the same one.
+HASH_SEED = "PYTHONHASHSEED"
+# The router's defaults for --fleet and --namespace.
+FLEET = "PDFLEET_FLEET"
+POD_NAMESPACE = "POD_NAMESPACE"
+# Set by `pdfleet local` for its engines; pdfleet's connector then lowers vLLM's shared-memory
+# reader re-check interval to that many milliseconds (connector/adapter/vllm_workarounds.py).
+VLLM_SHM_RECHECK_MS = "PDFLEET_VLLM_SHM_RECHECK_MS"

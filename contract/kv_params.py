@@ -1,0 +1,134 @@
+"""``kv_transfer_params``: one versioned schema that the connector writes and the router reads.
+
+A prefill engine returns these params in its response (``produce``); the router forwards them
+to decode unchanged and reads one thing itself, the lease expiry, to decide whether a decode
+retry may reuse prefill's KV (``lease_expiry``); decode's connector validates every key
+(connector/adapter/params.py: ``parse_remote_prefill``).
+
+Key names follow vLLM's NixlConnector (``do_remote_prefill``, ``do_remote_decode``,
+``remote_block_ids``, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
+``remote_port``, ``tp_size``, ``remote_num_tokens``) plus pdfleet's ``remote_instance_id``
+(restart detection), ``remote_lease_expiry`` (unix time until which prefill holds the blocks)
+and ``remote_hosts`` (one side-channel host per node of a multi-node prefill).
+
+Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
+
+- 1.0: what engines wrote before this schema had a version; they write no version key, and
+  a reader takes a missing key as 1.0. Same keys as 1.1.
+- 1.1: adds the version key itself.
+
+A minor version only adds optional keys, so a reader of 1.x reads any 1.y. A reader refuses a
+newer major version (``UnsupportedVersion``, naming both). ``pdfleet_sig`` is reserved for a
+signature over the other keys (a later minor version); readers of 1.x ignore it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+VERSION_KEY = "pdfleet_params_version"
+VERSION = (1, 1)
+SIG_KEY = "pdfleet_sig"  # reserved: not written or checked yet
+ERROR_KEY = "pdfleet_error"  # why a prefill returned no usable params
+
+DO_REMOTE_PREFILL = "do_remote_prefill"
+DO_REMOTE_DECODE = "do_remote_decode"
+REMOTE_BLOCK_IDS = "remote_block_ids"
+REMOTE_ENGINE_ID = "remote_engine_id"
+REMOTE_REQUEST_ID = "remote_request_id"
+REMOTE_HOST = "remote_host"
+REMOTE_PORT = "remote_port"
+TP_SIZE = "tp_size"
+REMOTE_INSTANCE_ID = "remote_instance_id"
+REMOTE_LEASE_EXPIRY = "remote_lease_expiry"
+REMOTE_NUM_TOKENS = "remote_num_tokens"
+REMOTE_HOSTS = "remote_hosts"
+
+_VERSION = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
+
+
+class UnsupportedVersion(ValueError):
+    """The params are of a version this reader cannot read; the message says which and why."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"kv_transfer_params.{VERSION_KEY}: {problem}")
+        self.field = VERSION_KEY
+        self.problem = problem
+
+
+def version_string(version: tuple[int, int] = VERSION) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def version_of(params: Mapping[str, Any]) -> tuple[int, int]:
+    """The params' version; a missing key is 1.0. Raises ``UnsupportedVersion`` when the value is
+    malformed or of a newer major version than this reader's."""
+    raw = params.get(VERSION_KEY)
+    if raw is None:
+        return (1, 0)
+    m = _VERSION.match(raw) if isinstance(raw, str) else None
+    if m is None:
+        raise UnsupportedVersion(f'must be a string "MAJOR.MINOR", got {raw!r}')
+    version = (int(m.group(1)), int(m.group(2)))
+    if version[0] > VERSION[0]:
+        raise UnsupportedVersion(
+            f"version {raw} is newer than this reader's {version_string()}: a major version changes"
+            f" keys this reader would misread; upgrade the reader (router or decode engine) first")
+    if version[0] < 1:
+        raise UnsupportedVersion(f"version {raw} does not exist (the first is 1.0)")
+    return version
+
+
+def remote_decode_request() -> dict[str, Any]:
+    """What the router sends with the prefill leg: keep the blocks for a remote decode."""
+    return {DO_REMOTE_DECODE: True}
+
+
+def error_params(reason: str) -> dict[str, Any]:
+    """What a prefill returns when it keeps no blocks for decode (decode then computes alone)."""
+    return {DO_REMOTE_PREFILL: False, DO_REMOTE_DECODE: False, ERROR_KEY: reason}
+
+
+def produce(
+    *,
+    block_ids: list[int],
+    engine_id: str,
+    request_id: str,
+    host: str,
+    port: int,
+    tp_size: int,
+    instance_id: str | None,
+    lease_expiry: float,
+    num_tokens: int,
+    hosts: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The params a prefill returns (this version); the router forwards them to decode as-is."""
+    extra = {REMOTE_HOSTS: list(hosts)} if hosts else {}
+    return extra | {
+        VERSION_KEY: version_string(),
+        DO_REMOTE_PREFILL: True,
+        DO_REMOTE_DECODE: False,
+        REMOTE_BLOCK_IDS: [list(block_ids)],
+        REMOTE_ENGINE_ID: engine_id,
+        REMOTE_REQUEST_ID: request_id,
+        REMOTE_HOST: host,
+        REMOTE_PORT: port,
+        TP_SIZE: tp_size,
+        REMOTE_INSTANCE_ID: instance_id,
+        REMOTE_LEASE_EXPIRY: lease_expiry,
+        REMOTE_NUM_TOKENS: num_tokens,
+    }
+
+
+def lease_expiry(params: Mapping[str, Any] | None) -> float | None:
+    """Unix time until which prefill holds the params' blocks; None when the params carry none
+    (or no usable one). Raises ``UnsupportedVersion`` for a version this reader cannot read."""
+    if not params:
+        return None
+    version_of(params)
+    value = params.get(REMOTE_LEASE_EXPIRY)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)

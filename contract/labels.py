@@ -1,0 +1,24 @@
+"""Label and annotation keys on a fleet's children (the operator writes them; the router and the
+operator's watches select on them)."""
+
+from __future__ import annotations
+
+PREFIX = "pdfleet.io/"
+FLEET = "pdfleet.io/fleet"  # on every child: the DisaggregatedInference's name
+ROLE = "pdfleet.io/role"  # prefill | decode | router
+REVISION = "pdfleet.io/revision"  # the fleet template's hash (plan/naming.py: revision)
+GROUP = "pdfleet.io/group"  # replica index of a per-replica LeaderWorkerSet (gang scheduling)
+# On the engine Services (and so on their EndpointSlices) of the revision that serves new
+# requests: the operator is its only publisher, the router's discovery reads it.
+SERVING = "pdfleet.io/serving"
+SERVING_TRUE = "true"
+
+# Annotations
+APPLIED_HASH = "pdfleet.io/applied-hash"  # hash of the manifest the operator last applied
+GENERATED = "pdfleet.io/generated"  # on a Secret the operator generated (the fleet's side-channel key)
+REPORTING_COMPONENT = "pdfleet.io/operator"  # Events' reportingComponent
+
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+ROLE_ROUTER = "router"
+ENGINE_ROLES = (ROLE_PREFILL, ROLE_DECODE)

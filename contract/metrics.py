@@ -1,0 +1,9 @@
+"""Router metric names that the SLO planner (operator/autoscale/signals.py) and the dashboards read."""
+
+from __future__ import annotations
+
+ROUTER_TTFT = "pdfleet_router_ttft_seconds"  # histogram: time to first token
+ROUTER_ITL = "pdfleet_router_itl_seconds"  # histogram: inter-token latency
+ROUTER_LEGS_WAITING = "pdfleet_router_legs_waiting"  # gauge, label LEG: legs waiting for an engine
+ROUTER_STREAMS = "pdfleet_router_streams"  # gauge: decode streams being relayed
+LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
