@@ -5,8 +5,9 @@ Pure (no NIXL): what to prepare and which indices a pull reads, so it can be tab
 A prepared list holds, per region, one strided row ``(address, length, device_id, stride,
 count)`` that NIXL expands into ``count`` per-block entries (``prep_xfer_dlist`` with an Nx5
 array): the local list once per sink (``local_rows``), the remote list once per peer at
-handshake (``remote_rows``, with the reader's head-slice offset and length). A pull then
-names, per region, the flat index of each block on both sides (``pull_indices``), and
+handshake (``remote_rows``, with the reader's head-slice offset and length), and the READs
+a pull posts (``read_groups``). A pull then names, per region, the flat index of each block
+on both sides (``pull_indices``), and
 ``make_prepped_xfer`` merges indices consecutive on both sides into one descriptor where
 both rows are dense with equal strides. That is the rule of ``layout.build_descriptors``,
 so the descriptors NIXL posts are as many as its rows.
@@ -24,7 +25,7 @@ import numpy as np
 
 from pdfleet.connector.transfer.layout import Region, SlicePlan
 
-__all__ = ["PrepRows", "local_rows", "remote_rows", "PullIndices", "pull_indices"]
+__all__ = ["PrepRows", "local_rows", "remote_rows", "ReadGroup", "read_groups", "PullIndices", "pull_indices"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -84,10 +85,22 @@ class PullIndices:
     nbytes: int
 
 
-def pull_indices(local: PrepRows, remote: PrepRows, local_ids: Sequence[int],
-                 remote_ids: Sequence[int]) -> list[PullIndices]:
-    """The READs of one pull, grouped by (local type, remote type) in order of first region,
-    region by region in request order (the grouping of ``layout.build_descriptors``).
+@dataclass(frozen=True)
+class ReadGroup:
+    """The regions one READ covers (one (local type, remote type) pair), fixed per peer."""
+
+    local_mem: str
+    remote_mem: str
+    local_base: np.ndarray  # (regions, 1) int64: flat index of each region's block 0
+    remote_base: np.ndarray
+    merged: int  # regions whose consecutive blocks NIXL merges into one descriptor
+    single: int  # regions read one descriptor per block
+    block_bytes: int  # bytes read per block id, summed over the regions
+
+
+def read_groups(local: PrepRows, remote: PrepRows) -> list[ReadGroup]:
+    """Group the regions by (local type, remote type) in order of first region (the grouping
+    of ``layout.build_descriptors``); computed once per peer, so a pull only adds block ids.
 
     ``make_prepped_xfer`` merges indices consecutive on both sides into one descriptor when
     the local row is dense (stride == length) and both rows have the same stride: whole
@@ -96,29 +109,36 @@ def pull_indices(local: PrepRows, remote: PrepRows, local_ids: Sequence[int],
     n = len(local.region_mem)
     if n != len(remote.region_mem):
         raise ValueError(f"region count differs: local {n}, remote {len(remote.region_mem)}")
-    if len(local_ids) != len(remote_ids):
-        raise ValueError(f"{len(local_ids)} local block ids but {len(remote_ids)} remote ones")
     for i in range(n):
         if local.region_len[i] != remote.region_len[i]:
             raise ValueError(f"region {i}: local reads {local.region_len[i]} bytes per block,"
                              f" remote {remote.region_len[i]}")
+    pairs: dict[tuple[str, str], list[int]] = {}
+    for i in range(n):
+        pairs.setdefault((local.region_mem[i], remote.region_mem[i]), []).append(i)
+    out = []
+    for (lm, rm), regs in pairs.items():
+        merged = sum(1 for i in regs if local.region_stride[i] == local.region_len[i] == remote.region_stride[i])
+        out.append(ReadGroup(
+            lm, rm,
+            np.asarray([local.region_base[i] for i in regs], dtype=np.int64).reshape(-1, 1),
+            np.asarray([remote.region_base[i] for i in regs], dtype=np.int64).reshape(-1, 1),
+            merged, len(regs) - merged, sum(local.region_len[i] for i in regs),
+        ))
+    return out
+
+
+def pull_indices(groups: Sequence[ReadGroup], local_ids: Sequence[int], remote_ids: Sequence[int]) -> list[PullIndices]:
+    """The READs of one pull: per group, region by region, the block ids in request order."""
+    if len(local_ids) != len(remote_ids):
+        raise ValueError(f"{len(local_ids)} local block ids but {len(remote_ids)} remote ones")
     lids = np.asarray(local_ids, dtype=np.int64)
     rids = np.asarray(remote_ids, dtype=np.int64)
-    # runs consecutive on both sides (layout.coalesce_runs)
+    # runs consecutive on both sides (layout.coalesce_runs); a run never leaves its region
     runs = int(np.count_nonzero((np.diff(lids) != 1) | (np.diff(rids) != 1))) + 1 if lids.size else 0
-    groups: dict[tuple[str, str], list[int]] = {}
-    for i in range(n):
-        groups.setdefault((local.region_mem[i], remote.region_mem[i]), []).append(i)
-    out = []
-    for (lm, rm), regs in groups.items():
-        # one row of block indices per region, regions in order: runs stay inside a region
-        li = (np.asarray([local.region_base[i] for i in regs], dtype=np.int64)[:, None] + lids[None, :]).reshape(-1)
-        ri = (np.asarray([remote.region_base[i] for i in regs], dtype=np.int64)[:, None] + rids[None, :]).reshape(-1)
-        descs = sum(
-            runs if local.region_stride[i] == local.region_len[i] and local.region_stride[i] == remote.region_stride[i]
-            else len(lids)
-            for i in regs
-        )
-        nbytes = len(lids) * sum(local.region_len[i] for i in regs)
-        out.append(PullIndices(lm, rm, li.astype(np.int32), ri.astype(np.int32), descs, nbytes))
-    return out
+    return [
+        PullIndices(g.local_mem, g.remote_mem, (g.local_base + lids).reshape(-1).astype(np.int32),
+                    (g.remote_base + rids).reshape(-1).astype(np.int32),
+                    g.merged * runs + g.single * lids.size, g.block_bytes * lids.size)
+        for g in groups
+    ]

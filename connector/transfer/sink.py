@@ -48,7 +48,7 @@ from pdfleet.connector.transfer.layout import (
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
-from pdfleet.connector.transfer.prepped import PrepRows, local_rows, pull_indices, remote_rows
+from pdfleet.connector.transfer.prepped import ReadGroup, local_rows, pull_indices, read_groups, remote_rows
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
 __all__ = ["KVSink", "lease_verdict"]
@@ -88,7 +88,7 @@ class _Peer:
     min_blocks: int
     clock_offset: float = 0.0  # source unix time - local unix time (estimate)
     clock_error: float = float("inf")  # bound on the estimate's error (half the round trip)
-    rows: PrepRows | None = None  # the peer's regions as prepared (prepped.remote_rows)
+    reads: list[ReadGroup] = field(default_factory=list)  # the READs of a pull from prepared lists
     lists: dict[str, Any] = field(default_factory=dict)  # memory type -> prepared remote list
 
 
@@ -495,18 +495,18 @@ class KVSink:
             return
         t0 = time.perf_counter()
         try:
-            peer.rows = remote_rows(peer.regions, peer.plan)
-            for mem, rows in peer.rows.rows.items():
-                peer.lists[mem] = self._agent.prep(peer.agent_name, rows, mem)
-            if set(zip(self._local_rows.region_mem, peer.rows.region_mem)) - {
-                    (lm, rm) for lm in self._local_lists for rm in peer.lists}:
-                raise NixlError("a memory type has no prepared list")
+            rows = remote_rows(peer.regions, peer.plan)
+            peer.reads = read_groups(self._local_rows, rows)
+            for mem, array in rows.rows.items():
+                peer.lists[mem] = self._agent.prep(peer.agent_name, array, mem)
+            if any(g.local_mem not in self._local_lists for g in peer.reads):
+                raise NixlError("a local memory type has no prepared list")
         except (NixlError, ValueError) as exc:
             log.warning("KV sink %s: descriptor lists of %s cannot be prepared, each READ builds its own: %s",
                         self.engine_id, peer.agent_name, exc)
             for handle in peer.lists.values():
                 self._agent.release_prepped(handle)
-            peer.lists, peer.rows = {}, None
+            peer.lists, peer.reads = {}, []
         self._stats["prep_seconds"] += time.perf_counter() - t0
 
     def _attach(self, p: _Pull, peer: _Peer) -> None:
@@ -556,8 +556,7 @@ class KVSink:
         agent, name = self._agent, peer.agent_name
         prepped = bool(peer.lists)
         if prepped:
-            assert peer.rows is not None
-            reads: list = pull_indices(self._local_rows, peer.rows, p.local_ids, p.remote_ids)
+            reads: list = pull_indices(peer.reads, p.local_ids, p.remote_ids)
             counts = [r.descriptors for r in reads]
             sizes = [r.nbytes for r in reads]
         else:

@@ -5,7 +5,8 @@ On a GPU the `cuda` cases run (skipped without CUDA, tests/conftest.py); both pr
 with UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y, as pdfleet sets it for GPU fleets (else UCX reads over
 TCP). Shown per layout: the pulled blocks equal prefill's (compared with torch.equal on the
 device; a negative control first), the descriptor count is as designed (block-outermost:
-one per run; per layer: layers x runs), and the source process shuts down cleanly (it
+one per run; per layer: layers x runs) and posted from descriptor lists prepared at
+handshake, and the source process shuts down cleanly (it
 answers `exit` and exits 0: a teardown failure fails the test).
 """
 
@@ -80,6 +81,7 @@ def test_pull_between_two_processes_is_byte_exact(kind, descriptors, device, mon
             torch.cuda.synchronize()
         assert pulled_equal()
         assert sink.stats()["descriptors"] == descriptors
+        assert sink.stats()["prepped_transfers"] == 1  # from the lists prepared at handshake
     finally:
         sink.close()
         src.close()  # raises (after killing it) unless the child answered exit and exited 0

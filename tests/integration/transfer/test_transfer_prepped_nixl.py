@@ -9,7 +9,7 @@ import pytest
 
 from pdfleet.connector.transfer.layout import Region, SlicePlan
 from pdfleet.connector.transfer.nixl_agent import _nixl_api
-from pdfleet.connector.transfer.prepped import local_rows, pull_indices, remote_rows
+from pdfleet.connector.transfer.prepped import local_rows, pull_indices, read_groups, remote_rows
 
 NB = 32
 
@@ -58,7 +58,7 @@ def test_prepped_read_moves_the_right_bytes_in_the_predicted_descriptors(agents,
     lp = reader.prep_xfer_dlist("NIXL_INIT_AGENT", lrows.rows["DRAM"], "DRAM")
     rp = reader.prep_xfer_dlist(peer, rrows.rows["DRAM"], "DRAM")
     try:
-        (read,) = pull_indices(lrows, rrows, lids, rids)
+        (read,) = pull_indices(read_groups(lrows, rrows), lids, rids)
         counts = {}
         for merge in (True, False):  # merging off: one descriptor per index (the control)
             handle = reader.make_prepped_xfer("READ", lp, read.local, rp, read.remote, b"", skip_desc_merge=not merge)
@@ -82,3 +82,30 @@ def test_prepped_read_moves_the_right_bytes_in_the_predicted_descriptors(agents,
     finally:
         lp.release()
         rp.release()
+
+
+@pytest.mark.parametrize("prepped", [True, False], ids=["prepped", "per-request-lists"])
+def test_sink_pulls_the_same_bytes_and_descriptors_either_way(source_factory, sink_factory, prepped):
+    """KVSink posts from lists prepared at handshake by default, from per-request lists when told
+    not to; both read byte for byte what build_descriptors plans (runs coalesced)."""
+    from transfer_harness import LocalKV, wait_for
+
+    src = source_factory(lease=30.0, seed=4, regions=3)
+    local = LocalKV(regions=3)
+    sink = sink_factory(local, prepped_descriptors=prepped)
+    remote, locals_ = [7, 8, 9, 40, 41, 3], [0, 1, 2, 10, 11, 20]  # runs: 3 + 2 + 1
+    for rid in ("a", "b"):  # the second pull reuses the peer's prepared lists
+        for r in range(3):
+            local.buffers[r][:] = 0
+        src.hold(rid, remote)
+        sink.pull(rid, host="127.0.0.1", port=src.base_port, remote_engine_id="prefill-0",
+                  remote_instance_id=src.instance_id, remote_block_ids=remote, local_block_ids=locals_)
+        assert wait_for(sink, rid) == (True, "")
+        for r in range(3):
+            for lb, rb in zip(locals_, remote):
+                assert np.array_equal(local.block(r, lb), src.expected(r, rb))
+            assert not local.block(r, 5).any()  # nothing else written
+    stats = sink.stats()
+    assert stats["descriptors"] == 2 * 3 * 3  # 3 regions x 3 runs, twice
+    assert stats["prepped_transfers"] == (2 if prepped else 0)
+    assert stats["bytes"] == 2 * 3 * 6 * 4096

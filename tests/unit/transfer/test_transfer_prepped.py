@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pdfleet.connector.transfer.layout import Region, SlicePlan, build_descriptors
-from pdfleet.connector.transfer.prepped import local_rows, pull_indices, remote_rows
+from pdfleet.connector.transfer.prepped import local_rows, pull_indices, read_groups, remote_rows
 
 
 def region(base: int, n: int = 64, block_len: int = 256, stride: int = 0, device: str = "DRAM") -> Region:
@@ -67,7 +67,7 @@ def test_indices_read_what_build_descriptors_reads(case):
     local, remote, plan, lids, rids = CASES[case]
     plan = plan or whole(local)
     lrows, rrows = local_rows(local), remote_rows(remote, plan)
-    reads = pull_indices(lrows, rrows, lids, rids)
+    reads = pull_indices(read_groups(lrows, rrows), lids, rids)
     want = build_descriptors(local, remote, plan, lids, rids)
     assert [(r.local_mem, r.remote_mem) for r in reads] == [(lm, rm) for lm, rm, _, _ in want]
     for read, (lm, rm, loc, rem) in zip(reads, want):
@@ -106,11 +106,11 @@ def test_remote_rows_reject_a_plan_that_does_not_fit(plan, message):
 def test_pull_indices_reject_mismatched_sides():
     a, b = local_rows([region(L0)]), local_rows([region(R0, block_len=128)])
     with pytest.raises(ValueError, match="local reads 256 bytes per block, remote 128"):
-        pull_indices(a, b, [0], [0])
+        read_groups(a, b)
     with pytest.raises(ValueError, match="region count differs"):
-        pull_indices(a, local_rows([region(R0), region(R0 + (1 << 20))]), [0], [0])
+        read_groups(a, local_rows([region(R0), region(R0 + (1 << 20))]))
     with pytest.raises(ValueError, match="2 local block ids but 1 remote"):
-        pull_indices(a, a, [0, 1], [0])
+        pull_indices(read_groups(a, a), [0, 1], [0])
 
 
 def test_indices_beyond_int32_are_refused():
