@@ -48,7 +48,7 @@ from pdfleet.connector.transfer.layout import (
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
-from pdfleet.connector.transfer.prepped import ReadGroup, local_rows, pull_indices, read_groups, remote_rows
+from pdfleet.connector.transfer.prepped import PrepRows, ReadGroup, local_rows, pull_indices, read_groups, remote_rows
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
 __all__ = ["KVSink", "lease_verdict"]
@@ -155,7 +155,6 @@ class KVSink:
         if not regions:
             raise ValueError("regions must list at least one registered KV region")
         spans = registration_spans(regions, backing)
-        local_prep = local_rows(regions)
         if not handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
         if not unknown_grace >= 0:
@@ -181,13 +180,14 @@ class KVSink:
         # names block indices (make_prepped_xfer), instead of building and checking two
         # descriptor lists per READ (initialize_xfer). Without them (prepped_descriptors=False,
         # or a backend that cannot prepare), each READ builds its own lists.
-        self._local_rows = local_prep
+        self._local_rows: PrepRows | None = None
         self._local_lists: dict[str, Any] = {}
         if prepped_descriptors:
             try:
-                for mem, rows in local_prep.rows.items():
+                self._local_rows = local_rows(self.regions)
+                for mem, rows in self._local_rows.rows.items():
                     self._local_lists[mem] = self._agent.prep(None, rows, mem)
-            except NixlError as exc:
+            except (NixlError, ValueError) as exc:
                 log.warning("KV sink %s: descriptor lists cannot be prepared, each READ builds its own: %s",
                             engine_id, exc)
                 for handle in self._local_lists.values():
@@ -491,7 +491,7 @@ class KVSink:
 
     def _prep_peer(self, peer: _Peer) -> None:
         """Prepare the peer's descriptor lists once; on failure its READs build their own."""
-        if not self._local_lists:
+        if not self._local_lists or self._local_rows is None:
             return
         t0 = time.perf_counter()
         try:
