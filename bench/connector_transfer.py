@@ -9,9 +9,10 @@ Parts (each a function ``part_<x>(args, results) -> list[Row]`` registered in ``
   (l) layouts: one 2,048-token request of a 32-layer model (Llama-3.1-8B shape: 8 KV
       heads x 128 x bf16, 16-token blocks: 128 blocks, 256 MiB) pulled per layer
       (LBHNC: 32 layers x K/V = 64 regions) and block-outermost (BLHNC/BHLNC: one region
-      of 2 MiB pages), against a raw one-descriptor READ of the same bytes in the same
-      run; DRAM by default, VRAM with ``--device cuda`` (goals: block-outermost >= 0.95x
-      raw on DRAM, >= 0.9x on a GPU).
+      of 2 MiB pages), from prepared descriptor lists and from per-request lists, each
+      variant beside raw one-descriptor READs of the same bytes; rows (with per-step
+      timings) print as measured. DRAM by default, VRAM with ``--device cuda`` (goals:
+      block-outermost >= 0.95x raw on DRAM, >= 0.9x on a GPU).
 Ratios against the baseline are measured in the same run and printed after the table
 (goal: b/a >= 0.95 in throughput).
 
