@@ -3,12 +3,18 @@
 The child answers each command with one line ``@@pdfleet {json}``; anything else it prints
 (NIXL and UCX write to stdout too) is skipped. A reader thread feeds a queue: select() on a
 buffered pipe can miss lines.
+
+Shutdown protocol: ``close()`` sends ``exit``; the child answers it (any JSON line) and then
+exits 0. A child that exits 0 without answering ``exit`` has still shut down cleanly; any
+other exit status, or no exit within the timeout, is an error (the child is then killed).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -17,6 +23,14 @@ from pathlib import Path
 from typing import Optional
 
 MARK = "@@pdfleet "
+
+
+class ChildExited(RuntimeError):
+    """The child closed its stdout (exited) instead of answering."""
+
+    def __init__(self, returncode: Optional[int]) -> None:
+        super().__init__(f"child process exited with {returncode}")
+        self.returncode = returncode
 
 
 class LineProc:
@@ -33,7 +47,7 @@ class LineProc:
         self._lines.put(None)
 
     def read(self, timeout: float = 20) -> dict:
-        """The child's next answer."""
+        """The child's next answer; ``ChildExited`` if it exits first, ``TimeoutError`` if it is silent."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -41,7 +55,12 @@ class LineProc:
             except queue.Empty:
                 raise TimeoutError("child process did not answer") from None
             if line is None:
-                raise RuntimeError(f"child process exited with {self.proc.wait(5)}")
+                self._lines.put(None)  # later reads see the end too
+                try:
+                    rc = self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    rc = None  # stdout closed but the process lives on
+                raise ChildExited(rc)
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
 
@@ -50,3 +69,38 @@ class LineProc:
         self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
         self.proc.stdin.flush()
         return self.read(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group; a group that is already gone is fine."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def close(self, timeout: float = 10) -> int:
+        """Ask the child to exit and wait for it; returns its exit status.
+
+        Raises ``RuntimeError`` when the child did not shut down cleanly (a non-zero status,
+        or neither an answer nor an exit within ``timeout``); its group is killed first.
+        """
+        error: Optional[str] = None
+        if self.proc.poll() is None:
+            try:
+                self.cmd("exit", timeout=timeout)
+            except (ChildExited, BrokenPipeError):
+                pass  # it exited before answering: its status below tells whether cleanly
+            except TimeoutError:
+                error = f"child process did not answer exit within {timeout}s"
+        if error is not None:
+            self.kill()
+            raise RuntimeError(error)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"child process still running {timeout}s after exit; killed") from None
+        if rc != 0:
+            self.kill()  # its own children may live on in the group
+            raise RuntimeError(f"child process exited with {rc}")
+        return rc

@@ -271,6 +271,11 @@ def plan_slice(
 def _check_ids(name: str, ids: Any, limit: int | None) -> list[int]:
     if not isinstance(ids, (list, tuple)):
         raise InvalidBlockIds(f"{name} must be a list of ints, got {type(ids).__name__}")
+    # Fast path (every pull checks its ids twice): plain ints, all in range. Anything else
+    # takes the loop below, which names the first bad id.
+    if all(type(v) is int for v in ids):
+        if not ids or (min(ids) >= 0 and (limit is None or max(ids) < limit)):
+            return list(ids)
     out: list[int] = []
     for pos, value in enumerate(ids):
         # bool is an int subclass; numpy ints are accepted through __index__.

@@ -68,6 +68,7 @@ class NixlAgent:
                 f"NIXL backends {missing} are not available (plugins: {self._agent.get_plugin_list()})"
             )
         self._registered: list[Any] = []
+        self._prepped: list[Any] = []  # prepared descriptor lists not released yet
 
     def register(self, spans: Sequence[Span]) -> None:
         """Register each span (a backing allocation, see ``registration_spans``), grouped by memory type."""
@@ -105,12 +106,47 @@ class NixlAgent:
         notif: bytes,
     ) -> Any:
         """Create and post a READ of ``remote`` rows into ``local`` rows; returns the handle."""
+        return self.post(peer, self.make_read_descs(peer, local_mem, local, remote_mem, remote, notif))
+
+    def prep(self, peer: str | None, rows: np.ndarray, mem: str) -> Any:
+        """Prepare a descriptor list once (``rows``: Nx5 strided rows; ``peer`` None: this agent's
+        memory, the local side); release it with ``release_prepped``."""
+        try:
+            handle = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT" if peer is None else peer, rows, mem)
+        except Exception as exc:
+            raise NixlError(f"preparing {len(rows)} {mem} descriptor row(s)"
+                            f" {'locally' if peer is None else 'of ' + peer} failed: {exc}") from exc
+        self._prepped.append(handle)
+        return handle
+
+    def release_prepped(self, handle: Any) -> None:
+        if handle in self._prepped:
+            self._prepped.remove(handle)
+        try:
+            self._agent.release_dlist_handle(handle)
+        except Exception as exc:  # nothing else to undo
+            log.debug("release_dlist_handle: %s", exc)
+
+    def make_read(self, peer: str, local: Any, local_idx: np.ndarray, remote: Any, remote_idx: np.ndarray,
+                  notif: bytes) -> Any:
+        """Create (not post) a READ from prepared lists: paired int32 indices (see ``post``)."""
+        try:
+            return self._agent.make_prepped_xfer("READ", local, local_idx, remote, remote_idx, notif)
+        except Exception as exc:
+            raise NixlError(f"preparing READ from {peer} failed: {exc}") from exc
+
+    def make_read_descs(self, peer: str, local_mem: str, local: np.ndarray, remote_mem: str, remote: np.ndarray,
+                        notif: bytes) -> Any:
+        """Create (not post) a READ from per-request Nx3 descriptor lists (see ``post``)."""
         try:
             ld = self._agent.get_xfer_descs(local, local_mem)
             rd = self._agent.get_xfer_descs(remote, remote_mem)
-            handle = self._agent.initialize_xfer("READ", ld, rd, peer, notif)
+            return self._agent.initialize_xfer("READ", ld, rd, peer, notif)
         except Exception as exc:
             raise NixlError(f"preparing READ from {peer} failed: {exc}") from exc
+
+    def post(self, peer: str, handle: Any) -> Any:
+        """Post a created READ; returns the handle (released, and NixlError raised, if posting fails)."""
         try:
             state = self._agent.transfer(handle)
         except Exception as exc:
@@ -144,6 +180,8 @@ class NixlAgent:
         self._agent.send_notif(peer, msg)
 
     def close(self) -> None:
+        for handle in list(self._prepped):
+            self.release_prepped(handle)
         for reg in self._registered:
             try:
                 self._agent.deregister_memory(reg)

@@ -49,6 +49,7 @@ from pdfleet.connector.transfer.layout import (
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
 from pdfleet.connector.transfer.retry import HeartbeatRetry, heartbeat_retry
+from pdfleet.connector.transfer.prepped import PrepRows, ReadGroup, local_rows, pull_indices, read_groups, remote_rows
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
 __all__ = ["KVSink", "lease_verdict"]
@@ -88,6 +89,8 @@ class _Peer:
     min_blocks: int
     clock_offset: float = 0.0  # source unix time - local unix time (estimate)
     clock_error: float = float("inf")  # bound on the estimate's error (half the round trip)
+    reads: list[ReadGroup] = field(default_factory=list)  # the READs of a pull from prepared lists
+    lists: dict[str, Any] = field(default_factory=dict)  # memory type -> prepared remote list
 
 
 @dataclass
@@ -150,6 +153,7 @@ class KVSink:
         nixl_progress_thread: bool = False,
         backing: Sequence[Span] | None = None,
         heartbeat_retry_policy: HeartbeatRetry = HeartbeatRetry(),
+        prepped_descriptors: bool = True,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -180,6 +184,23 @@ class KVSink:
         self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread)
         self._agent.register(spans)
         self.registrations = len(spans)
+        # Descriptor lists prepared once (here, and per peer at handshake): a pull then only
+        # names block indices (make_prepped_xfer), instead of building and checking two
+        # descriptor lists per READ (initialize_xfer). Without them (prepped_descriptors=False,
+        # or a backend that cannot prepare), each READ builds its own lists.
+        self._local_rows: PrepRows | None = None
+        self._local_lists: dict[str, Any] = {}
+        if prepped_descriptors:
+            try:
+                self._local_rows = local_rows(self.regions)
+                for mem, rows in self._local_rows.rows.items():
+                    self._local_lists[mem] = self._agent.prep(None, rows, mem)
+            except (NixlError, ValueError) as exc:
+                log.warning("KV sink %s: descriptor lists cannot be prepared, each READ builds its own: %s",
+                            engine_id, exc)
+                for handle in self._local_lists.values():
+                    self._agent.release_prepped(handle)
+                self._local_lists = {}
         self._client = SideChannelClient(secret=secret)
         self._peers: dict[Endpoint, _Peer] = {}
         self._handshakes: dict[Endpoint, tuple[Call, float, float]] = {}
@@ -191,7 +212,14 @@ class KVSink:
             "bytes": 0.0,
             "transfers": 0.0,
             "transfer_seconds": 0.0,
+            # time in _post per step: descriptors or indices built, NIXL request created
+            # (make_prepped_xfer, or get_xfer_descs + initialize_xfer), posted (transfer)
             "post_seconds": 0.0,
+            "post_desc_seconds": 0.0,
+            "post_create_seconds": 0.0,
+            "post_submit_seconds": 0.0,
+            "prepped_transfers": 0.0,  # transfers posted from prepared lists
+            "prep_seconds": 0.0,  # preparing a peer's descriptor lists (at handshake)
             "descriptors": 0.0,
             "failures": 0.0,
             "handshakes": 0.0,
@@ -339,6 +367,9 @@ class KVSink:
         self._pulls.clear()
         for ep in list(self._peers):
             self._drop_peer(ep, "closing", count=False)
+        for handle in self._local_lists.values():
+            self._agent.release_prepped(handle)
+        self._local_lists = {}
         self._client.close()
         self._agent.close()
 
@@ -375,6 +406,9 @@ class KVSink:
         log.info("dropping NIXL peer %s at %s:%d: %s", peer.agent_name, *endpoint, why)
         if count:
             self._stats["stale_agents_dropped"] += 1
+        for handle in peer.lists.values():  # before the agent they were prepared for goes
+            self._agent.release_prepped(handle)
+        peer.lists = {}
         self._agent.remove_peer(peer.agent_name)
         for p in self._pulls.values():
             if p.peer is peer and not p.handles and p.failure is None:
@@ -451,7 +485,7 @@ class KVSink:
             len(reply.regions), len(reply.regions), runs,
             "whole blocks" if plan.whole_blocks else f"head slice {plan.reader_index + 1}/{plan.readers}",
         )
-        return _Peer(
+        peer = _Peer(
             endpoint=endpoint,
             engine_id=reply.engine_id,
             instance_id=reply.instance_id,
@@ -462,6 +496,28 @@ class KVSink:
             lease_seconds=reply.lease_seconds,
             min_blocks=min(r.num_blocks for r in reply.regions),
         )
+        self._prep_peer(peer)
+        return peer
+
+    def _prep_peer(self, peer: _Peer) -> None:
+        """Prepare the peer's descriptor lists once; on failure its READs build their own."""
+        if not self._local_lists or self._local_rows is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            rows = remote_rows(peer.regions, peer.plan)
+            peer.reads = read_groups(self._local_rows, rows)
+            for mem, array in rows.rows.items():
+                peer.lists[mem] = self._agent.prep(peer.agent_name, array, mem)
+            if any(g.local_mem not in self._local_lists for g in peer.reads):
+                raise NixlError("a local memory type has no prepared list")
+        except (NixlError, ValueError) as exc:
+            log.warning("KV sink %s: descriptor lists of %s cannot be prepared, each READ builds its own: %s",
+                        self.engine_id, peer.agent_name, exc)
+            for handle in peer.lists.values():
+                self._agent.release_prepped(handle)
+            peer.lists, peer.reads = {}, []
+        self._stats["prep_seconds"] += time.perf_counter() - t0
 
     def _attach(self, p: _Pull, peer: _Peer) -> None:
         expected = p.remote_instance_id or p.ack_instance
@@ -507,21 +563,42 @@ class KVSink:
             return
         t0 = time.perf_counter()
         p.posted_at = time.monotonic()  # UCX may copy inside the post call (cma): count it as transfer too
-        groups = build_descriptors(self.regions, peer.regions, peer.plan, p.local_ids, p.remote_ids)
+        agent, name = self._agent, peer.agent_name
+        prepped = bool(peer.lists)
+        if prepped:
+            reads: list = pull_indices(peer.reads, p.local_ids, p.remote_ids)
+            counts = [r.descriptors for r in reads]
+            sizes = [r.nbytes for r in reads]
+        else:
+            reads = build_descriptors(self.regions, peer.regions, peer.plan, p.local_ids, p.remote_ids)
+            counts = [len(loc) for _, _, loc, _ in reads]
+            sizes = [int(loc[:, 1].sum()) for _, _, loc, _ in reads]
+        t1 = time.perf_counter()
+        self._stats["post_desc_seconds"] += t1 - t0
         try:
-            for j, (lmem, rmem, loc, rem) in enumerate(groups):
-                notif = wire.encode_notif(
-                    wire.Notif(p.request_id, peer.plan.readers, peer.plan.reader_index, len(groups), j)
-                )
-                p.handles.append(self._agent.read(peer.agent_name, lmem, loc, rmem, rem, notif))
+            for j, read in enumerate(reads):
+                notif = wire.encode_notif(wire.Notif(p.request_id, peer.plan.readers, peer.plan.reader_index,
+                                                     len(reads), j))
+                t1 = time.perf_counter()
+                if prepped:
+                    handle = agent.make_read(name, self._local_lists[read.local_mem], read.local,
+                                             peer.lists[read.remote_mem], read.remote, notif)
+                else:
+                    lmem, rmem, loc, rem = read
+                    handle = agent.make_read_descs(name, lmem, loc, rmem, rem, notif)
+                t2 = time.perf_counter()
+                p.handles.append(agent.post(name, handle))
+                self._stats["post_create_seconds"] += t2 - t1
+                self._stats["post_submit_seconds"] += time.perf_counter() - t2
                 p.states.append("PROC")
-                p.nbytes += int(loc[:, 1].sum())
-                self._stats["descriptors"] += len(loc)
-                p.descriptors += len(loc)
+                p.nbytes += sizes[j]
+                self._stats["descriptors"] += counts[j]
+                p.descriptors += counts[j]
         except NixlError as exc:
             self._drop_peer(p.endpoint, f"READ failed: {exc}")
             self._fail(p, f"NIXL READ from {peer.agent_name} failed: {exc}")
             return
+        self._stats["prepped_transfers"] += prepped
         self._stats["post_seconds"] += time.perf_counter() - t0
         if not p.acked and p.hb is None:
             # Overlap the lease confirmation with the READ: ask now, not after a retry delay.

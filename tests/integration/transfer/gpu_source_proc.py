@@ -1,10 +1,11 @@
-"""Prefill process of the `gpu` tier: a KVSource over one VRAM (torch.cuda) allocation.
+"""Prefill process of the `gpu` tier: a KVSource over one torch allocation on the GPU (VRAM)
+or, with ``--device cpu``, on DRAM (the CPU tier runs the same test body that way).
 
 ``--kind page``: one region of block-outermost pages (all layers of a block adjacent);
 ``--kind layer``: one region per layer view inside the same allocation (layer-outermost).
-The allocation holds ``vram_pattern(nbytes)`` (generated on the GPU, seeded), so the
+The allocation holds ``pattern(nbytes, device)`` (generated on the device, seeded), so the
 test regenerates what prefill holds. Prints one JSON line when ready, then answers
-JSON-line commands (hold, exit).
+JSON-line commands: hold, and exit (answered once the source is closed; then it exits 0).
 """
 
 from __future__ import annotations
@@ -18,22 +19,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH=1 lea
 
 LAYERS, KV_BLOCK = 8, 16 * 1024  # 8 layers (K and V in one page each), 16 KiB per layer and block
 PAGE = LAYERS * KV_BLOCK
+MEMORY = {"cuda": "VRAM", "cpu": "DRAM"}
+
+
+def pattern(nbytes: int, device: str, seed: int = 11):
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device, generator=gen)
 
 
 def vram_pattern(nbytes: int, seed: int = 11):
-    import torch
-
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda", generator=gen)
+    return pattern(nbytes, "cuda", seed)
 
 
-def regions(base: int, num_blocks: int, kind: str):
+def regions(base: int, num_blocks: int, kind: str, mem: str = "VRAM"):
     from pdfleet.connector.transfer import Region
 
     if kind == "page":
-        return [Region(base=base, num_blocks=num_blocks, block_stride=PAGE, block_len=PAGE, device="VRAM")]
+        return [Region(base=base, num_blocks=num_blocks, block_stride=PAGE, block_len=PAGE, device=mem)]
     return [Region(base=base + layer * num_blocks * KV_BLOCK, num_blocks=num_blocks, block_stride=KV_BLOCK,
-                   block_len=KV_BLOCK, device="VRAM") for layer in range(LAYERS)]
+                   block_len=KV_BLOCK, device=mem) for layer in range(LAYERS)]
 
 
 def layout(kind: str):
@@ -46,16 +52,18 @@ def layout(kind: str):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", choices=["page", "layer"], required=True)
+    ap.add_argument("--device", choices=sorted(MEMORY), default="cuda")
     ap.add_argument("--num-blocks", type=int, default=64)
     args = ap.parse_args()
 
     from pdfleet.connector.transfer import KVSource, Span
 
+    mem = MEMORY[args.device]
     nbytes = args.num_blocks * PAGE
-    buf = vram_pattern(nbytes)
-    source = KVSource(engine_id=f"gpu-{args.kind}", regions=regions(buf.data_ptr(), args.num_blocks, args.kind),
+    buf = pattern(nbytes, args.device)
+    source = KVSource(engine_id=f"gpu-{args.kind}", regions=regions(buf.data_ptr(), args.num_blocks, args.kind, mem),
                       layout=layout(args.kind), host="127.0.0.1", port=0, compat_hash="gpu", secret=None,
-                      lease_seconds=30.0, backing=[Span(buf.data_ptr(), nbytes, "VRAM", buf.device.index or 0)])
+                      lease_seconds=30.0, backing=[Span(buf.data_ptr(), nbytes, mem, max(buf.device.index or 0, 0))])
     source.start()
 
     def say(obj: dict) -> None:
@@ -70,6 +78,7 @@ def main() -> int:
         elif cmd["op"] == "exit":
             break
     source.close()
+    say({"closed": True})  # answers exit: the parent's close() waits for this, then for status 0
     return 0
 
 

@@ -1,23 +1,23 @@
-"""`gpu` tier: the transfer core on VRAM between two processes on one GPU, bytes checked on the GPU.
+"""The transfer core between two processes over one torch allocation each: `gpu` tier on VRAM,
+and the same body on DRAM in the CPU tier (so the path, teardown included, runs everywhere).
 
-Skipped without CUDA (tests/conftest.py). Both processes run with
-UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y, as pdfleet sets it for GPU fleets (else UCX reads
-over TCP). Shown per layout: the pulled blocks equal prefill's (compared with
-torch.equal on the device; a negative control first), and the descriptor count is as
-designed (block-outermost: one per run; per layer: layers x runs).
+On a GPU the `cuda` cases run (skipped without CUDA, tests/conftest.py); both processes run
+with UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y, as pdfleet sets it for GPU fleets (else UCX reads over
+TCP). Shown per layout: the pulled blocks equal prefill's (compared with torch.equal on the
+device; a negative control first), the descriptor count is as designed (block-outermost:
+one per run; per layer: layers x runs) and posted from descriptor lists prepared at
+handshake, and the source process shuts down cleanly (it
+answers `exit` and exits 0: a teardown failure fails the test).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.gpu
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -30,35 +30,32 @@ RUNS, NUM_BLOCKS = 3, 64
 
 
 class GpuSource(LineProc):
-    def __init__(self, kind: str) -> None:
-        super().__init__([sys.executable, str(HERE / "gpu_source_proc.py"), "--kind", kind], cwd=HERE,
-                         env=dict(os.environ, UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y"))
+    def __init__(self, kind: str, device: str) -> None:
+        super().__init__([sys.executable, str(HERE / "gpu_source_proc.py"), "--kind", kind, "--device", device],
+                         cwd=HERE, env=dict(os.environ, UCX_CUDA_IPC_ENABLE_GET_ZCOPY="y"))
         self.info = self.read(120)
 
-    def close(self) -> None:
-        try:
-            self.cmd("exit")
-            self.proc.wait(10)
-        except Exception:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+
+DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu, id="vram"), pytest.param("cpu", id="dram")]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind, descriptors", [("page", RUNS), ("layer", 8 * RUNS)])
-def test_vram_pull_between_two_processes_is_byte_exact(kind, descriptors, monkeypatch):
+def test_pull_between_two_processes_is_byte_exact(kind, descriptors, device, monkeypatch):
     import torch
-    from gpu_source_proc import KV_BLOCK, LAYERS, PAGE, layout, regions, vram_pattern
+    from gpu_source_proc import KV_BLOCK, LAYERS, MEMORY, PAGE, layout, pattern, regions
 
     from pdfleet.connector.transfer import KVSink, Span
 
     monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y")
-    src = GpuSource(kind)
-    local = torch.zeros(NUM_BLOCKS * PAGE, dtype=torch.uint8, device="cuda")
-    sink = KVSink(engine_id=f"gpu-sink-{kind}", regions=regions(local.data_ptr(), NUM_BLOCKS, kind),
+    mem = MEMORY[device]
+    src = GpuSource(kind, device)
+    local = torch.zeros(NUM_BLOCKS * PAGE, dtype=torch.uint8, device=device)
+    sink = KVSink(engine_id=f"gpu-sink-{kind}", regions=regions(local.data_ptr(), NUM_BLOCKS, kind, mem),
                   layout=layout(kind), compat_hash="gpu", secret=None,
-                  backing=[Span(local.data_ptr(), local.numel(), "VRAM", local.device.index or 0)])
+                  backing=[Span(local.data_ptr(), local.numel(), mem, local.device.index or 0)])
     try:
-        want = vram_pattern(NUM_BLOCKS * PAGE)  # prefill's bytes, regenerated on this GPU
+        want = pattern(NUM_BLOCKS * PAGE, device)  # prefill's bytes, regenerated on this device
 
         def pulled_equal() -> bool:
             if kind == "page":
@@ -79,10 +76,12 @@ def test_vram_pull_between_two_processes_is_byte_exact(kind, descriptors, monkey
             if "r1" in done:
                 break
         else:
-            pytest.fail("the VRAM pull did not finish in 30 s")
-        torch.cuda.synchronize()
+            pytest.fail(f"the {mem} pull did not finish in 30 s")
+        if device == "cuda":
+            torch.cuda.synchronize()
         assert pulled_equal()
         assert sink.stats()["descriptors"] == descriptors
+        assert sink.stats()["prepped_transfers"] == 1  # from the lists prepared at handshake
     finally:
         sink.close()
-        src.close()
+        src.close()  # raises (after killing it) unless the child answered exit and exited 0
