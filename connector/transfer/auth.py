@@ -189,6 +189,13 @@ class KeyRing:
         with self._lock:
             return [key_id(self._current)] + [k for k, (_, until) in self._retired.items() if until > now]
 
+    def accepted_keys(self, now: Optional[float] = None, *, refresh: bool = False) -> list[bytes]:
+        """The current key and the retired ones still accepted (``refresh``: re-read the key file first, rate-limited)."""
+        now = self._clock() if now is None else now
+        self._maybe_reload(force=refresh)
+        with self._lock:
+            return [self._current] + [k for k, until in self._retired.values() if until > now]
+
     def _find(self, kid: bytes, now: float) -> Optional[bytes]:
         with self._lock:
             if hmac.compare_digest(kid, key_id(self._current)):
