@@ -54,6 +54,7 @@ HANDSHAKE_MS = 2000  # a connection that has not finished the ZMTP/CURVE handsha
 MAX_SOCKETS = 256  # client sockets (one per endpoint) kept open at most
 IDLE_SOCKET_SECONDS = 30.0  # a client socket with no call for this long is closed
 DROP_LOG_INTERVAL = 10.0
+_ZAP_DOMAIN = "pdfleet-side-channel"
 _CURVE_SERVER_SECRET = z85.encode(hashlib.sha256(b"pdfleet-side-channel-curve-server-v1").digest())
 CURVE_SERVER_PUBLIC = zmq.curve_public(_CURVE_SERVER_SECRET)
 
@@ -176,7 +177,7 @@ class SideChannelServer:
             self._ctx, self._own_ctx = zmq.Context(), True
             self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger(__name__ + ".zap"))
             self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=_FleetClients(ring, self._reject))
+            self._auth.configure_curve_callback(_ZAP_DOMAIN, credentials_provider=_FleetClients(ring, self._reject))
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, SERVER_MAX_FRAME)
@@ -186,7 +187,7 @@ class SideChannelServer:
         if ring is not None:
             sock.curve_server = True
             sock.curve_secretkey = _CURVE_SERVER_SECRET
-            sock.zap_domain = b"pdfleet"
+            sock.zap_domain = _ZAP_DOMAIN.encode()
         if ":" in self.host:
             sock.setsockopt(zmq.IPV6, 1)
         if self._requested_port == 0:
@@ -455,7 +456,9 @@ class SideChannelClient:
         try:
             # Signed afresh on every attempt: a resend must not look like a replay.
             self._socket(call.endpoint).send_multipart(self._req.encode(call.request), zmq.NOBLOCK)
-        except (zmq.ZMQError, SideChannelError) as exc:  # queue full: counts as a lost attempt
+        except zmq.Again:  # not connected (CURVE handshake not done or refused) or queue full: a lost attempt
+            call.last = f"no reply within {call.timeout:.3g}s (not connected)"
+        except (zmq.ZMQError, SideChannelError) as exc:
             call.last = f"send failed: {exc}"
 
     def poll(self) -> None:

@@ -220,8 +220,15 @@ class KVSource:
         out["messages_served"] = float(self._server.served)
         kinds = dict(self._server.rejected_by_kind)
         out["messages_unsigned"] = float(kinds.get("unsigned", 0))
-        out["messages_bad_signature"] = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0))
+        # unknown_peer_key: a connection refused at the CURVE handshake (no fleet key, or a wrong one)
+        out["messages_bad_signature"] = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0)
+                                              + kinds.get("unknown_peer_key", 0))
         out["messages_replayed"] = float(kinds.get("replayed", 0) + kinds.get("stale", 0))
+        out["messages_too_deep"] = float(kinds.get("too_deep", 0))
+        out["messages_malformed"] = float(kinds.get("malformed", 0))
+        out["messages_oversized"] = float(kinds.get("oversized", 0))
+        out["side_channel_loop_errors"] = float(self._server.loop_errors)
+        out["side_channel_restarts"] = float(self._server.restarts)
         return out
 
     def close(self, linger: float = 0.0) -> None:

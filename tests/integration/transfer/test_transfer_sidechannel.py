@@ -85,7 +85,9 @@ def test_sink_with_wrong_secret_or_hash_fails_cleanly_then_good_sink_pulls(sourc
     assert not local_kv.block(0, 1).any()
     stats = src.stats()
     assert stats["handshakes_rejected"] == 2
-    assert stats["messages_rejected"] >= 3  # wrong secret x2 attempts (+ heartbeats), unsigned
+    # The wrong key is refused at the CURVE handshake (once per connection); the keyless peer speaks
+    # another ZMTP mechanism and never gets a message in at all.
+    assert stats["messages_rejected"] >= 1 and stats["messages_bad_signature"] >= 1
 
     good = sink_factory(local_kv, secret=SECRET)
     src.hold("good", [1])
