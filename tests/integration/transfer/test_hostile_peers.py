@@ -1,0 +1,196 @@
+"""Issue 19's hostile-peer suite: one test per row, real ZMQ, real NIXL/UCX on DRAM, the source in its
+own process where the row needs it. Memory rows measure the RSS of the attacked process (psutil)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import psutil
+import zmq
+import zmtp_flood
+from transfer_harness import LAYOUT, wait_for
+
+from pdfleet.connector.router import kv_events
+from pdfleet.connector.transfer import KVLayout, wire
+from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelServer
+
+try:
+    from pdfleet.connector.transfer.sidechannel import secure_client_socket
+except ImportError:  # the code before issue 19 had no CURVE: lets this suite run against it (each row fails)
+    def secure_client_socket(ctx, secret, kind=zmq.DEALER):
+        return ctx.socket(kind)
+
+HOST = "127.0.0.1"
+SECRET = b"fleet-secret-of-the-hostile-suite"
+MiB = 1024 * 1024
+BUDGET = 32 * MiB  # what one peer may grow a prefill or a decode by (documented in sidechannel.py)
+
+
+def deep(depth: int) -> bytes:
+    """A msgpack array nested ``depth`` levels (about one byte per level)."""
+    return b"\x91" * depth + b"\xc0"
+
+
+def exchange(sock: zmq.Socket, frames: list[bytes], timeout_ms: int) -> list[bytes] | None:
+    sock.send_multipart(frames)
+    if sock.poll(timeout_ms, zmq.POLLIN):
+        return sock.recv_multipart()
+    return None
+
+
+def key_holder(port: int) -> zmq.Socket:
+    sock = secure_client_socket(zmq.Context.instance(), SECRET)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://{HOST}:{port}")
+    return sock
+
+
+def _sign(payload: bytes) -> bytes:
+    from pdfleet.connector.transfer import auth
+
+    return auth.sign(SECRET, payload, now=time.time())
+
+
+def heartbeat_frames(hid: int, ids: list[str]) -> list[bytes]:
+    return wire.request_codec(SECRET).encode(wire.HeartbeatRequest(id=hid, request_ids=ids))
+
+
+# -- row 1 -------------------------------------------------------------------------------------------
+def test_row1_deeply_nested_signed_message_is_dropped_and_the_prefill_keeps_serving(source_factory):
+    """A key holder's ~2 KB message nested 2,000 deep (in a field the decoder skips) is dropped and
+    counted as too_deep; the side channel still answers heartbeats afterwards."""
+    src = source_factory(secret=SECRET.hex())
+    src.hold("held", [1])
+    payload = msgspec.msgpack.encode({"type": "hb", "id": 1, "request_ids": ["held"]})
+    payload = b"\x84" + payload[1:] + b"\xa1x" + deep(2000)  # one more key whose value is 2,000 deep
+    assert len(payload) < 4096
+    sock = key_holder(src.port)
+    try:
+        assert exchange(sock, [payload, _sign(payload)], 1000) is None
+        reply = exchange(sock, heartbeat_frames(2, ["held"]), 5000)
+        assert reply is not None, "the side channel stopped answering after a deeply nested message"
+        decoded = wire.reply_codec(SECRET).decode(reply)
+        assert isinstance(decoded, wire.HeartbeatReply) and "held" in decoded.remaining
+    finally:
+        sock.close()
+    stats = src.stats()
+    assert stats["messages_too_deep"] == 1 and stats["side_channel_restarts"] == 0
+
+
+def test_row1_deep_notifications_replies_and_kv_events_are_dropped_by_reason():
+    """The decode's reply path, the prefill's notification path and the router's KV-event decoder."""
+    for data, decode in ((deep(4000), wire.decode_notif),
+                         (deep(5000), wire.reply_codec(None).decode_signed)):
+        try:
+            decode(data if decode is wire.decode_notif else [data])
+        except wire.BadMessage as exc:
+            assert exc.kind == "too_deep", exc.kind
+        else:
+            raise AssertionError("a deeply nested message was accepted")
+    notif = b"\x96" + msgspec.msgpack.encode(wire.Notif("r", 1, 0, 1, 0))[1:] + deep(3000)
+    try:
+        wire.decode_notif(notif)
+    except wire.BadMessage as exc:
+        assert exc.kind == "too_deep"
+    else:
+        raise AssertionError("a notification with a 3,000-deep trailing field was accepted")
+    batch = b"\x94" + msgspec.msgpack.encode([1.0, [], None])[1:] + deep(5000)
+    assert kv_events.decode_message([b"t", (1).to_bytes(8, "big"), batch]) == "too_deep"
+    good = msgspec.msgpack.encode([1.0, [{"type": "AllBlocksCleared"}], None])
+    assert isinstance(kv_events.decode_message([b"t", (2).to_bytes(8, "big"), good]), kv_events.Message)
+
+
+def test_row1_a_failing_loop_turn_is_counted_and_the_server_goes_on():
+    """If a turn of the serving loop fails anyway (here: the decoder raises MemoryError), the
+    message is lost, the fault counted, and the server keeps answering (``alive`` stays true)."""
+    calls = {"n": 0}
+
+    def handler(req):
+        return wire.HeartbeatReply(id=req.id, instance_id="i", remaining={})
+
+    srv = SideChannelServer(HOST, 0, secret=SECRET, handler=handler)
+    real = srv._req.decode_signed
+
+    def flaky(frames):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise MemoryError("injected")
+        return real(frames)
+
+    srv._req.decode_signed = flaky
+    srv.start()
+    sock = key_holder(srv.port)
+    try:
+        assert exchange(sock, heartbeat_frames(1, []), 1000) is None
+        assert exchange(sock, heartbeat_frames(2, []), 5000) is not None
+        assert srv.alive and srv.loop_errors == 1
+    finally:
+        sock.close()
+        srv.close()
+    assert not srv.alive
+
+
+# -- row 2 -------------------------------------------------------------------------------------------
+def test_row2_keyless_unfinished_multipart_cannot_grow_the_prefill(source_factory):
+    src = source_factory(secret=SECRET.hex())
+    proc = psutil.Process(src.proc.pid)
+    before = proc.memory_info().rss
+    sent = zmtp_flood.flood_server(HOST, src.port, 4.0)
+    grown = proc.memory_info().rss - before
+    print(f"row 2 prefill: keyless peer streamed {sent / MiB:.0f} MiB of one unfinished message;"
+          f" prefill RSS grew {grown / MiB:.1f} MiB")
+    assert grown < BUDGET
+    sock = key_holder(src.port)  # and it still serves
+    try:
+        assert exchange(sock, heartbeat_frames(1, []), 5000) is not None
+    finally:
+        sock.close()
+
+
+def test_row2_rogue_keyless_prefill_cannot_grow_the_decode(sink_factory, local_kv):
+    """A "prefill" without the key (its own process) answers a decode's connection with one endless
+    unfinished message; the decode's RSS is measured."""
+    rogue = subprocess.Popen([sys.executable, str(Path(zmtp_flood.__file__)), "5"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(rogue.stdout.readline())
+        me = psutil.Process()
+        sink = sink_factory(local_kv, secret=SECRET, handshake_timeout=2.0, handshake_retries=3,
+                            heartbeat_timeout=2.0)
+        before = me.memory_info().rss
+        sink.pull("r", host=HOST, port=port, remote_engine_id="prefill-0", remote_instance_id=None,
+                  remote_block_ids=[1], local_block_ids=[1])
+        ok, reason = wait_for(sink, "r", timeout=30)
+        grown = me.memory_info().rss - before
+    finally:
+        rogue.kill()
+        rogue.wait(5)
+    print(f"row 2 decode: a rogue keyless prefill flooded it; decode RSS grew {grown / MiB:.1f} MiB")
+    assert not ok and "no reply" in reason
+    assert grown < BUDGET
+
+
+# -- row 10 ------------------------------------------------------------------------------------------
+def test_row10_a_flood_of_dropped_messages_logs_one_line_per_reason(caplog):
+    srv = SideChannelServer(HOST, 0, secret=SECRET, handler=lambda r: wire.ErrorReply(id=r.id, reason="no"))
+    srv.start()
+    sock = key_holder(srv.port)
+    n = 4000
+    try:
+        with caplog.at_level(logging.WARNING, logger="pdfleet.connector.transfer.sidechannel"):
+            for i in range(n):
+                sock.send_multipart([b"\x90"] if i % 2 else [b"\xc1garbage", b"x" * 64])
+            deadline = time.monotonic() + 20
+            while srv.rejected < n and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        sock.close()
+        srv.close()
+    assert srv.rejected == n
+    lines = [r for r in caplog.records if r.name == "pdfleet.connector.transfer.sidechannel"]
+    print(f"row 10: {n} dropped messages -> {len(lines)} log line(s)")
+    assert 1 <= len(lines) <= 2 * len(srv.rejected_by_kind)
