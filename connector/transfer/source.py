@@ -41,7 +41,8 @@ class KVSource:
     """Prefill-side transfer endpoint of one worker rank.
 
     - ``start()``: registers ``regions`` with NIXL and starts the ZMQ side channel.
-    - ``hold(request_id, block_ids) -> expiry`` (unix time): start a lease.
+    - ``hold(request_id, block_ids) -> expiry`` (unix time, advertised; the lease itself runs on
+      the monotonic clock): start a lease.
     - ``poll_released() -> [request_id]``: requests whose blocks may be freed now
       (every reader's completion notification arrived, or the lease expired).
     - ``stats() -> dict``: monotonic counters since start.
@@ -156,7 +157,7 @@ class KVSource:
                 self._counters["heartbeats"] += 1
             if req.release:
                 self._leases.release(list(req.request_ids))
-            left, gone, by_you = self._leases.extend(req.request_ids, time.time(), req.agent)
+            left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent)
             return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone,
                                        released_by_you=by_you)
         assert isinstance(req, wire.HandshakeRequest)
@@ -204,10 +205,14 @@ class KVSource:
             raise ValueError("request_id must be a non-empty string")
         with self._lock:
             self._counters["leases_held"] += 1
-        return self._leases.hold(request_id, block_ids, time.time())
+        # Leases run on the monotonic clock: a wall-clock step must never free blocks mid-READ.
+        # The unix time returned is only advertised (remote_lease_expiry) as a lower bound.
+        now_wall = time.time()
+        self._leases.hold(request_id, block_ids, time.monotonic())
+        return now_wall + self._leases.lease_seconds
 
     def poll_released(self) -> list[str]:
-        return self._leases.collect(time.time())
+        return self._leases.collect(time.monotonic())
 
     def stats(self) -> dict[str, float]:
         with self._lock:

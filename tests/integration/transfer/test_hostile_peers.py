@@ -194,3 +194,84 @@ def test_row10_a_flood_of_dropped_messages_logs_one_line_per_reason(caplog):
     lines = [r for r in caplog.records if r.name == "pdfleet.connector.transfer.sidechannel"]
     print(f"row 10: {n} dropped messages -> {len(lines)} log line(s)")
     assert 1 <= len(lines) <= 2 * len(srv.rejected_by_kind)
+
+
+# -- row 3 -------------------------------------------------------------------------------------------
+def test_row3_a_read_that_never_completes_is_cancelled_fails_and_releases_its_lease(source_factory, sink_factory,
+                                                                                      local_kv, monkeypatch):
+    """The source answers heartbeats (so the lease is extended) but never progresses the READ (UCX over
+    TCP needs the source's progress). The pull must fail within its bound and release the lease."""
+    monkeypatch.setenv("UCX_TLS", "tcp,self")  # both processes: cma would read without the source's help
+    src = source_factory(secret=SECRET.hex(), lease=1.0, num_blocks=64, block_len=64 * 1024)
+    from transfer_harness import LocalKV
+
+    local = LocalKV(num_blocks=64, block_len=64 * 1024)
+    sink = sink_factory(local, secret=SECRET, read_floor_seconds=2.0, read_floor_bandwidth=50e6)
+    src.hold("warm", [0])
+    sink.pull("warm", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+              remote_instance_id=src.instance_id, remote_block_ids=[0], local_block_ids=[0])
+    assert wait_for(sink, "warm") == (True, "")  # connected: the next READ goes straight out
+    src.cmd("stall_nixl")
+    src.hold("stuck", list(range(1, 64)))
+    started = time.monotonic()
+    sink.pull("stuck", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+              remote_instance_id=src.instance_id, remote_block_ids=list(range(1, 64)),
+              local_block_ids=list(range(1, 64)))
+    ok, reason = wait_for(sink, "stuck", timeout=30)  # main: still pending after 15 lease lengths
+    took = time.monotonic() - started
+    print(f"row 3: a stuck READ of 63 x 64 KiB failed after {took:.2f}s (lease 1s, bound 2s + bytes at 50 MB/s):"
+          f" {reason}")
+    assert not ok and "did not complete within" in reason
+    assert took < 10
+    assert sink.stats()["reads_timed_out"] == 1
+    src.cmd("resume_nixl")
+    deadline = time.monotonic() + 5
+    while src.stats()["leases_released"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert src.stats()["leases_released"] == 1  # released by the sink's notice, not left to expire
+
+
+# -- row 6 -------------------------------------------------------------------------------------------
+def test_row6_a_wall_clock_step_on_the_prefill_does_not_free_held_blocks(source_factory, sink_factory, local_kv):
+    """Leases run on the monotonic clock: a +20 s wall-clock step (lease 2 s, inside the 30 s replay
+    window) frees nothing; the blocks are still the prefill's bytes when the decode reads them."""
+    src = source_factory(secret=SECRET.hex(), lease=2.0)
+    src.hold("r", [3, 4])
+    src.cmd("clock_step", seconds=20.0)
+    freed = src.released()
+    if "r" in freed:
+        src.cmd("overwrite", blocks=[3, 4])  # the engine reuses freed blocks at once
+    sink = sink_factory(local_kv, secret=SECRET)
+    sink.pull("r", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+              remote_instance_id=src.instance_id, remote_block_ids=[3, 4], local_block_ids=[5, 6])
+    ok, reason = wait_for(sink, "r")
+    print(f"row 6: after a +20 s wall-clock step the source freed {freed}; pull ok={ok} {reason}")
+    assert freed == []
+    assert ok, reason
+    import numpy as np
+
+    for region in range(2):
+        for remote, local in ((3, 5), (4, 6)):
+            assert np.array_equal(local_kv.block(region, local), src.expected(region, remote))
+
+
+# -- row 8 -------------------------------------------------------------------------------------------
+def test_row8_keep_alive_of_10000_queued_requests_keeps_every_lease(source_factory, sink_factory, local_kv):
+    src = source_factory(secret=SECRET.hex(), lease=2.0)
+    rids = [f"queued-request-{i:06d}-{'x' * 24}" for i in range(10_000)]
+    for i in range(0, len(rids), 2500):
+        src.cmd("hold_many", rids=rids[i:i + 2500], blocks=[1], timeout=60)
+    sink = sink_factory(local_kv, secret=SECRET)
+    end = time.monotonic() + 5.0  # two and a half lease lengths
+    next_beat = 0.0
+    while time.monotonic() < end:
+        if time.monotonic() >= next_beat:
+            sink.keep_alive(rids, host=HOST, port=src.base_port)
+            next_beat = time.monotonic() + 0.5
+        sink.poll()
+        time.sleep(0.01)
+    src.released()  # expired leases are collected here
+    stats = src.stats()
+    print(f"row 8: {len(rids)} queued requests: leases active {stats['leases_active']:.0f},"
+          f" expired {stats['leases_expired']:.0f}")
+    assert stats["leases_expired"] == 0 and stats["leases_active"] == len(rids)
