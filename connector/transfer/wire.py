@@ -136,7 +136,8 @@ class Codec:
                  replay_window: float = auth.DEFAULT_REPLAY_WINDOW,
                  clock: Callable[[], float] = time.time) -> None:
         self.ring = key_ring(secret)
-        self._guard = auth.ReplayGuard(replay_window) if self.ring is not None else None
+        self._guard = (auth.ReplayGuard(replay_window, max_future=min(auth.DEFAULT_MAX_FUTURE, replay_window))
+                       if self.ring is not None else None)
         self._clock = clock
         self._max = max_bytes
         self._encoder = msgspec.msgpack.Encoder()

@@ -275,3 +275,39 @@ def test_row8_keep_alive_of_10000_queued_requests_keeps_every_lease(source_facto
     print(f"row 8: {len(rids)} queued requests: leases active {stats['leases_active']:.0f},"
           f" expired {stats['leases_expired']:.0f}")
     assert stats["leases_expired"] == 0 and stats["leases_active"] == len(rids)
+
+
+# -- row 9 -------------------------------------------------------------------------------------------
+def test_row9_one_key_holder_cannot_move_the_replay_floor_for_the_others():
+    """Peer A sends one message dated +9 s, then enough correctly timed ones to overflow the nonce table
+    (capacity 500 here; 262,144 in production); peer B's correctly timed heartbeat is still served."""
+    from pdfleet.connector.transfer import auth
+
+    srv = SideChannelServer(HOST, 0, secret=SECRET,
+                            handler=lambda r: wire.HeartbeatReply(id=r.id, instance_id="i", remaining={}))
+    srv._req._guard = auth.ReplayGuard(auth.DEFAULT_REPLAY_WINDOW, capacity=500)
+    srv.start()
+    a, b = key_holder(srv.port), key_holder(srv.port)
+
+    def frames(hid: int, ts: float) -> list[bytes]:
+        payload = msgspec.msgpack.encode(wire.HeartbeatRequest(id=hid, request_ids=[]))
+        return [payload, auth.sign(SECRET, payload, now=ts)]
+
+    try:
+        assert exchange(a, frames(1, time.time() + 9.0), 5000) is not None
+        for i in range(600):
+            a.send_multipart(frames(100 + i, time.time()))
+        deadline = time.monotonic() + 20
+        while srv.served < 601 and time.monotonic() < deadline:
+            while a.poll(0):
+                a.recv_multipart()
+            time.sleep(0.01)
+        reply = exchange(b, frames(2, time.time()), 5000)
+        print(f"row 9: after a +9 s nonce and 600 more, peer B's correctly timed heartbeat answered:"
+              f" {reply is not None}; rejected {srv.rejected_by_kind}")
+        assert reply is not None
+        assert srv.rejected == 0
+    finally:
+        a.close()
+        b.close()
+        srv.close()
