@@ -104,6 +104,19 @@ class _FleetClients:
         return False
 
 
+def pool_victim(entries: list[tuple[object, bool, bool]]) -> object:
+    """Which socket to close when the pool is full. ``entries`` are (endpoint, busy, has answered)
+    in least recently used order: an idle one first, else one that never answered (an endpoint
+    that does not reply must not push out a healthy prefill), else the least recently used."""
+    for ep, busy, _ in entries:
+        if not busy:
+            return ep
+    for ep, _, answered in entries:
+        if not answered:
+            return ep
+    return entries[0][0]
+
+
 class SideChannelError(RuntimeError):
     """The peer did not answer in time, answered garbage, or refused the request."""
 
@@ -374,6 +387,7 @@ class SideChannelClient:
         # endpoint -> (socket, fleet key its CURVE keys derive from), least recently used first
         self._socks: OrderedDict[tuple[str, int], tuple[zmq.Socket, bytes | None]] = OrderedDict()
         self._used: dict[tuple[str, int], float] = {}
+        self._answered: set[tuple[str, int]] = set()  # endpoints whose socket got a valid reply
         self._calls: dict[int, Call] = {}
         self._max_sockets = max_sockets
         self._idle = float(idle_seconds)
@@ -396,8 +410,14 @@ class SideChannelClient:
     def _close_socket(self, endpoint: tuple[str, int]) -> None:
         sock, _ = self._socks.pop(endpoint)
         self._used.pop(endpoint, None)
+        self._answered.discard(endpoint)
         sock.close(linger=0)
         self.sockets_closed += 1
+        for rid, call in list(self._calls.items()):  # calls on it can no longer be answered
+            if call.endpoint == endpoint:
+                del self._calls[rid]
+                call._finish(error=f"side channel {endpoint[0]}:{endpoint[1]}: socket closed to make room"
+                                   f" (at most {self._max_sockets} side-channel endpoints at once)")
 
     def _socket(self, endpoint: tuple[str, int]) -> zmq.Socket:
         key = self._ring.current if self._ring is not None else None
@@ -411,11 +431,7 @@ class SideChannelClient:
             return entry[0]
         if len(self._socks) >= self._max_sockets:
             busy = self._busy()
-            victim = next((ep for ep in self._socks if ep not in busy), None)
-            if victim is None:
-                raise SideChannelError(f"{len(self._socks)} side-channel endpoints have calls in flight"
-                                       f" (at most {self._max_sockets} sockets)")
-            self._close_socket(victim)
+            self._close_socket(pool_victim([(ep, ep in busy, ep in self._answered) for ep in self._socks]))
         host, port = endpoint
         try:
             sock = secure_client_socket(self._ctx, self._ring)
@@ -488,6 +504,7 @@ class SideChannelClient:
                 if call is None or call.endpoint != endpoint:
                     continue  # late or duplicate reply
                 del self._calls[reply.id]
+                self._answered.add(endpoint)
                 call._finish(reply=reply)
         now = time.monotonic()
         for rid, call in list(self._calls.items()):

@@ -311,3 +311,44 @@ def test_row9_one_key_holder_cannot_move_the_replay_floor_for_the_others():
         a.close()
         b.close()
         srv.close()
+
+
+# -- row 4 -------------------------------------------------------------------------------------------
+def test_row4_5000_distinct_endpoints_do_not_break_pulls_from_a_healthy_prefill(source_factory, sink_factory,
+                                                                                 local_kv):
+    """Pulls naming 5,000 distinct endpoints that never answer; the socket pool stays bounded, every one
+    of them fails and leaves nothing behind, and a pull from a healthy prefill succeeds among them."""
+    src = source_factory(secret=SECRET.hex())
+    sink = sink_factory(local_kv, secret=SECRET, handshake_timeout=0.3, handshake_retries=1,
+                        heartbeat_timeout=0.3)
+    failures: dict[str, str] = {}
+    dones: set[str] = set()
+    bogus = [f"bogus-{i}" for i in range(5000)]
+    for i, rid in enumerate(bogus):
+        sink.pull(rid, host=f"127.1.{i // 250}.{i % 250 + 1}", port=9, remote_engine_id="prefill-0",
+                  remote_instance_id=None, remote_block_ids=[1], local_block_ids=[1])
+        if i == 2500:
+            src.hold("healthy", [2])
+            sink.pull("healthy", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+                      remote_instance_id=src.instance_id, remote_block_ids=[2], local_block_ids=[2])
+        if i % 100 == 0:
+            done, failed = sink.poll()
+            dones.update(done)
+            failures.update(failed)
+            assert "healthy" not in failed, failed.get("healthy")
+    ok, reason = ("healthy" in dones, "") if "healthy" in dones else wait_for(sink, "healthy", timeout=30)
+    deadline = time.monotonic() + 30
+    while len(failures) < len(bogus) and time.monotonic() < deadline:
+        failures.update(sink.poll()[1])
+        time.sleep(0.01)
+    print(f"row 4: healthy pull ok={ok} {reason}; {len(failures)} bogus pulls failed;"
+          f" sockets open {sink._client.sockets()}, closed {sink._client.sockets_closed}")
+    assert ok, reason
+    assert set(failures) == set(bogus)
+    assert not sink._pulls
+    assert sink._client.sockets() <= 256
+    # the ids of failed pulls are free again
+    src.hold("bogus-7", [3])
+    sink.pull("bogus-7", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+              remote_instance_id=src.instance_id, remote_block_ids=[3], local_block_ids=[3])
+    assert wait_for(sink, "bogus-7") == (True, "")

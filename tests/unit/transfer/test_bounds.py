@@ -55,3 +55,15 @@ def test_drop_log_one_line_per_reason_per_interval_with_the_count_held_back():
                     (12, "b", 0), (25, "a", 1)]
     with pytest.raises(ValueError):
         DropLog(0)
+
+
+@pytest.mark.parametrize("entries,want", [
+    ([("a", False, True), ("b", True, True)], "a"),
+    ([("a", True, True), ("b", False, False)], "b"),
+    ([("a", True, True), ("b", True, False), ("c", True, False)], "b"),  # never answered goes first
+    ([("a", True, True), ("b", True, True)], "a"),  # all busy and healthy: least recently used
+])  # fmt: skip
+def test_pool_victim(entries, want):
+    from pdfleet.connector.transfer.sidechannel import pool_victim
+
+    assert pool_victim(entries) == want
