@@ -155,6 +155,7 @@ class _Pull:
     descriptors: int = 0
     failure: str | None = None
     release_remote: bool = False  # once failed: tell the source to free the blocks (we will not read them)
+    readers: int = 1  # decode ranks reading this request from its source rank (decode TP / prefill TP)
 
 
 class KVSink:
@@ -297,6 +298,7 @@ class KVSink:
         now = time.monotonic()
         p = _Pull(rid, endpoint, remote_engine_id, remote_instance_id or None, remote_ids, local_ids, now,
                   None if remote_lease_expiry is None else float(remote_lease_expiry))
+        p.readers = self._readers(remote_tp_size)
         self._pulls[rid] = p
         try:
             peer = self._peers.get(endpoint)
@@ -317,6 +319,11 @@ class KVSink:
                 del self._pulls[rid]
                 self._fail_now(rid, f"could not start the pull: {exc!r}")
 
+    def _readers(self, remote_tp_size: int | None) -> int:
+        """Readers per source rank: decode TP / prefill TP (the source binds a lease to that many agents)."""
+        remote = self.layout.tp_size if remote_tp_size is None else remote_tp_size
+        return max(1, self.layout.tp_size // remote) if isinstance(remote, int) and remote > 0 else 1
+
     def keep_alive(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
         """Extend the source's leases of requests this rank will pull later (fire and forget)."""
         try:
@@ -328,7 +335,8 @@ class KVSink:
             log.warning("keep_alive ignored: %s", exc)
             return
         for ids in chunks:  # every queued request keeps its lease, however many there are
-            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name)
+            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
+                                        readers=self._readers(remote_tp_size))
             try:
                 self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
             except ValueError as exc:  # an id too long for one request: that chunk is skipped
@@ -349,11 +357,11 @@ class KVSink:
             log.warning("release ignored: %s", exc)
             return
         for ids in chunks:
-            self._send_release(host, port + rank, ids)
+            self._send_release(host, port + rank, ids, self._readers(remote_tp_size))
 
-    def _send_release(self, host: str, port: int, ids: list[str]) -> None:
+    def _send_release(self, host: str, port: int, ids: list[str], readers: int) -> None:
         req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
-                                    release=True)
+                                    release=True, readers=readers)
         try:
             self._client.submit(host, port, req, timeout=self._hb_timeout, attempts=2)
         except ValueError as exc:
@@ -422,7 +430,7 @@ class KVSink:
         if not still:
             del self._pulls[p.request_id]
             if p.release_remote:
-                self._send_release(*p.endpoint, [p.request_id])
+                self._send_release(*p.endpoint, [p.request_id], p.readers)
             self._fail_now(p.request_id, p.failure)
 
     def _drop_peer(self, endpoint: Endpoint, why: str, count: bool = True) -> None:
@@ -439,7 +447,8 @@ class KVSink:
                 self._ensure_handshake(endpoint)
 
     def _heartbeat(self, p: _Pull, now: float) -> None:
-        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name)
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name,
+                                    readers=p.readers)
         p.hb_sent = now
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._stats["heartbeats"] += 1

@@ -156,8 +156,8 @@ class KVSource:
             with self._lock:
                 self._counters["heartbeats"] += 1
             if req.release:
-                self._leases.release(list(req.request_ids))
-            left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent)
+                self._leases.release(list(req.request_ids), req.agent, req.readers)
+            left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent, req.readers)
             return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone,
                                        released_by_you=by_you)
         assert isinstance(req, wire.HandshakeRequest)
@@ -220,6 +220,7 @@ class KVSource:
         out["leases_completed"] = float(self._leases.completed)
         out["leases_expired"] = float(self._leases.expired)
         out["leases_released"] = float(self._leases.released)
+        out["lease_actions_refused"] = float(self._leases.refused)  # from agents a lease was not handed to
         out["leases_active"] = float(len(self._leases))
         out["messages_rejected"] = float(self._server.rejected)
         out["messages_served"] = float(self._server.served)

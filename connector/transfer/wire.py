@@ -89,6 +89,9 @@ class HeartbeatRequest(msgspec.Struct, tag="hb", frozen=True):
     # True: the reader will not read these requests (aborted, or nothing to pull):
     # release their blocks now instead of at lease expiry.
     release: bool = False
+    # How many readers (decode ranks) read each of these requests from this source rank:
+    # the first agent to touch a lease binds it to at most this many (leases.py).
+    readers: int = 1
 
 
 class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
