@@ -352,3 +352,40 @@ def test_row4_5000_distinct_endpoints_do_not_break_pulls_from_a_healthy_prefill(
     sink.pull("bogus-7", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
               remote_instance_id=src.instance_id, remote_block_ids=[3], local_block_ids=[3])
     assert wait_for(sink, "bogus-7") == (True, "")
+
+
+# -- row 7 -------------------------------------------------------------------------------------------
+def test_row7_another_key_holder_cannot_release_complete_or_preempt_a_decodes_lease(source_factory, sink_factory,
+                                                                                   local_kv):
+    src = source_factory(secret=SECRET.hex(), lease=30.0)
+    decode = sink_factory(local_kv, secret=SECRET)
+    from transfer_harness import LocalKV
+
+    thief = sink_factory(LocalKV(), secret=SECRET, eager_post=True, unknown_grace=0.5)
+    src.hold("mine", [1])
+    src.hold("read-by-thief", [2])
+    decode.keep_alive(["mine", "read-by-thief"], host=HOST, port=src.base_port)  # bound to this decode
+    time.sleep(0.3)
+    decode.poll()
+    # 1. a release from another agent
+    thief.release(["mine"], host=HOST, port=src.base_port)
+    # 2. a release before the hold
+    thief.release(["not-yet-held"], host=HOST, port=src.base_port)
+    # 3. a READ with its completion notification from another agent
+    thief.pull("read-by-thief", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+               remote_instance_id=src.instance_id, remote_block_ids=[2], local_block_ids=[2])
+    thief_ok, thief_reason = wait_for(thief, "read-by-thief", timeout=20)
+    time.sleep(0.3)
+    thief.poll()
+    src.hold("not-yet-held", [3])
+    results = {}
+    for rid, block in (("mine", 1), ("read-by-thief", 2), ("not-yet-held", 3)):
+        decode.pull(rid, host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+                    remote_instance_id=src.instance_id, remote_block_ids=[block], local_block_ids=[block])
+        results[rid] = wait_for(decode, rid)
+    stats = src.stats()
+    print(f"row 7: decode's pulls {results}; thief's pull ok={thief_ok} ({thief_reason});"
+          f" refused lease actions {stats['lease_actions_refused']:.0f}")
+    assert results == {rid: (True, "") for rid in results}
+    assert not thief_ok
+    assert stats["lease_actions_refused"] >= 2
