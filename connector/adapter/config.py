@@ -16,6 +16,10 @@ Extra config keys (all optional):
   (int >= 0, default 3).
 - ``compat_extra`` (string): mixed into the compatibility hash, to keep apart fleets
   that must never exchange KV.
+- ``read_floor_bandwidth`` (bytes/s > 0, default 50e6) and ``read_timeout_floor``
+  (seconds > 0, default 5): a READ not complete within ``read_timeout_floor`` plus its
+  bytes at ``read_floor_bandwidth`` is cancelled, fails (vLLM recomputes) and its lease
+  is released.
 
 Side channel: ``VLLM_NIXL_SIDE_CHANNEL_HOST`` (when unset, ``127.0.0.1``: never a
 wildcard address) and ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (default 5600); worker rank r
@@ -37,7 +41,7 @@ __all__ = ["AdapterConfig", "ConfigError", "parse_adapter_config", "read_secret_
 DEFAULT_SIDE_CHANNEL_PORT = 5600
 KNOWN_KEYS = {
     "lease_seconds", "backends", "auth_secret_file", "allow_unauthenticated", "handshake_timeout",
-    "handshake_retries", "compat_extra",
+    "handshake_retries", "compat_extra", "read_floor_bandwidth", "read_timeout_floor",
 }  # fmt: skip
 MAX_SECRET_BYTES = 4096
 
@@ -57,6 +61,8 @@ class AdapterConfig:
     handshake_retries: int = 3
     compat_extra: str = ""
     secret_file: str | None = None
+    read_floor_bandwidth: float = 50e6
+    read_timeout_floor: float = 5.0
 
 
 def _positive(extra: Mapping[str, Any], key: str, default: float) -> float:
@@ -156,6 +162,8 @@ def parse_adapter_config(extra: Mapping[str, Any] | None, env: Mapping[str, str]
         handshake_retries=retries,
         compat_extra=compat_extra,
         secret_file=extra.get("auth_secret_file"),
+        read_floor_bandwidth=_positive(extra, "read_floor_bandwidth", 50e6),
+        read_timeout_floor=_positive(extra, "read_timeout_floor", 5.0),
     )
 
 

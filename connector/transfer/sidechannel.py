@@ -180,6 +180,7 @@ class SideChannelServer:
         self.loop_errors = 0  # faults caught in a loop turn (the turn's message is lost, the loop goes on)
         self.restarts = 0  # times the serving loop itself failed and was started again
         self.failed = ""  # why the serving loop stopped for good (empty while it runs)
+        self.max_restarts = 20  # failures in a row before the loop gives up (the engine then reports it)
 
     def start(self) -> None:
         ring = self._req.ring
@@ -248,7 +249,7 @@ class SideChannelServer:
                         self.restarts += 1
                     log.exception("side channel %s:%s: serving loop failed (restart %d)", self.host, self.port,
                                   failures)
-                    if failures >= 20:
+                    if failures >= self.max_restarts:
                         self.failed = f"serving loop failed {failures} times in a row: {exc!r}"
                         log.error("side channel %s:%s: %s; giving up", self.host, self.port, self.failed)
                         return

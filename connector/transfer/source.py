@@ -214,6 +214,13 @@ class KVSource:
     def poll_released(self) -> list[str]:
         return self._leases.collect(time.monotonic())
 
+    @property
+    def healthy(self) -> str:
+        """'' while the side channel serves; else why not (its loop gave up after repeated failures)."""
+        if self._server.failed:
+            return f"the side channel of {self.host}:{self.port} stopped: {self._server.failed}"
+        return ""
+
     def stats(self) -> dict[str, float]:
         with self._lock:
             out = dict(self._counters)

@@ -389,3 +389,23 @@ def test_row7_another_key_holder_cannot_release_complete_or_preempt_a_decodes_le
     assert results == {rid: (True, "") for rid in results}
     assert not thief_ok
     assert stats["lease_actions_refused"] >= 2
+
+
+def test_row1_a_serving_loop_that_keeps_failing_is_restarted_then_reported_dead():
+    """Restarted after each failure; after ``max_restarts`` in a row it stops and says why, which the
+    worker turns into an engine error (vLLM's /health then fails) instead of a silently dead prefill."""
+    srv = SideChannelServer(HOST, 0, secret=SECRET, handler=lambda r: r)
+    srv.max_restarts = 3
+
+    def broken(sock, poller):
+        raise zmq.ZMQError(zmq.EFAULT, "injected")
+
+    srv._turn = broken
+    srv.start()
+    deadline = time.monotonic() + 10
+    while srv.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        assert not srv.alive and srv.restarts == 3 and "injected" in srv.failed
+    finally:
+        srv.close()

@@ -162,6 +162,8 @@ OPEN = {"allow_unauthenticated": True}
         ({"auth_secret_file": "/nonexistent/secret"}, {}, "auth_secret_file"),
         ({"secret": "inline"}, {}, "unknown keys"),
         ({"handshake_retries": -1}, {}, "handshake_retries"),
+        ({"read_floor_bandwidth": 0, **OPEN}, {}, "read_floor_bandwidth must be a number > 0"),
+        ({"read_timeout_floor": "5", **OPEN}, {}, "read_timeout_floor must be a number > 0"),
     ],
 )
 def test_config_errors(extra, env, needle):
@@ -242,3 +244,9 @@ def test_parse_checks_the_signature_with_a_ring_and_bounds_expiry_first():
     with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
         parse_remote_prefill(_signed(b"x" * 32), num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW,
                              ring=ring)
+
+
+def test_read_bounds_are_configurable():
+    cfg = parse_adapter_config({"read_floor_bandwidth": 1e8, "read_timeout_floor": 2, **OPEN}, env={})
+    assert (cfg.read_floor_bandwidth, cfg.read_timeout_floor) == (1e8, 2.0)
+    assert (parse_adapter_config(OPEN, env={}).read_floor_bandwidth, parse_adapter_config(OPEN, env={}).read_timeout_floor) == (50e6, 5.0)
