@@ -397,6 +397,7 @@ class SideChannelClient:
         self.rejected_by_kind: dict[str, int] = {}
         self.last_reject = ""
         self.sockets_closed = 0  # idle or evicted sockets closed (the pool's bound at work)
+        self._last_sweep = time.monotonic()
 
     @classmethod
     def next_id(cls) -> int:
@@ -480,7 +481,7 @@ class SideChannelClient:
 
     def poll(self) -> None:
         """Receive replies (non-blocking), resend or fail timed-out calls."""
-        for endpoint, (sock, _) in list(self._socks.items()):
+        for endpoint, (sock, _) in tuple(self._socks.items()):
             for _ in range(1000):  # bounded per poll
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -521,9 +522,11 @@ class SideChannelClient:
                 f"side channel {host}:{port}: {call.last} after {call.attempts} attempt(s)"
                 " (peer down, wrong address, or a secret mismatch: messages with a missing or wrong HMAC are dropped)"
             ))
-        busy = self._busy()
-        for endpoint in [ep for ep, t in self._used.items() if now - t > self._idle and ep not in busy]:
-            self._close_socket(endpoint)
+        if now - self._last_sweep > 1.0:  # idle sockets: looked for once a second, not on every poll
+            self._last_sweep = now
+            busy = self._busy()
+            for endpoint in [ep for ep, t in self._used.items() if now - t > self._idle and ep not in busy]:
+                self._close_socket(endpoint)
 
     def pending(self) -> int:
         return len(self._calls)
