@@ -22,6 +22,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from pdfleet.connector.adapter.config import AdapterConfig, key_ring
+from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.adapter.params import (
     SIGNATURE_KEY,
     InvalidTransferParams,
@@ -115,13 +116,19 @@ class SchedulerSide:
         self._refused_releases: list[KeepAlive] = []  # signed params this decode refused: free their blocks
         # The fleet key: prefill signs the params it returns, decode accepts only signed ones.
         self._ring = key_ring(cfg)
+        self._drops = DropLog(10.0)
 
     # -- decode ---------------------------------------------------------------
     def _reject(self, request_id: str, exc: Exception, params: Any = None) -> None:
         if request_id not in self._rejected:
             self._rejected[request_id] = str(exc)
             self._rejected_since_meta += 1
-            log.warning("request %s: KV pull refused, computing the prompt locally: %s", request_id, exc)
+            # Clients choose what they send: one line per refused field per interval, with a count.
+            held = self._drops.note(getattr(exc, "field", "params"), time.monotonic())
+            if held is not None:
+                log.warning("request %s: KV pull refused, computing the prompt locally: %s%s", request_id, exc,
+                            f" [and {held} more refused for this field in the last {self._drops.interval:g}s]"
+                            if held else "")
             target = release_target(params, self._ring)
             if target is not None:  # a fleet prefill holds these blocks for us: free them now
                 host, port, tp, remote_id, hosts = target

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.transfer.layout import (
     BLOCK_OUTERMOST_LAYOUTS,
     IncompatibleLayout,
@@ -243,6 +245,7 @@ class KVSink:
             "reads_timed_out": 0.0,  # READs cancelled for exceeding their bound (bytes at the floor bandwidth)
         }
         self._reported_peers: set[str] = set()  # agents whose first transfer was logged
+        self._drops = DropLog(10.0)
 
     # -- public API ------------------------------------------------------------
     def pull(
@@ -407,7 +410,11 @@ class KVSink:
 
     # -- internals -------------------------------------------------------------
     def _fail_now(self, rid: str, reason: str) -> None:
-        log.warning("KV pull %s failed: %s", rid, reason)
+        # A flood of failing pulls (bad endpoints, a dead prefill) logs one line per kind per interval.
+        held = self._drops.note(re.split(r"[\d'\"]", reason, maxsplit=1)[0][:60], time.monotonic())
+        if held is not None:
+            log.warning("KV pull %s failed: %s%s", rid, reason,
+                        f" [and {held} more like it in the last {self._drops.interval:g}s]" if held else "")
         self._failed[rid] = reason
         self._stats["failures"] += 1
 
