@@ -317,10 +317,15 @@ def test_row9_one_key_holder_cannot_move_the_replay_floor_for_the_others():
 def test_row4_5000_distinct_endpoints_do_not_break_pulls_from_a_healthy_prefill(source_factory, sink_factory,
                                                                                  local_kv):
     """Pulls naming 5,000 distinct endpoints that never answer; the socket pool stays bounded, every one
-    of them fails and leaves nothing behind, and a pull from a healthy prefill succeeds among them."""
+    of them fails and leaves nothing behind, and a pull from the healthy prefill this decode reads from
+    succeeds among them (an endpoint that answered keeps its socket; one that never did goes first)."""
     src = source_factory(secret=SECRET.hex())
     sink = sink_factory(local_kv, secret=SECRET, handshake_timeout=0.3, handshake_retries=1,
                         heartbeat_timeout=0.3)
+    src.hold("before", [4])
+    sink.pull("before", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
+              remote_instance_id=src.instance_id, remote_block_ids=[4], local_block_ids=[4])
+    assert wait_for(sink, "before") == (True, "")
     failures: dict[str, str] = {}
     dones: set[str] = set()
     bogus = [f"bogus-{i}" for i in range(5000)]
