@@ -153,8 +153,10 @@ def test_row2_keyless_unfinished_multipart_cannot_grow_the_prefill(source_factor
 
 
 def test_row2_rogue_keyless_prefill_cannot_grow_the_decode(sink_factory, local_kv):
-    """A "prefill" without the key (its own process) answers a decode's connection with one endless
-    unfinished message; the decode's RSS is measured."""
+    """A "prefill" without the key (its own process, speaking plain ZMTP) answers a decode's connection
+    with one endless unfinished message; the decode's RSS is measured. (A rogue that speaks CURVE with the
+    published server key gets past this; what keeps a decode from dialling it at all is that it only
+    dials hosts a fleet prefill signed: test_hostile_params.py, row 5.)"""
     rogue = subprocess.Popen([sys.executable, str(Path(zmtp_flood.__file__)), "5"], stdout=subprocess.PIPE, text=True)
     try:
         port = int(rogue.stdout.readline())
