@@ -250,3 +250,19 @@ def test_read_bounds_are_configurable():
     cfg = parse_adapter_config({"read_floor_bandwidth": 1e8, "read_timeout_floor": 2, **OPEN}, env={})
     assert (cfg.read_floor_bandwidth, cfg.read_timeout_floor) == (1e8, 2.0)
     assert (parse_adapter_config(OPEN, env={}).read_floor_bandwidth, parse_adapter_config(OPEN, env={}).read_timeout_floor) == (50e6, 5.0)
+
+
+def test_release_target_only_for_params_a_fleet_key_signed():
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, release_target, sign_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    ring = KeyRing(b"k" * 32)
+    good = _signed()
+    assert release_target(good, ring) == ("10.0.0.7", 5600, 1, "cmpl-1", ())
+    assert release_target(good, None) is None  # no key: never dial what a client named
+    assert release_target({**good, "remote_host": "169.254.169.254"}, ring) is None  # altered
+    assert release_target({k: v for k, v in good.items() if k != SIGNATURE_KEY}, ring) is None
+    huge = {**good, "remote_block_ids": [list(range(100_000))]}
+    huge[SIGNATURE_KEY] = sign_params(huge, b"k" * 32)
+    assert release_target(huge, ring) is None  # too many ids to be worth an HMAC
+    assert release_target(["not", "a", "mapping"], ring) is None
