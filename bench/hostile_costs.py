@@ -20,7 +20,6 @@ import statistics
 import time
 
 import msgspec
-import zmq
 
 from pdfleet.connector.adapter.params import (
     SIGNATURE_KEY,

@@ -13,11 +13,11 @@ import msgspec
 import psutil
 import zmq
 import zmtp_flood
-from transfer_harness import LAYOUT, wait_for
+from transfer_harness import wait_for
 
 from pdfleet.connector.router import kv_events
-from pdfleet.connector.transfer import KVLayout, wire
-from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelServer
+from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.sidechannel import SideChannelServer
 
 try:
     from pdfleet.connector.transfer.sidechannel import secure_client_socket
