@@ -94,10 +94,25 @@ class _Server:
         self.log.close()
 
 
+_KEY_FILE: list[str] = []
+
+
+def _key_file() -> str:
+    """One fleet key for this run's servers (the connector refuses to start without one; with it, the
+    side channel and kv_transfer_params are signed, as in production)."""
+    if not _KEY_FILE:
+        fd, path = tempfile.mkstemp(prefix="pdfleet-bench-key-")
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+        _KEY_FILE.append(path)
+    return _KEY_FILE[0]
+
+
 def _kv(connector: str, role: str) -> dict:
     kv = {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
     if connector == "PdfleetConnector":
         kv["kv_connector_module_path"] = "pdfleet.connector"
+        kv["kv_connector_extra_config"] = {"auth_secret_file": _key_file()}
     return kv
 
 
