@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import httpx
 
 from pdfleet.operator.local.health import NotHealthy, wait_healthy
-from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE
+from pdfleet.contract.connector_config import AUTH_SECRET_FILE, CONNECTOR_CLASS, CONNECTOR_MODULE
 from pdfleet.contract.kv_params import remote_decode_request
 
 BLOCK = 32
@@ -91,10 +91,25 @@ class _Server:
         self.log.close()
 
 
+_KEY_FILE: list[str] = []
+
+
+def _key_file() -> str:
+    """One fleet key for this run's servers (the connector refuses to start without one; with it, the
+    side channel and kv_transfer_params are signed, as in production)."""
+    if not _KEY_FILE:
+        fd, path = tempfile.mkstemp(prefix="pdfleet-bench-key-")
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+        _KEY_FILE.append(path)
+    return _KEY_FILE[0]
+
+
 def _kv(connector: str, role: str) -> dict:
     kv = {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
     if connector == CONNECTOR_CLASS:
         kv["kv_connector_module_path"] = CONNECTOR_MODULE
+        kv["kv_connector_extra_config"] = {AUTH_SECRET_FILE: _key_file()}
     return kv
 
 

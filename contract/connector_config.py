@@ -36,6 +36,8 @@ ALLOW_UNAUTHENTICATED = "allow_unauthenticated"
 HANDSHAKE_TIMEOUT = "handshake_timeout"
 HANDSHAKE_RETRIES = "handshake_retries"
 COMPAT_EXTRA = "compat_extra"
+READ_FLOOR_BANDWIDTH = "read_floor_bandwidth"
+READ_TIMEOUT_FLOOR = "read_timeout_floor"
 
 
 class ConnectorConfigError(ValueError):
@@ -55,6 +57,10 @@ class ConnectorExtraConfig:
     handshake_timeout: float = 5.0
     handshake_retries: int = 3
     compat_extra: str = ""
+    # A READ not complete within read_timeout_floor plus its bytes at read_floor_bandwidth (bytes/s)
+    # is cancelled, fails (vLLM recomputes) and its lease is released.
+    read_floor_bandwidth: float = 50e6
+    read_timeout_floor: float = 5.0
 
     def to_extra(self) -> dict[str, Any]:
         """The JSON object vLLM passes to the connector. The keys the operator always sets are
@@ -65,7 +71,8 @@ class ConnectorExtraConfig:
         if self.auth_secret_file is not None:
             out[AUTH_SECRET_FILE] = self.auth_secret_file
         for f in fields(self):
-            if f.name in (HANDSHAKE_TIMEOUT, HANDSHAKE_RETRIES, ALLOW_UNAUTHENTICATED):
+            if f.name in (HANDSHAKE_TIMEOUT, HANDSHAKE_RETRIES, ALLOW_UNAUTHENTICATED, READ_FLOOR_BANDWIDTH,
+                          READ_TIMEOUT_FLOOR):
                 value = getattr(self, f.name)
                 if value != f.default:
                     out[f.name] = value
@@ -109,6 +116,8 @@ class ConnectorExtraConfig:
             handshake_timeout=_positive(extra, HANDSHAKE_TIMEOUT, DEFAULTS.handshake_timeout),
             handshake_retries=retries,
             compat_extra=compat_extra,
+            read_floor_bandwidth=_positive(extra, READ_FLOOR_BANDWIDTH, DEFAULTS.read_floor_bandwidth),
+            read_timeout_floor=_positive(extra, READ_TIMEOUT_FLOOR, DEFAULTS.read_timeout_floor),
         )
 
 

@@ -16,10 +16,14 @@ Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
 - 1.0: what engines wrote before this schema had a version; they write no version key, and
   a reader takes a missing key as 1.0. Same keys as 1.1.
 - 1.1: adds the version key itself.
+- 1.2: adds ``pdfleet_signature``, the prefill's HMAC with the fleet key over the keys decode acts
+  on (``SIGNED_FIELDS``; connector/adapter/params.py signs and verifies). A decode with a fleet
+  key refuses params without a valid one, so during a rolling upgrade a new decode recomputes
+  the prompts of prefills that do not sign yet.
 
 A minor version only adds optional keys, so a reader of 1.x reads any 1.y. A reader refuses a
-newer major version (``UnsupportedVersion``, naming both). ``pdfleet_sig`` is reserved for a
-signature over the other keys (a later minor version); readers of 1.x ignore it.
+newer major version (``UnsupportedVersion``, naming both). Readers that check no signature (the
+router, decodes without a key) ignore ``pdfleet_signature``.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import re
 from typing import Any, Mapping
 
 VERSION_KEY = "pdfleet_params_version"
-VERSION = (1, 1)
-SIG_KEY = "pdfleet_sig"  # reserved: not written or checked yet
+VERSION = (1, 2)
+SIG_KEY = "pdfleet_signature"  # the prefill's signature (1.2), see SIGNED_FIELDS
 ERROR_KEY = "pdfleet_error"  # why a prefill returned no usable params
 
 DO_REMOTE_PREFILL = "do_remote_prefill"
@@ -45,6 +49,9 @@ REMOTE_INSTANCE_ID = "remote_instance_id"
 REMOTE_LEASE_EXPIRY = "remote_lease_expiry"
 REMOTE_NUM_TOKENS = "remote_num_tokens"
 REMOTE_HOSTS = "remote_hosts"
+# What the signature covers: every key decode acts on (where it dials, what it reads, for how long).
+SIGNED_FIELDS = (REMOTE_ENGINE_ID, REMOTE_REQUEST_ID, REMOTE_HOST, REMOTE_HOSTS, REMOTE_PORT, TP_SIZE,
+                 REMOTE_BLOCK_IDS, REMOTE_INSTANCE_ID, REMOTE_LEASE_EXPIRY, REMOTE_NUM_TOKENS)
 
 _VERSION = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
 

@@ -47,6 +47,8 @@ class AdapterConfig:
     handshake_retries: int = DEFAULTS.handshake_retries
     compat_extra: str = DEFAULTS.compat_extra
     secret_file: str | None = None
+    read_floor_bandwidth: float = DEFAULTS.read_floor_bandwidth
+    read_timeout_floor: float = DEFAULTS.read_timeout_floor
 
 
 def _host(env: Mapping[str, str]) -> str:
@@ -105,6 +107,8 @@ def parse_adapter_config(extra: Mapping[str, Any] | None, env: Mapping[str, str]
         handshake_retries=cfg.handshake_retries,
         compat_extra=cfg.compat_extra,
         secret_file=cfg.auth_secret_file,
+        read_floor_bandwidth=cfg.read_floor_bandwidth,
+        read_timeout_floor=cfg.read_timeout_floor,
     )
 
 

@@ -39,6 +39,16 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "messages_replayed": ("messages_replayed",
                           "Side-channel messages dropped as replays: nonce seen or timestamp outside the window"),
     "notifs_rejected": ("notifications_rejected", "Malformed completion notifications dropped"),
+    "messages_too_deep": ("messages_too_deep",
+                          "Side-channel messages dropped for nesting deeper than the decoder allows (prefill side)"),
+    "side_channel_restarts": ("side_channel_restarts",
+                              "Times prefill's side-channel serving loop failed and was started again"),
+    "reads_timed_out": ("pull_reads_cancelled",
+                        "Pulls whose READ did not complete within its bound (bytes at the floor bandwidth): "
+                        "cancelled, recomputed, lease released (decode side; also in pull_failures)"),
+    "lease_actions_refused": ("lease_actions_refused",
+                              "Lease extensions, releases and completions refused because they came from a reader "
+                              "the lease was not handed to (prefill side)"),
     "params_rejected": ("params_rejected", "Requests whose kv_transfer_params were invalid (computed locally instead)"),
     "blocks_corrupted_for_test": ("test_blocks_corrupted", "Pulled blocks overwritten by the test-only fault hook"),
 }

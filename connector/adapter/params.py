@@ -9,15 +9,28 @@ worker, and a rejected request is computed locally (never a crash).
 The keys and their versions are pdfleet.contract.kv_params (the router reads the same
 schema); params of a newer major version are refused here, naming both versions.
 ``producer_params`` (the contract's ``produce``) builds what a prefill server returns.
+
+Signed params (issue 19): with a fleet key, prefill adds ``pdfleet_signature``, an
+HMAC-SHA256 with the fleet key over every field decode acts on (``SIGNED_FIELDS``), and
+decode refuses params without a valid one: a client that can POST to a decode can then
+neither point it at a host of its choosing nor swap in another request's blocks, and the
+lease expiry it carries is the prefill's. Sizes are bounded before anything is iterated
+(block ids by the prompt, expiry by ``MAX_LEASE_AHEAD_SECONDS``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
+
+import msgspec
+
+from pdfleet.connector.transfer import auth
 
 from pdfleet.contract import kv_params as K
 from pdfleet.contract.kv_params import produce as producer_params
@@ -30,8 +43,22 @@ __all__ = [
     "wants_remote_decode",
     "num_tokens_to_pull",
     "producer_params",
+    "sign_params",
+    "verify_params",
+    "release_target",
     "MAX_ID_LEN",
+    "SIGNATURE_KEY",
+    "SIGNED_FIELDS",
 ]
+
+SIGNATURE_KEY = K.SIG_KEY
+SIGNED_FIELDS = K.SIGNED_FIELDS
+_SIG_DOMAIN = b"pdfleet-kv-transfer-params-v1"
+_SIG_VERSION = "v1"
+# A lease expiry further ahead than this is nonsense (leases are seconds to minutes).
+MAX_LEASE_AHEAD_SECONDS = 3600.0
+# Refused params carrying more block ids than this are not checked for a release.
+MAX_RELEASE_BLOCK_IDS = 65536
 
 MAX_ID_LEN = 256
 # Block ids index a local cache; anything past this is nonsense whatever the cache size.
@@ -159,7 +186,7 @@ def _hosts(params: Mapping[str, Any], tp_size: int) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _block_ids(params: Mapping[str, Any]) -> tuple[int, ...]:
+def _block_ids(params: Mapping[str, Any], most: int) -> tuple[int, ...]:
     raw = params.get(K.REMOTE_BLOCK_IDS)
     if raw is None:
         raise InvalidTransferParams(K.REMOTE_BLOCK_IDS, "is required (a list of block ids, or a list of one such list)")
@@ -172,6 +199,8 @@ def _block_ids(params: Mapping[str, Any]) -> tuple[int, ...]:
                 K.REMOTE_BLOCK_IDS, f"has {len(raw)} KV-cache groups; exactly one is supported"
             )
         raw = raw[0]
+    if len(raw) > most:  # before looking at any element: the work stays bounded by the prompt
+        raise InvalidTransferParams(K.REMOTE_BLOCK_IDS, f"has {len(raw)} ids but the prompt spans at most {most}")
     out: list[int] = []
     for pos, value in enumerate(raw):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -214,13 +243,15 @@ def parse_remote_prefill(
     block_size: int,
     local_tp_size: int,
     now: float,
+    ring: Optional[auth.KeyRing] = None,
 ) -> RemotePrefill:
     """Validate a do_remote_prefill request's params; raise ``InvalidTransferParams``.
 
     Checks the schema version (a newer major one is refused), types and ranges of every key, that ``remote_block_ids`` covers the
     blocks this decode will pull (at least the prompt's full blocks, at most one per
     started block plus one), that decode TP is a multiple of prefill ``tp_size``, and
-    that the lease has not already expired.
+    that the lease has not already expired (nor lies absurdly far ahead). With ``ring`` (this
+    decode has a fleet key) the params must carry a valid ``pdfleet_signature``.
     """
     if not wants_remote_prefill(params):
         raise InvalidTransferParams(K.DO_REMOTE_PREFILL, "must be true for a remote prefill")
@@ -255,9 +286,9 @@ def parse_remote_prefill(
                 f"prefill computed {remote_num_tokens} tokens, fewer than the {num_prompt_tokens}-token prompt"
                 " needs (was the prompt changed between the two legs?)",
             )
-    block_ids = _block_ids(params)
     need = num_tokens_to_pull(num_prompt_tokens, block_size) // block_size
     most = -(-num_prompt_tokens // block_size) + 1
+    block_ids = _block_ids(params, most)
     if len(block_ids) < need:
         raise InvalidTransferParams(
             K.REMOTE_BLOCK_IDS,
@@ -272,6 +303,11 @@ def parse_remote_prefill(
     expiry = _expiry(params)
     if expiry is not None and expiry <= now:
         raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"the prefill lease expired {now - expiry:.1f}s ago")
+    if expiry is not None and expiry > now + MAX_LEASE_AHEAD_SECONDS:
+        raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"is {expiry - now:.3g}s ahead; at most"
+                                                          f" {MAX_LEASE_AHEAD_SECONDS:g}s are allowed")
+    if ring is not None:
+        verify_params(params, ring)
     assert engine_id is not None and request_id is not None
     return RemotePrefill(
         remote_engine_id=engine_id,
@@ -284,3 +320,64 @@ def parse_remote_prefill(
         remote_lease_expiry=expiry,
         remote_hosts=hosts,
     )
+
+
+def _canonical(params: Mapping[str, Any]) -> bytes:
+    """The signed bytes: the signed fields in a fixed order, numbers normalised as JSON would carry them."""
+    values = []
+    for key in SIGNED_FIELDS:
+        value = params.get(key)
+        if key == K.REMOTE_LEASE_EXPIRY and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # a JSON encoder may write 1.7e9 as an integer
+        values.append(value)
+    try:
+        return msgspec.msgpack.encode([_SIG_DOMAIN, values])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidTransferParams(SIGNATURE_KEY, f"the signed fields cannot be encoded: {exc}") from None
+
+
+def sign_params(params: Mapping[str, Any], key: bytes) -> str:
+    """The ``pdfleet_signature`` value for ``params`` under fleet key ``key``."""
+    mac = hmac.new(key, _canonical(params), hashlib.sha256).hexdigest()
+    return f"{_SIG_VERSION}.{auth.key_id(key).hex()}.{mac}"
+
+
+def verify_params(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
+    """Raise ``InvalidTransferParams`` (field ``pdfleet_signature``) unless a key of ``ring`` signed ``params``."""
+    value = params.get(SIGNATURE_KEY)
+    if value is None:
+        raise InvalidTransferParams(SIGNATURE_KEY, "is required: this decode has a fleet key and pulls only what a"
+                                                   " prefill of the fleet signed")
+    parts = value.split(".") if isinstance(value, str) and len(value) <= 200 else []
+    if len(parts) != 3 or parts[0] != _SIG_VERSION:
+        raise InvalidTransferParams(SIGNATURE_KEY, f"must be '{_SIG_VERSION}.<key id>.<hmac>' (hex)")
+    try:
+        kid, mac = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
+    except ValueError:
+        raise InvalidTransferParams(SIGNATURE_KEY, "key id and hmac must be hex") from None
+    key = ring.lookup(kid)
+    if key is None:
+        raise InvalidTransferParams(SIGNATURE_KEY, "signed with a key this decode does not accept")
+    if not hmac.compare_digest(hmac.new(key, _canonical(params), hashlib.sha256).digest(), mac):
+        raise InvalidTransferParams(SIGNATURE_KEY, "does not match the params (changed after the prefill signed them)")
+
+
+def release_target(params: Any, ring: Optional[auth.KeyRing]) -> Optional[tuple[str, int, int, str, tuple[str, ...]]]:
+    """(host, port, tp_size, remote request id, hosts) of refused params a release may be sent to: only
+    when a fleet key signed them (never dial a host a client named), and only when they are well formed."""
+    if ring is None or not isinstance(params, Mapping):
+        return None
+    raw = params.get(K.REMOTE_BLOCK_IDS)
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_RELEASE_BLOCK_IDS:
+        return None
+    groups = [g for g in raw if isinstance(g, (list, tuple))]
+    if len(groups) > 1 or sum(len(g) for g in groups) > MAX_RELEASE_BLOCK_IDS:
+        return None  # no HMAC over a million ids: the work to refuse must stay small
+    try:
+        verify_params(params, ring)
+        tp = _int(params, K.TP_SIZE, 1, 1024, default=1)
+        request_id = _str(params, K.REMOTE_REQUEST_ID)
+        assert request_id is not None
+        return _host(params), _int(params, K.REMOTE_PORT, 1, 65535), tp, request_id, _hosts(params, tp)
+    except InvalidTransferParams:
+        return None

@@ -21,13 +21,17 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from pdfleet.connector.adapter.config import AdapterConfig
+from pdfleet.connector.adapter.config import AdapterConfig, key_ring
+from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.adapter.params import (
+    SIGNATURE_KEY,
     InvalidTransferParams,
     RemotePrefill,
     num_tokens_to_pull,
     parse_remote_prefill,
     producer_params,
+    release_target,
+    sign_params,
     wants_remote_decode,
     wants_remote_prefill,
 )
@@ -110,13 +114,26 @@ class SchedulerSide:
         self._queued: dict[str, RemotePrefill] = {}  # valid remote prefills not yet pulled
         self._last_keep_alive = 0.0
         self._releases: list[RemotePrefill] = []
+        self._refused_releases: list[KeepAlive] = []  # signed params this decode refused: free their blocks
+        # The fleet key: prefill signs the params it returns, decode accepts only signed ones.
+        self._ring = key_ring(cfg)
+        self._drops = DropLog(10.0)
 
     # -- decode ---------------------------------------------------------------
-    def _reject(self, request_id: str, exc: Exception) -> None:
+    def _reject(self, request_id: str, exc: Exception, params: Any = None) -> None:
         if request_id not in self._rejected:
             self._rejected[request_id] = str(exc)
             self._rejected_since_meta += 1
-            log.warning("request %s: KV pull refused, computing the prompt locally: %s", request_id, exc)
+            # Clients choose what they send: one line per refused field per interval, with a count.
+            held = self._drops.note(getattr(exc, "field", "params"), time.monotonic())
+            if held is not None:
+                log.warning("request %s: KV pull refused, computing the prompt locally: %s%s", request_id, exc,
+                            f" [and {held} more refused for this field in the last {self._drops.interval:g}s]"
+                            if held else "")
+            target = release_target(params, self._ring)
+            if target is not None:  # a fleet prefill holds these blocks for us: free them now
+                host, port, tp, remote_id, hosts = target
+                self._refused_releases.append(KeepAlive(host, port, tp, (remote_id,), hosts))
 
     def _parse(self, request: Any) -> RemotePrefill | None:
         """The request's validated remote prefill, or None (not one, or rejected and recorded)."""
@@ -139,9 +156,10 @@ class SchedulerSide:
                 block_size=self.block_size,
                 local_tp_size=self.tp_size,
                 now=time.time(),
+                ring=self._ring,
             )
         except InvalidTransferParams as exc:
-            self._reject(rid, exc)
+            self._reject(rid, exc, params)
             return None
 
     def on_new_request(self, request: Any) -> None:
@@ -211,9 +229,11 @@ class SchedulerSide:
     def build_connector_meta(self, scheduler_output: Any) -> PdfleetConnectorMetadata:
         meta = PdfleetConnectorMetadata(
             pulls=self._pulls, holds=self._holds, keep_alive=self._keep_alive(),
-            releases=self._group(self._releases), params_rejected=self._rejected_since_meta,
+            releases=self._group(self._releases) + tuple(self._refused_releases),
+            params_rejected=self._rejected_since_meta,
         )
         self._pulls, self._holds, self._rejected_since_meta, self._releases = {}, {}, 0, []
+        self._refused_releases = []
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -245,7 +265,7 @@ class SchedulerSide:
         instance = None
         if self.instance_ids and set(self.instance_ids) == set(range(self.tp_size)):
             instance = ",".join(self.instance_ids[r] for r in range(self.tp_size))
-        return True, producer_params(
+        params = producer_params(
             block_ids=list(ids),
             engine_id=self.engine_id,
             request_id=rid,
@@ -257,3 +277,6 @@ class SchedulerSide:
             num_tokens=request.num_computed_tokens,
             hosts=self.node_hosts,
         )
+        if self._ring is not None:
+            params[SIGNATURE_KEY] = sign_params(params, self._ring.current)
+        return True, params

@@ -185,6 +185,8 @@ class WorkerSide:
                 handshake_timeout=self.cfg.handshake_timeout,
                 handshake_retries=max(1, self.cfg.handshake_retries),
                 backing=self.spans,
+                read_floor_bandwidth=self.cfg.read_floor_bandwidth,
+                read_floor_seconds=self.cfg.read_timeout_floor,
             )
         log.info(
             "pdfleet connector rank %d/%d: KV cache layout %s, %d region(s) in %d registered allocation(s),"
@@ -284,6 +286,11 @@ class WorkerSide:
         """(finished sending, finished receiving incl. failed, failed receiving)."""
         sending: set[str] = set()
         if self.source is not None:
+            broken = self.source.healthy
+            if broken:
+                # Never silently dead: without its side channel this prefill's KV cannot be read, so the
+                # engine must stop (vLLM's /health then fails and the pod is restarted).
+                raise RuntimeError(f"pdfleet connector: {broken}")
             try:
                 sending = set(self.source.poll_released())
             except Exception:

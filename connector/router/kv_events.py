@@ -85,7 +85,8 @@ def decode_seq(frame: bytes) -> int | None:
 def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message | str:
     """One multipart message as a Message, or the reason it is dropped.
 
-    Reasons are short metric label values: frames, oversized, bad_seq, malformed, dp_rank.
+    Reasons are short metric label values: frames, oversized, bad_seq, malformed, too_deep, dp_rank.
+    Never raises: the subscriber's loop must survive any bytes a peer sends.
     """
     if len(frames) != 3:
         return "frames"
@@ -97,7 +98,9 @@ def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -
         return "bad_seq"
     try:
         batch = _batch_decoder.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except RecursionError:  # msgspec recurses even into skipped values; its recursion limit bounds the depth
+        return "too_deep"
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError):
         return "malformed"
     if batch.data_parallel_rank not in (None, 0):
         return "dp_rank"  # one engine, one data-parallel rank: another rank's blocks are not ours
@@ -106,6 +109,8 @@ def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -
     for raw in batch.events:
         try:
             events.append(_event_decoder.decode(raw))
+        except RecursionError:
+            return "too_deep"
         except msgspec.ValidationError as exc:
             if "`$.type`" not in str(exc):
                 return "malformed"  # a known event of the wrong shape: the batch cannot be trusted

@@ -21,12 +21,12 @@ early re-read (rate-limited), because the peer may have seen the new Secret firs
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import os
 import struct
 import threading
 import time
-from collections import OrderedDict
 from typing import Callable, Optional
 
 __all__ = [
@@ -44,7 +44,8 @@ KEY_ID_BYTES = 8
 NONCE_BYTES = 16
 MAC_BYTES = 32
 AUTH_FRAME_BYTES = KEY_ID_BYTES + 8 + NONCE_BYTES + MAC_BYTES
-DEFAULT_REPLAY_WINDOW = 30.0  # seconds each side of the receiver's clock
+DEFAULT_REPLAY_WINDOW = 30.0  # seconds a message may be older than the receiver's clock
+DEFAULT_MAX_FUTURE = 10.0  # seconds a message may be dated ahead of it (clock skew between pods)
 MAX_REMEMBERED_NONCES = 262_144
 MIN_FORCED_RELOAD_SECONDS = 1.0
 
@@ -85,29 +86,44 @@ def parse_auth(frame: bytes) -> tuple[bytes, float, bytes, bytes]:
     return kid, ts, nonce, frame[-MAC_BYTES:]
 
 
-class ReplayGuard:
-    """Refuses timestamps outside ``window`` of now and nonces already seen within it.
+def replay_verdict(ts: float, now: float, past: float, future: float) -> str:
+    """'ok' when a timestamp is inside [now - past, now + future], else 'stale' (NaN included)."""
+    return "ok" if now - past <= ts <= now + future else "stale"
 
-    Memory is bounded: when more than ``capacity`` nonces are live, the oldest is
-    forgotten and every timestamp up to its own is refused from then on (so a
-    forgotten nonce can never be replayed).
+
+class ReplayGuard:
+    """Refuses timestamps more than ``window`` seconds old or ``max_future`` ahead of now, and
+    nonces already seen within the window.
+
+    Memory is bounded: when more than ``capacity`` nonces are live, the one with the
+    *oldest timestamp* is forgotten and every timestamp up to its own is refused from then
+    on (so a forgotten nonce can never be replayed). Forgetting by timestamp, not arrival,
+    is what keeps one peer from moving the floor above everyone's clock: a message dated in
+    the future is the last to be forgotten, never the floor, and it can be at most
+    ``max_future`` ahead.
     """
 
-    def __init__(self, window: float = DEFAULT_REPLAY_WINDOW, capacity: int = MAX_REMEMBERED_NONCES) -> None:
+    def __init__(self, window: float = DEFAULT_REPLAY_WINDOW, capacity: int = MAX_REMEMBERED_NONCES,
+                 max_future: float = DEFAULT_MAX_FUTURE) -> None:
         if not window > 0:
             raise ValueError(f"replay window must be > 0 seconds, got {window!r}")
+        if not 0 <= max_future <= window:
+            raise ValueError(f"max_future must be in [0, window], got {max_future!r}")
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.window = float(window)
+        self.max_future = float(max_future)
         self.capacity = capacity
-        self._seen: OrderedDict[bytes, float] = OrderedDict()  # nonce -> timestamp, in arrival order
+        self._seen: dict[bytes, float] = {}  # nonce -> timestamp
+        self._heap: list[tuple[float, bytes]] = []  # (timestamp, nonce), oldest timestamp first
         self._floor = float("-inf")  # timestamps <= floor are refused (their nonces may be forgotten)
         self._lock = threading.Lock()
 
     def check(self, ts: float, nonce: bytes, now: float) -> None:
         """Accept (and remember) or raise ``AuthError`` (kind ``stale`` or ``replayed``)."""
-        if not (abs(now - ts) <= self.window):  # also refuses NaN
-            raise AuthError("stale", f"timestamp {now - ts:+.1f}s away from now (window {self.window:g}s)")
+        if replay_verdict(ts, now, self.window, self.max_future) != "ok":
+            raise AuthError("stale", f"timestamp {ts - now:+.1f}s away from now"
+                                     f" (accepted: -{self.window:g}s .. +{self.max_future:g}s)")
         with self._lock:
             self._prune(now)
             if ts <= self._floor:
@@ -115,17 +131,20 @@ class ReplayGuard:
             if nonce in self._seen:
                 raise AuthError("replayed", "nonce already seen within the window (replayed message)")
             self._seen[nonce] = ts
+            heapq.heappush(self._heap, (ts, nonce))
             while len(self._seen) > self.capacity:
-                _, old = self._seen.popitem(last=False)
+                old, gone = heapq.heappop(self._heap)
+                del self._seen[gone]
                 self._floor = max(self._floor, old)
 
     def _prune(self, now: float) -> None:
-        # Arrival order is close to timestamp order; stop at the first live entry.
-        while self._seen:
-            nonce, ts = next(iter(self._seen.items()))
-            if ts >= now - self.window:
-                break
-            self._seen.popitem(last=False)
+        while self._heap and self._heap[0][0] < now - self.window:
+            _, nonce = heapq.heappop(self._heap)
+            del self._seen[nonce]
+
+    @property
+    def floor(self) -> float:
+        return self._floor
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -188,6 +207,13 @@ class KeyRing:
         now = self._clock() if now is None else now
         with self._lock:
             return [key_id(self._current)] + [k for k, (_, until) in self._retired.items() if until > now]
+
+    def accepted_keys(self, now: Optional[float] = None, *, refresh: bool = False) -> list[bytes]:
+        """The current key and the retired ones still accepted (``refresh``: re-read the key file first, rate-limited)."""
+        now = self._clock() if now is None else now
+        self._maybe_reload(force=refresh)
+        with self._lock:
+            return [self._current] + [k for k, until in self._retired.values() if until > now]
 
     def _find(self, kid: bytes, now: float) -> Optional[bytes]:
         with self._lock:

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.transfer.layout import (
     BLOCK_OUTERMOST_LAYOUTS,
     IncompatibleLayout,
@@ -52,7 +54,7 @@ from pdfleet.connector.transfer.retry import HeartbeatRetry, heartbeat_retry
 from pdfleet.connector.transfer.prepped import PrepRows, ReadGroup, local_rows, pull_indices, read_groups, remote_rows
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
-__all__ = ["KVSink", "lease_verdict"]
+__all__ = ["KVSink", "lease_verdict", "read_deadline_seconds", "chunk_request_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,43 @@ EXPIRY_MAX_CLOCK_ERROR = 0.1
 EXPIRY_SAFETY_MARGIN = 0.25
 # How often to ask again about a request the source does not know yet.
 UNKNOWN_RETRY_SECONDS = 0.02
+
+
+# A READ must finish within READ_FLOOR_SECONDS plus its bytes at READ_FLOOR_BANDWIDTH
+# (defaults; KVSink takes both): slower than that it is cancelled, fails (the blocks are
+# recomputed) and its lease is released. Heartbeats alone must not keep a stuck READ alive.
+READ_FLOOR_BANDWIDTH = 50e6  # bytes/s: well under TCP between pods (0.2-0.4 GB/s measured on loopback)
+READ_FLOOR_SECONDS = 5.0
+# A heartbeat request carries at most this many ids and this many bytes of them (the
+# source refuses more than MAX_HEARTBEAT_IDS; the request codec's limit is 64 KiB).
+HEARTBEAT_MAX_IDS = 4096
+HEARTBEAT_MAX_ID_BYTES = 48 * 1024
+
+
+def read_deadline_seconds(nbytes: int, floor_bandwidth: float, floor_seconds: float) -> float:
+    """Seconds a READ of ``nbytes`` may take before it is given up: a floor plus its bytes at a floor bandwidth."""
+    if not floor_bandwidth > 0 or not floor_seconds >= 0:
+        raise ValueError("floor_bandwidth must be > 0 and floor_seconds >= 0")
+    return floor_seconds + max(0, nbytes) / floor_bandwidth
+
+
+def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
+                      max_bytes: int = HEARTBEAT_MAX_ID_BYTES) -> list[list[str]]:
+    """Split request ids into heartbeat-sized chunks (at most ``max_ids`` ids and about ``max_bytes``
+    of msgpack each), in order; an id alone over ``max_bytes`` gets a chunk of its own."""
+    out: list[list[str]] = []
+    cur: list[str] = []
+    size = 0
+    for rid in ids:
+        cost = len(rid.encode()) + 5  # msgpack string header, at most
+        if cur and (len(cur) >= max_ids or size + cost > max_bytes):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(rid)
+        size += cost
+    if cur:
+        out.append(cur)
+    return out
 
 
 def lease_verdict(now: float, deadline: float | None) -> str:
@@ -124,6 +163,8 @@ class _Pull:
     nbytes: int = 0
     descriptors: int = 0
     failure: str | None = None
+    release_remote: bool = False  # once failed: tell the source to free the blocks (we will not read them)
+    readers: int = 1  # decode ranks reading this request from its source rank (decode TP / prefill TP)
 
 
 class KVSink:
@@ -154,6 +195,9 @@ class KVSink:
         backing: Sequence[Span] | None = None,
         heartbeat_retry_policy: HeartbeatRetry = HeartbeatRetry(),
         prepped_descriptors: bool = True,
+        read_floor_bandwidth: float = READ_FLOOR_BANDWIDTH,
+        read_floor_seconds: float = READ_FLOOR_SECONDS,
+        max_sockets: int | None = None,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -179,6 +223,9 @@ class KVSink:
         self._hb_timeout = float(heartbeat_timeout)
         self._eager = bool(eager_post)
         self._unknown_grace = float(unknown_grace)
+        read_deadline_seconds(0, read_floor_bandwidth, read_floor_seconds)  # validates both
+        self._read_bw = float(read_floor_bandwidth)
+        self._read_floor = float(read_floor_seconds)
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         # The sink polls its transfers itself; NIXL's progress thread would spin a core.
         self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread)
@@ -201,7 +248,7 @@ class KVSink:
                 for handle in self._local_lists.values():
                     self._agent.release_prepped(handle)
                 self._local_lists = {}
-        self._client = SideChannelClient(secret=secret)
+        self._client = SideChannelClient(secret=secret, **({} if max_sockets is None else {"max_sockets": max_sockets}))
         self._peers: dict[Endpoint, _Peer] = {}
         self._handshakes: dict[Endpoint, tuple[Call, float, float]] = {}
         self._pulls: dict[str, _Pull] = {}
@@ -233,8 +280,10 @@ class KVSink:
             "releases": 0.0,
             # unanswered lease heartbeats retried because the lease still had time (retry.py)
             "heartbeat_retries": 0.0,
+            "reads_timed_out": 0.0,  # READs cancelled for exceeding their bound (bytes at the floor bandwidth)
         }
         self._reported_peers: set[str] = set()  # agents whose first transfer was logged
+        self._drops = DropLog(10.0)
 
     # -- public API ------------------------------------------------------------
     def pull(
@@ -290,19 +339,31 @@ class KVSink:
         now = time.monotonic()
         p = _Pull(rid, endpoint, remote_engine_id, remote_instance_id or None, remote_ids, local_ids, now,
                   None if remote_lease_expiry is None else float(remote_lease_expiry))
+        p.readers = self._readers(remote_tp_size)
         self._pulls[rid] = p
-        peer = self._peers.get(endpoint)
-        if peer is not None and (
-            peer.engine_id != remote_engine_id
-            or (p.remote_instance_id is not None and peer.instance_id != p.remote_instance_id)
-        ):
-            self._drop_peer(endpoint, "the remote instance changed")
-            peer = None
-        self._heartbeat(p, now)
-        if peer is None:
-            self._ensure_handshake(endpoint)
-        else:
-            self._attach(p, peer)
+        try:
+            peer = self._peers.get(endpoint)
+            if peer is not None and (
+                peer.engine_id != remote_engine_id
+                or (p.remote_instance_id is not None and peer.instance_id != p.remote_instance_id)
+            ):
+                self._drop_peer(endpoint, "the remote instance changed")
+                peer = None
+            self._heartbeat(p, now)
+            if peer is None:
+                self._ensure_handshake(endpoint)
+            else:
+                self._attach(p, peer)
+        except Exception as exc:  # never leave a pull behind that nobody will finish (its id would be refused)
+            log.exception("KV pull %s: could not start", rid)
+            if self._pulls.get(rid) is p and not p.handles:
+                del self._pulls[rid]
+                self._fail_now(rid, f"could not start the pull: {exc!r}")
+
+    def _readers(self, remote_tp_size: int | None) -> int:
+        """Readers per source rank: decode TP / prefill TP (the source binds a lease to that many agents)."""
+        remote = self.layout.tp_size if remote_tp_size is None else remote_tp_size
+        return max(1, self.layout.tp_size // remote) if isinstance(remote, int) and remote > 0 else 1
 
     def keep_alive(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
         """Extend the source's leases of requests this rank will pull later (fire and forget)."""
@@ -310,13 +371,19 @@ class KVSink:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids],
-                                         agent=self.agent_name)
-            self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
+            chunks = chunk_request_ids([str(r) for r in request_ids])
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("keep_alive ignored: %s", exc)
             return
-        self._stats["heartbeats"] += 1
+        for ids in chunks:  # every queued request keeps its lease, however many there are
+            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
+                                        readers=self._readers(remote_tp_size))
+            try:
+                self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
+            except ValueError as exc:  # an id too long for one request: that chunk is skipped
+                log.warning("keep_alive chunk of %d id(s) ignored: %s", len(ids), exc)
+                continue
+            self._stats["heartbeats"] += 1
 
     def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
         """Tell the source this rank will not read these requests (aborted, nothing to pull): it frees them now.
@@ -326,11 +393,20 @@ class KVSink:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[str(r) for r in request_ids],
-                                         agent=self.agent_name, release=True)
-            self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=2)
+            chunks = chunk_request_ids([str(r) for r in request_ids])
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("release ignored: %s", exc)
+            return
+        for ids in chunks:
+            self._send_release(host, port + rank, ids, self._readers(remote_tp_size))
+
+    def _send_release(self, host: str, port: int, ids: list[str], readers: int) -> None:
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
+                                    release=True, readers=readers)
+        try:
+            self._client.submit(host, port, req, timeout=self._hb_timeout, attempts=2)
+        except ValueError as exc:
+            log.warning("release of %d id(s) ignored: %s", len(ids), exc)
             return
         self._stats["releases"] += 1
 
@@ -375,7 +451,11 @@ class KVSink:
 
     # -- internals -------------------------------------------------------------
     def _fail_now(self, rid: str, reason: str) -> None:
-        log.warning("KV pull %s failed: %s", rid, reason)
+        # A flood of failing pulls (bad endpoints, a dead prefill) logs one line per kind per interval.
+        held = self._drops.note(re.split(r"[\d'\"]", reason, maxsplit=1)[0][:60], time.monotonic())
+        if held is not None:
+            log.warning("KV pull %s failed: %s%s", rid, reason,
+                        f" [and {held} more like it in the last {self._drops.interval:g}s]" if held else "")
         self._failed[rid] = reason
         self._stats["failures"] += 1
 
@@ -397,6 +477,8 @@ class KVSink:
             p.handles = still = []
         if not still:
             del self._pulls[p.request_id]
+            if p.release_remote:
+                self._send_release(*p.endpoint, [p.request_id], p.readers)
             self._fail_now(p.request_id, p.failure)
 
     def _drop_peer(self, endpoint: Endpoint, why: str, count: bool = True) -> None:
@@ -416,7 +498,8 @@ class KVSink:
                 self._ensure_handshake(endpoint)
 
     def _heartbeat(self, p: _Pull, now: float) -> None:
-        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name)
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name,
+                                    readers=p.readers)
         p.hb_sent = now
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._stats["heartbeats"] += 1
@@ -717,6 +800,14 @@ class KVSink:
             if "ERR" in p.states:
                 self._drop_peer(p.endpoint, "a READ failed")
                 self._fail(p, f"NIXL READ from {p.peer.agent_name} failed (transfer state ERR)")
+                return
+            bound = read_deadline_seconds(p.nbytes, self._read_bw, self._read_floor)
+            if not all(s == "DONE" for s in p.states) and now - (p.posted_at or now) > bound:
+                self._stats["reads_timed_out"] += 1
+                p.release_remote = True
+                self._fail(p, f"the READ of {p.nbytes} bytes from {p.peer.agent_name} did not complete within"
+                              f" {bound:.3g}s ({self._read_floor:g}s + its bytes at {self._read_bw / 1e6:g} MB/s):"
+                              " cancelled")
                 return
             if all(s == "DONE" for s in p.states):
                 p.completed_at = time.monotonic()  # observed now, so no earlier than the real end

@@ -41,7 +41,8 @@ class KVSource:
     """Prefill-side transfer endpoint of one worker rank.
 
     - ``start()``: registers ``regions`` with NIXL and starts the ZMQ side channel.
-    - ``hold(request_id, block_ids) -> expiry`` (unix time): start a lease.
+    - ``hold(request_id, block_ids) -> expiry`` (unix time, advertised; the lease itself runs on
+      the monotonic clock): start a lease.
     - ``poll_released() -> [request_id]``: requests whose blocks may be freed now
       (every reader's completion notification arrived, or the lease expired).
     - ``stats() -> dict``: monotonic counters since start.
@@ -155,8 +156,8 @@ class KVSource:
             with self._lock:
                 self._counters["heartbeats"] += 1
             if req.release:
-                self._leases.release(list(req.request_ids))
-            left, gone, by_you = self._leases.extend(req.request_ids, time.time(), req.agent)
+                self._leases.release(list(req.request_ids), req.agent, req.readers)
+            left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent, req.readers)
             return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone,
                                        released_by_you=by_you)
         assert isinstance(req, wire.HandshakeRequest)
@@ -204,10 +205,21 @@ class KVSource:
             raise ValueError("request_id must be a non-empty string")
         with self._lock:
             self._counters["leases_held"] += 1
-        return self._leases.hold(request_id, block_ids, time.time())
+        # Leases run on the monotonic clock: a wall-clock step must never free blocks mid-READ.
+        # The unix time returned is only advertised (remote_lease_expiry) as a lower bound.
+        now_wall = time.time()
+        self._leases.hold(request_id, block_ids, time.monotonic())
+        return now_wall + self._leases.lease_seconds
 
     def poll_released(self) -> list[str]:
-        return self._leases.collect(time.time())
+        return self._leases.collect(time.monotonic())
+
+    @property
+    def healthy(self) -> str:
+        """'' while the side channel serves; else why not (its loop gave up after repeated failures)."""
+        if self._server.failed:
+            return f"the side channel of {self.host}:{self.port} stopped: {self._server.failed}"
+        return ""
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -215,13 +227,21 @@ class KVSource:
         out["leases_completed"] = float(self._leases.completed)
         out["leases_expired"] = float(self._leases.expired)
         out["leases_released"] = float(self._leases.released)
+        out["lease_actions_refused"] = float(self._leases.refused)  # from agents a lease was not handed to
         out["leases_active"] = float(len(self._leases))
         out["messages_rejected"] = float(self._server.rejected)
         out["messages_served"] = float(self._server.served)
         kinds = dict(self._server.rejected_by_kind)
         out["messages_unsigned"] = float(kinds.get("unsigned", 0))
-        out["messages_bad_signature"] = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0))
+        # unknown_peer_key: a connection refused at the CURVE handshake (no fleet key, or a wrong one)
+        out["messages_bad_signature"] = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0)
+                                              + kinds.get("unknown_peer_key", 0))
         out["messages_replayed"] = float(kinds.get("replayed", 0) + kinds.get("stale", 0))
+        out["messages_too_deep"] = float(kinds.get("too_deep", 0))
+        out["messages_malformed"] = float(kinds.get("malformed", 0))
+        out["messages_oversized"] = float(kinds.get("oversized", 0))
+        out["side_channel_loop_errors"] = float(self._server.loop_errors)
+        out["side_channel_restarts"] = float(self._server.restarts)
         return out
 
     def close(self, linger: float = 0.0) -> None:

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 
 import msgspec
 
-from pdfleet.connector.transfer import auth
+from pdfleet.connector.transfer import auth, bounds
 from pdfleet.connector.transfer.layout import KVLayout, Region
 
 __all__ = [
@@ -39,13 +39,17 @@ PROTOCOL_VERSION = 2  # 2: auth frame with key id, timestamp and nonce
 MAX_REQUEST_BYTES = 64 * 1024  # handshake/heartbeat requests are small
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # replies carry NIXL agent metadata
 MAX_NOTIF_BYTES = 4096
+# No side-channel message nests deeper than a handful of levels (a reply: struct ->
+# list of regions -> region -> field); anything deeper is refused before msgspec
+# recurses into it.
+MAX_DEPTH = 16
 
 
 class BadMessage(ValueError):
     """A message that is dropped: malformed, oversized, unsigned, wrongly signed or replayed.
 
-    ``kind`` names the reason for counters: malformed, oversized, unsigned, bad_signature,
-    unknown_key, stale, replayed.
+    ``kind`` names the reason for counters: malformed, oversized, too_deep, unsigned,
+    bad_signature, unknown_key, stale, replayed.
     """
 
     def __init__(self, message: str, kind: str = "malformed") -> None:
@@ -85,6 +89,9 @@ class HeartbeatRequest(msgspec.Struct, tag="hb", frozen=True):
     # True: the reader will not read these requests (aborted, or nothing to pull):
     # release their blocks now instead of at lease expiry.
     release: bool = False
+    # How many readers (decode ranks) read each of these requests from this source rank:
+    # the first agent to touch a lease binds it to at most this many (leases.py).
+    readers: int = 1
 
 
 class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
@@ -132,7 +139,8 @@ class Codec:
                  replay_window: float = auth.DEFAULT_REPLAY_WINDOW,
                  clock: Callable[[], float] = time.time) -> None:
         self.ring = key_ring(secret)
-        self._guard = auth.ReplayGuard(replay_window) if self.ring is not None else None
+        self._guard = (auth.ReplayGuard(replay_window, max_future=min(auth.DEFAULT_MAX_FUTURE, replay_window))
+                       if self.ring is not None else None)
         self._clock = clock
         self._max = max_bytes
         self._encoder = msgspec.msgpack.Encoder()
@@ -171,10 +179,23 @@ class Codec:
                 raise BadMessage(str(exc), exc.kind) from None
         elif len(frames) > 2:
             raise BadMessage(f"unexpected {len(frames)} frames")
-        try:
-            return self._decoder.decode(payload), kid
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
-            raise BadMessage(f"malformed message: {exc}") from None
+        return _decode(self._decoder, payload, "message"), kid
+
+
+def _decode(decoder: msgspec.msgpack.Decoder, payload: bytes, what: str):
+    """Decode untrusted bytes: depth bounded first, every decoder failure a ``BadMessage``."""
+    try:
+        bounds.check_depth(payload, MAX_DEPTH)
+    except bounds.TooDeep as exc:
+        raise BadMessage(f"{what} {exc}", "too_deep") from None
+    except bounds.Truncated as exc:
+        raise BadMessage(f"malformed {what}: {exc}") from None
+    try:
+        return decoder.decode(payload)
+    except RecursionError:  # belt and braces: the depth check above should make this unreachable
+        raise BadMessage(f"{what} nested too deeply", "too_deep") from None
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
+        raise BadMessage(f"malformed {what}: {exc}") from None
 
 
 def request_codec(secret: Secret, **kw) -> Codec:
@@ -204,12 +225,11 @@ def encode_notif(n: Notif) -> bytes:
 
 
 def decode_notif(data: bytes) -> Notif:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadMessage(f"notification of type {type(data).__name__}, expected bytes")
     if len(data) > MAX_NOTIF_BYTES:
-        raise BadMessage(f"oversized notification: {len(data)} bytes")
-    try:
-        n = _notif_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as exc:
-        raise BadMessage(f"malformed notification: {exc}") from None
+        raise BadMessage(f"oversized notification: {len(data)} bytes", "oversized")
+    n = _decode(_notif_decoder, bytes(data), "notification")
     if not (0 < n.readers <= 1024 and 0 <= n.reader_index < n.readers and 0 < n.parts <= 16 and 0 <= n.part < n.parts):
-        raise BadMessage(f"notification fields out of range: {n}")
+        raise BadMessage(f"notification fields out of range: {n}", "out_of_range")
     return n

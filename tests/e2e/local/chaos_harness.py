@@ -33,6 +33,7 @@ import json
 import os
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,6 +391,77 @@ async def garbage_flood(cf: ChaosFleet, notes: list[str], count: int = 20000) ->
     notes.append(f"{sent} garbage messages sent, {recomputed(before, after)} counted as rejected so far")
 
 
+def _fleet_key(cf: ChaosFleet) -> bytes:
+    from pdfleet.connector.adapter.config import read_secret_file
+    from pdfleet.operator.plan.engine import SECRET_FILE
+
+    return read_secret_file(str(cf.fleet.run_dir / SECRET_FILE))
+
+
+def _deep_flood(port: int, key: bytes, count: int) -> int:
+    """Signed heartbeats carrying an extra field nested 3,000 deep (issue 19 row 1: a key holder's
+    ~3 KB message that used to kill the side-channel thread)."""
+    import msgspec
+    import zmq
+
+    from pdfleet.connector.transfer import auth
+    from pdfleet.connector.transfer.sidechannel import secure_client_socket
+
+    sock = secure_client_socket(zmq.Context.instance(), key)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    base = msgspec.msgpack.encode({"type": "hb", "id": 1, "request_ids": ["x"]})
+    payload = b"\x84" + base[1:] + b"\xa1z" + b"\x91" * 3000 + b"\xc0"
+    try:
+        for _ in range(count):
+            sock.send_multipart([payload, auth.sign(key, payload, now=time.time())])
+        time.sleep(0.5)
+    finally:
+        sock.close()
+    return count
+
+
+async def deep_messages(cf: ChaosFleet, notes: list[str], count: int = 200) -> None:
+    """Row 1: deeply nested, correctly signed messages at every prefill side channel; the fleet keeps serving."""
+    key = _fleet_key(cf)
+    before = await cf.metric("prefill", exported_name("messages_too_deep") + "_total")
+    ports = [e["side_channel_port"] for e in cf.engines() if e["role"] == "prefill"]
+    sent = sum(await asyncio.gather(*(asyncio.to_thread(_deep_flood, p, key, count) for p in ports)))
+    await asyncio.sleep(2.0)
+    after = await cf.metric("prefill", exported_name("messages_too_deep") + "_total")
+    restarts = await cf.metric("prefill", exported_name("side_channel_restarts") + "_total")
+    notes.append(f"{sent} nested messages sent, {recomputed(before, after)} counted too_deep,"
+                 f" side-channel restarts {int(sum(restarts.values()))}")
+
+
+async def unfinished_message_flood(cf: ChaosFleet, notes: list[str], seconds: float = 5.0) -> None:
+    """Row 2: a peer without the key streams one never-ending multipart message at every prefill side
+    channel (raw ZMTP); the prefills' RSS is measured."""
+    import psutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration" / "transfer"))
+    import zmtp_flood
+
+    prefills = [e for e in cf.engines() if e["role"] == "prefill"]
+
+    def rss() -> int:
+        total = 0
+        for e in prefills:
+            try:
+                proc = psutil.Process(e["pid"])
+                total += sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+            except psutil.Error:
+                pass
+        return total
+
+    before = rss()
+    sent = sum(await asyncio.gather(*(asyncio.to_thread(zmtp_flood.flood_server, "127.0.0.1",
+                                                        e["side_channel_port"], seconds) for e in prefills)))
+    grown = rss() - before
+    notes.append(f"keyless peer streamed {sent / 2**20:.0f} MiB of unfinished messages;"
+                 f" prefill RSS (engines and their children) grew {grown / 2**20:.1f} MiB")
+
+
 async def client_aborts(cf: ChaosFleet, notes: list[str], reqs: list[Req], count: int = 100) -> dict[str, float]:
     """`count` streamed requests cut by their clients at random moments (prefill, between legs, pull, stream).
 
@@ -462,6 +534,8 @@ async def prefill_unreachable(cf: ChaosFleet, notes: list[str], seconds: float =
 # Faults that need no engine restart first; then one restart each (minutes on 2 shared cores).
 SCENARIOS: dict[str, Callable[..., Awaitable[Any]]] = {
     "side-channel garbage flood": garbage_flood,
+    "deeply nested signed messages": deep_messages,
+    "keyless unfinished-message flood": unfinished_message_flood,
     "100 client aborts": client_aborts,
     "router restart": router_restart,
     "prefill side channel unreachable": prefill_unreachable,

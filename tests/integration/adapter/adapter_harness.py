@@ -57,6 +57,17 @@ def shared_secret_file() -> str:
     return path
 
 
+def signed(params: dict) -> dict:
+    """``params`` signed with the shared fleet key, as a prefill of the fleet would (for hand-made or
+    deliberately altered params that a test wants the decode to act on)."""
+    from pdfleet.connector.adapter.config import read_secret_file
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+
+    out = {k: v for k, v in params.items() if k != SIGNATURE_KEY}
+    out[SIGNATURE_KEY] = sign_params(out, read_secret_file(shared_secret_file()))
+    return out
+
+
 def make_config(model: str, role: str, *, extra: dict | None = None, policy: str = "recompute", tp: int = 1,
                 nnodes: int = 1, engine_id: str | None = None) -> VllmConfig:
     mc = ModelConfig(model=model, dtype="float32", seed=0, max_model_len=4096)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from adapter_harness import BLOCK, Side, free_port, prefill_request, request, run_until
+from adapter_harness import BLOCK, Side, free_port, prefill_request, request, run_until, signed
 
 from vllm.v1.request import RequestStatus
 
@@ -110,7 +110,7 @@ def test_abort_during_transfer_waits_for_the_read(pair):
 def test_unreachable_prefill_is_finished_with_load_errors_and_recomputed(pair):
     prefill, decode = pair
     _, params, _ = prefill_request(prefill, 2 * BLOCK + 4, seed=9)
-    bad = dict(params, remote_port=free_port(), remote_instance_id=None)
+    bad = signed(dict(params, remote_port=free_port(), remote_instance_id=None))
     dreq = request(2 * BLOCK + 4, bad, max_tokens=2, seed=9)
     decode.add(dreq)
     decode.step(write_kv=False)
@@ -137,8 +137,9 @@ def test_load_failure_policy_fail_reports_an_error(tiny_model, monkeypatch):
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     decode = Side(tiny_model, "kv_consumer", policy="fail", extra={"handshake_timeout": 0.5, "handshake_retries": 1})
     try:
-        params = {"do_remote_prefill": True, "remote_engine_id": "gone", "remote_request_id": "x",
-                  "remote_host": "127.0.0.1", "remote_port": free_port(), "remote_block_ids": [[0, 1]], "tp_size": 1}
+        params = signed({"do_remote_prefill": True, "remote_engine_id": "gone", "remote_request_id": "x",
+                         "remote_host": "127.0.0.1", "remote_port": free_port(), "remote_block_ids": [[0, 1]],
+                         "tp_size": 1})
         dreq = request(2 * BLOCK + 1, params, seed=10)
         decode.add(dreq)
         run_until(decode, lambda: dreq.request_id in decode.outputs, steps=2000, write_kv=False)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from adapter_harness import BLOCK, Side, free_port, prefill_request, request
+from adapter_harness import BLOCK, Side, free_port, prefill_request, request, signed
 
 from pdfleet.connector.adapter import worker as worker_mod
 from pdfleet.connector.adapter.nodes import NODE_HOSTS_ENV
@@ -91,6 +91,7 @@ def test_without_remote_hosts_rank_1_dials_the_leader_and_fails(tiny_model, env)
     try:
         _, params, _ = prefill_request(leader, 3 * BLOCK + 2, seed=4)
         del params["remote_hosts"]
+        params = signed(params)  # as a prefill that does not know its nodes would have signed them
         decodes, dreq, _, results = _pull_with_two_decode_ranks(tiny_model, env, params)
         assert results[0].finished_recving == {dreq.request_id} and not results[0].failed_recving
         assert dreq.request_id in (results[1].failed_recving or set())  # reported failed: vLLM recomputes

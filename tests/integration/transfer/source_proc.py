@@ -77,10 +77,31 @@ def main() -> int:
         op = cmd["op"]
         if op == "hold":
             say({"expiry": source.hold(cmd["rid"], cmd["blocks"])})
+        elif op == "hold_many":
+            say({"expiries": [source.hold(rid, cmd["blocks"]) for rid in cmd["rids"]]})
         elif op == "poll":
             say({"released": source.poll_released()})
         elif op == "stats":
             say(source.stats())
+        elif op == "stall_nixl":  # stop driving NIXL (progress, notifications); the side channel still answers
+            real_notifs = source._agent.notifs
+            source._agent.notifs = lambda: {}
+            say({"ok": True})
+        elif op == "resume_nixl":
+            source._agent.notifs = real_notifs
+            say({"ok": True})
+        elif op == "clock_step":  # step this process's wall clock (time.time) by `seconds`
+            import time as _time
+
+            real_time, step = _time.time, float(cmd["seconds"])
+            _time.time = lambda: real_time() + step
+            say({"ok": True})
+        elif op == "overwrite":  # the engine reused these blocks: new bytes in them
+            stride_ = args.block_stride or args.block_len
+            for buf in buffers:
+                for b in cmd["blocks"]:
+                    buf[b * stride_ : b * stride_ + args.block_len] = 0xEE
+            say({"ok": True})
         elif op == "exit":
             break
     source.close()

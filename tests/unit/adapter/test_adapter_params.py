@@ -162,6 +162,8 @@ OPEN = {"allow_unauthenticated": True}
         ({"auth_secret_file": "/nonexistent/secret"}, {}, "auth_secret_file"),
         ({"secret": "inline"}, {}, "unknown keys"),
         ({"handshake_retries": -1}, {}, "handshake_retries"),
+        ({"read_floor_bandwidth": 0, **OPEN}, {}, "read_floor_bandwidth must be a number > 0"),
+        ({"read_timeout_floor": "5", **OPEN}, {}, "read_timeout_floor must be a number > 0"),
     ],
 )
 def test_config_errors(extra, env, needle):
@@ -174,3 +176,93 @@ def test_short_secret_is_refused(tmp_path):
     f.write_bytes(b"short")
     with pytest.raises(ConfigError, match="16"):
         parse_adapter_config({"auth_secret_file": str(f)}, env={})
+
+
+# -- signed params (issue 19) ------------------------------------------------------------------------
+def _signed(key: bytes = b"k" * 32) -> dict:
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+
+    p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
+                        tp_size=1, instance_id="i0", lease_expiry=NOW + 30, num_tokens=40, hosts=())
+    p[SIGNATURE_KEY] = sign_params(p, key)
+    return p
+
+
+def test_signed_params_verify_after_a_json_round_trip():
+    import json
+
+    from pdfleet.connector.adapter.params import verify_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    p = json.loads(json.dumps(_signed()))
+    verify_params(p, KeyRing(b"k" * 32))
+    p["remote_lease_expiry"] = int(p["remote_lease_expiry"]) if p["remote_lease_expiry"] == int(
+        p["remote_lease_expiry"]) else p["remote_lease_expiry"]
+    verify_params(p, KeyRing(b"k" * 32))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("remote_engine_id", "prefill-1"), ("remote_request_id", "cmpl-2"), ("remote_host", "10.0.0.8"),
+    ("remote_hosts", ["10.0.0.7"]), ("remote_port", 5601), ("tp_size", 2), ("remote_block_ids", [[4, 5, 7]]),
+    ("remote_instance_id", "i1"), ("remote_lease_expiry", NOW + 31), ("remote_num_tokens", 41),
+])  # fmt: skip
+def test_every_signed_field_is_bound(field, value):
+    from pdfleet.connector.adapter.params import SIGNED_FIELDS, verify_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    assert field in SIGNED_FIELDS
+    with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
+        verify_params({**_signed(), field: value}, KeyRing(b"k" * 32))
+
+
+@pytest.mark.parametrize("sig,problem", [
+    (None, "is required"), ("", "must be"), ("v2.aa.bb", "must be"), ("v1.xx.yy", "hex"),
+    ("v1." + "00" * 8 + "." + "00" * 32, "does not accept"), (5, "must be"),
+])  # fmt: skip
+def test_bad_signatures_are_named(sig, problem):
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, verify_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    p = _signed()
+    if sig is None:
+        del p[SIGNATURE_KEY]
+    else:
+        p[SIGNATURE_KEY] = sig
+    with pytest.raises(InvalidTransferParams, match=problem):
+        verify_params(p, KeyRing(b"k" * 32))
+
+
+def test_parse_checks_the_signature_with_a_ring_and_bounds_expiry_first():
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    ring = KeyRing(b"k" * 32)
+    ok = parse_remote_prefill(_signed(), num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW, ring=ring)
+    assert ok.remote_block_ids == (4, 5, 6)
+    with pytest.raises(InvalidTransferParams, match="remote_lease_expiry.*ahead"):
+        parse_remote_prefill({**_signed(), "remote_lease_expiry": 1e308}, num_prompt_tokens=40, block_size=BS,
+                             local_tp_size=1, now=NOW, ring=ring)
+    with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
+        parse_remote_prefill(_signed(b"x" * 32), num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW,
+                             ring=ring)
+
+
+def test_read_bounds_are_configurable():
+    cfg = parse_adapter_config({"read_floor_bandwidth": 1e8, "read_timeout_floor": 2, **OPEN}, env={})
+    assert (cfg.read_floor_bandwidth, cfg.read_timeout_floor) == (1e8, 2.0)
+    assert (parse_adapter_config(OPEN, env={}).read_floor_bandwidth, parse_adapter_config(OPEN, env={}).read_timeout_floor) == (50e6, 5.0)
+
+
+def test_release_target_only_for_params_a_fleet_key_signed():
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, release_target, sign_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    ring = KeyRing(b"k" * 32)
+    good = _signed()
+    assert release_target(good, ring) == ("10.0.0.7", 5600, 1, "cmpl-1", ())
+    assert release_target(good, None) is None  # no key: never dial what a client named
+    assert release_target({**good, "remote_host": "169.254.169.254"}, ring) is None  # altered
+    assert release_target({k: v for k, v in good.items() if k != SIGNATURE_KEY}, ring) is None
+    huge = {**good, "remote_block_ids": [list(range(100_000))]}
+    huge[SIGNATURE_KEY] = sign_params(huge, b"k" * 32)
+    assert release_target(huge, ring) is None  # too many ids to be worth an HMAC
+    assert release_target(["not", "a", "mapping"], ring) is None

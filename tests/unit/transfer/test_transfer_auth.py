@@ -31,6 +31,7 @@ def test_replay_guard_table():
         (100.0, b"a" * 16, 101.0, "replayed"),  # same nonce again within the window
         (80.0, b"b" * 16, 100.0, "stale"),  # too old
         (120.0, b"c" * 16, 100.0, "stale"),  # from the future beyond the window
+        (110.5, b"g" * 16, 100.0, "stale"),  # ahead by more than max_future (10 s)
         (float("nan"), b"d" * 16, 100.0, "stale"),
     ]
     for ts, nonce, now, kind in cases:
@@ -146,3 +147,25 @@ def test_a_server_answers_with_the_key_the_request_used_during_rotation():
     with pytest.raises(wire.BadMessage) as exc:  # after one lease period the old key is refused
         prefill_req.decode(decode_req.encode(hs(2)))
     assert exc.value.kind == "unknown_key"
+
+
+@pytest.mark.parametrize("ts,now,past,future,want", [
+    (100.0, 100.0, 30, 10, "ok"), (70.0, 100.0, 30, 10, "ok"), (69.9, 100.0, 30, 10, "stale"),
+    (110.0, 100.0, 30, 10, "ok"), (110.1, 100.0, 30, 10, "stale"), (float("nan"), 100.0, 30, 10, "stale"),
+    (float("inf"), 100.0, 30, 10, "stale"),
+])  # fmt: skip
+def test_replay_verdict(ts, now, past, future, want):
+    assert auth.replay_verdict(ts, now, past, future) == want
+
+
+def test_a_future_dated_nonce_never_becomes_the_floor():
+    """Issue 19 row 9: a nonce dated ahead, then enough correctly timed messages to overflow the table:
+    the floor stays at the oldest correctly timed timestamp, so honest peers are still served."""
+    g = auth.ReplayGuard(window=30, capacity=100, max_future=10)
+    g.check(109.0, b"F" * 16, now=100.0)
+    for i in range(300):
+        g.check(100.0 + i * 0.001, i.to_bytes(16, "big"), now=100.0 + i * 0.001)
+    assert g.floor < 100.3
+    g.check(100.31, b"honest-peer-msg!", now=100.31)  # another peer, correctly timed
+    with pytest.raises(auth.AuthError):
+        g.check(109.0, b"F" * 16, now=100.5)  # the future nonce is still remembered: no replay

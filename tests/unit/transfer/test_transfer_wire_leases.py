@@ -195,16 +195,48 @@ def test_release_is_credited_only_to_the_agents_that_completed_it():
     assert t.extend(["early"], now=13.5, agent="sink-c") == ({}, ["early"], ["early"])
 
 
-def test_release_ends_a_lease_now_even_when_it_arrives_before_the_hold():
+def test_release_ends_a_lease_now_but_one_before_the_hold_cannot_poison_it():
     t = LeaseTable(30.0)
     t.hold("held", [1, 2], now=0.0)
     assert t.release(["held", "unknown-yet"]) == ["held"]
     assert t.collect(now=0.1) == ["held"] and t.released == 1
     left, gone, _ = t.extend(["held"], now=0.2)
     assert left == {} and gone == ["held"]
-    # The notice overtook the hold: the hold releases at once instead of holding 30 s.
+    # A notice that overtook the hold is not remembered (issue 19 row 7): the lease is held normally.
     t.hold("unknown-yet", [3], now=0.3)
-    assert t.collect(now=0.3) == ["unknown-yet"] and t.released == 2 and len(t) == 0
+    assert t.collect(now=0.3) == [] and t.early_releases_ignored == 1 and len(t) == 1
     # Negative control: a lease nobody released stays held until it expires.
     t.hold("kept", [4], now=1.0)
-    assert t.collect(now=30.9) == [] and t.collect(now=31.1) == ["kept"] and t.expired == 1
+    assert t.collect(now=30.9) == ["unknown-yet"] and t.collect(now=31.1) == ["kept"] and t.expired == 2
+
+
+@pytest.mark.parametrize("claimants,cap,agent,readers,want", [
+    (set(), 0, "a", 1, (True, 1)),
+    (set(), 0, "a", 2, (True, 2)),
+    (set(), 0, "a", 0, (True, 1)),
+    (set(), 0, "a", 10**9, (True, 1024)),
+    ({"a"}, 1, "a", 5, (True, 1)),
+    ({"a"}, 1, "b", 1, (False, 1)),
+    ({"a"}, 2, "b", 1, (True, 2)),
+    ({"a", "b"}, 2, "c", 2, (False, 2)),
+])  # fmt: skip
+def test_may_act(claimants, cap, agent, readers, want):
+    from pdfleet.connector.transfer.leases import may_act
+
+    assert may_act(claimants, cap, agent, readers) == want
+
+
+def test_only_the_agents_a_lease_is_bound_to_extend_release_or_complete_it():
+    t = LeaseTable(10.0)
+    t.hold("r", [1], now=0.0)
+    assert t.extend(["r"], now=1.0, agent="sink-a")[0] == {"r": 10.0}  # first touch: bound to sink-a
+    assert t.extend(["r"], now=2.0, agent="thief")[0] == {}  # learns nothing, extends nothing
+    assert t.release(["r"], agent="thief") == []
+    assert not t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="thief")
+    assert len(t) == 1 and t.refused == 3
+    assert t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="sink-a")  # negative control
+    # two readers (decode TP 2 x prefill TP 1): both join, a third does not
+    t.hold("tp2", [2], now=3.0)
+    assert "tp2" in t.extend(["tp2"], now=3.0, agent="rank0", readers=2)[0]
+    assert "tp2" in t.extend(["tp2"], now=3.0, agent="rank1", readers=2)[0]
+    assert "tp2" not in t.extend(["tp2"], now=3.0, agent="rank2", readers=2)[0]
