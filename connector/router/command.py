@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="take endpoints from the fleet's EndpointSlices instead of --prefill/--decode")
     src.add_argument("--fleet", default=os.environ.get("PDFLEET_FLEET"), metavar="NAME",
                      help="with --kubernetes: the fleet (CR name), label pdfleet.io/fleet (env PDFLEET_FLEET)")
+    src.add_argument("--fleet-uid", default=os.environ.get("PDFLEET_FLEET_UID") or None, metavar="UID",
+                     help="with --kubernetes: the fleet's uid; only Services whose owner reference carries it "
+                          "are the fleet's (env PDFLEET_FLEET_UID; the operator sets it)")
     src.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"),
                      help="namespace of the fleet (env POD_NAMESPACE); default %(default)s")
     src.add_argument("--kubeconfig", default=None,
@@ -84,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefix_max_imbalance=args.prefix_max_imbalance,
         prefill=tuple(args.prefill), decode=tuple(args.decode),
         kubernetes_fleet=args.fleet if args.kubernetes else None, kubernetes_namespace=args.namespace,
+        kubernetes_fleet_uid=args.fleet_uid if args.kubernetes else None,
         kubeconfig=args.kubeconfig, port_name=args.port_name, revision=args.revision or None,
         max_body_bytes=args.max_body_bytes, prefill_attempts=args.prefill_attempts,
         decode_attempts=args.decode_attempts, lease_margin_s=args.lease_margin_s,

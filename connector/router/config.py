@@ -22,6 +22,7 @@ class RouterConfig:
     kubernetes_namespace: str = "default"
     kubeconfig: str | None = None  # None: in-cluster service account, else this kubeconfig file
     api_server: str | None = None  # overrides the server URL (tests, proxies)
+    kubernetes_fleet_uid: str | None = None  # the fleet's uid: its Services' owner reference must carry it
     port_name: str = "http"  # EndpointSlice port that serves the OpenAI API
     revision: str | None = None  # the operator's active revision; None: newest serviceable
 

@@ -48,6 +48,8 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision:
         "command": ["pdfleet"],
         "args": router_args(ctx, spec, serving_revision),
         "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
+        # the router trusts only Services whose owner reference carries this uid (connector/router/ownership.py)
+        **({"env": [{"name": "PDFLEET_FLEET_UID", "value": ctx.owner["uid"]}]} if ctx.owner else {}),
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -101,7 +103,9 @@ def rbac(ctx: Context) -> list[dict[str, Any]]:
             "kind": "Role",
             "metadata": metadata(ctx, name, labels),
             "rules": [
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+                # to check that a slice's Service is the fleet's (owner reference), never to read Secrets
+                {"apiGroups": [""], "resources": ["services"], "verbs": ["list"]},
             ],
         },
         {
