@@ -61,13 +61,13 @@ watches every namespace, by a Role in each watched namespace otherwise.
 # Volcano gangs: one PodGroup per multi-node replica.
 - apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
 {{- if .Values.gangScheduling.coscheduling }}
 # scheduler-plugins coscheduling gangs: one PodGroup per multi-node replica.
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
 # Each fleet's generated side-channel key Secret (<fleet>-kv-auth): created once; on
 # AlreadyExists its metadata only (PartialObjectMetadata) is read to check that the
