@@ -229,7 +229,7 @@ class PrefixRouting:
         for url, state in self.states.items():
             if url not in self._tasks:
                 sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.config.kv_events_max_message_bytes)
-                self._tasks[url] = asyncio.create_task(sub.run(), name=f"kv-events {url}")
+                self._tasks[url] = asyncio.create_task(sub.run_forever(), name=f"kv-events {url}")
 
     async def start(self) -> None:
         if not (self.enabled(PREFILL) or self.enabled(DECODE)):
