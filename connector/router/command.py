@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="the engines' PYTHONHASHSEED, if set; default vLLM's %(default)s")
     kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
                     help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
+    kv.add_argument("--prompt-cache-max-bytes", type=int, default=d["prompt_cache_max_bytes"].default,
+                    help="memory for prompt prefixes already tokenized (LRU), in bytes; default %(default)s")
     lim = parser.add_argument_group("limits and timeouts")
     for name, kind, help_text in [
         ("max_body_bytes", int, "largest request body; bigger gets 413"),
@@ -84,7 +86,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig(
         prefill_policy=args.prefill_policy, decode_policy=args.decode_policy, kv_events=tuple(kv_events),
         tokenizer=args.tokenizer, block_size=args.block_size, hash_seed=args.hash_seed,
-        prefix_max_imbalance=args.prefix_max_imbalance,
+        prefix_max_imbalance=args.prefix_max_imbalance, prompt_cache_max_bytes=args.prompt_cache_max_bytes,
         prefill=tuple(args.prefill), decode=tuple(args.decode),
         kubernetes_fleet=args.fleet if args.kubernetes else None, kubernetes_namespace=args.namespace,
         kubernetes_fleet_uid=args.fleet_uid if args.kubernetes else None,

@@ -55,6 +55,7 @@ class RouterConfig:
     prefix_max_imbalance: int = 4  # in-flight requests above the least loaded a cached prefix may cost
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
     kv_index_max_blocks: int = 1_000_000  # per endpoint
+    prompt_cache_max_bytes: int = 32 * 1024 * 1024  # prompt_tokens.PromptTokenCache, in bytes (LRU)
 
     # request headers passed on to both legs
     forward_headers: tuple[str, ...] = field(
@@ -85,6 +86,8 @@ class RouterConfig:
                 problems.append(f"kv_events: {url!r}: give PUB[,REPLAY] as tcp:// or ipc:// endpoints")
         if self.hash_algo != "sha256_cbor":
             problems.append(f"hash_algo: the router reproduces sha256_cbor only, got {self.hash_algo!r}")
+        if self.prompt_cache_max_bytes < 1024:
+            problems.append(f"prompt_cache_max_bytes: must be >= 1024, got {self.prompt_cache_max_bytes}")
         if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
             problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
         if problems:

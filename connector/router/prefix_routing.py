@@ -252,7 +252,7 @@ class PrefixRouting:
     def _use_token_cache(self, tokenize: Any) -> None:
         encode = getattr(tokenize, "encode", None)
         if encode is not None and getattr(tokenize, "composes", False):
-            self._token_cache = PromptTokenCache()
+            self._token_cache = PromptTokenCache(max_bytes=self.config.prompt_cache_max_bytes)
 
     async def wait_ready(self) -> None:
         """Until the tokenizer is loaded (or failed to load); for tests and benchmarks."""
