@@ -11,6 +11,7 @@ while none has reported. The fleet's condition is the worst of its roles.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
@@ -43,11 +44,23 @@ def from_pod_status(status: Mapping[str, Any]) -> Optional[PodTransport]:
             return None
         if not isinstance(verdict, dict) or verdict.get("status") not in ("True", "False"):
             return None
-        gbps = verdict.get("gBps")
-        return PodTransport(str(verdict["status"]), str(verdict.get("reason") or ""),
-                            str(verdict.get("message") or "")[:500], verdict.get("transport") or None,
-                            float(gbps) if isinstance(gbps, (int, float)) else None)
+        return PodTransport(str(verdict["status"]), _text(verdict.get("reason"), 100),
+                            _text(verdict.get("message"), 500), _text(verdict.get("transport"), 200) or None,
+                            _rate(verdict.get("gBps")))
     return None
+
+
+def _text(value: Any, limit: int) -> str:
+    """A verdict's string field; anything else (a list, a map, a number) is dropped."""
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _rate(value: Any) -> Optional[float]:
+    """GB/s as a finite, non-negative number, else None (NaN and Infinity never reach the status)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    rate = float(value)
+    return rate if math.isfinite(rate) and rate >= 0 else None
 
 
 @dataclass(frozen=True)
