@@ -39,7 +39,11 @@ OWNED_FLAGS = (
     "--headless",
     "--kv-events-config",  # the router subscribes where the plan says engines publish
     "--prefix-caching-hash-algo",  # the router reproduces the plan's block hash
+    "--config",  # a YAML file of flags: could set any of these
 )
+# vLLM's short aliases of owned flags (vllm/engine/arg_utils.py).
+OWNED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-n": "--nnodes", "-r": "--node-rank"}
+_MIN_ABBREV = 3  # characters after "--": argparse (allow_abbrev) takes any unique prefix of a flag
 # The engines' KV event ports (operator/plan/engine.py KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT).
 KV_EVENTS_PORTS = (5557, 5558)
 RESERVED_LABEL_PREFIXES = ("pdfleet.io/", "app.kubernetes.io/")
@@ -386,9 +390,35 @@ TOPOLOGY_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + TOPOLOGY_RULES
 
 
+def vllm_flag_name(arg: str) -> Optional[str]:
+    """The flag an argument sets as vLLM's parser reads it (FlexibleArgumentParser), or None for a value:
+    ``--a_b=1`` and ``--a-b.c`` are ``--a-b`` (underscores become dashes, a dotted key sets a JSON field)."""
+    if not arg.startswith("-") or arg in ("-", "--") or arg[1:2].isdigit():
+        return None
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        return "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    return name.split(".", 1)[0]
+
+
+def owned_flag(arg: str) -> Optional[str]:
+    """The owned flag an extraArgs entry would set, in any spelling vLLM accepts, or None."""
+    name = vllm_flag_name(arg)
+    if name is None:
+        return None
+    if name in OWNED_SHORT_FLAGS:
+        return OWNED_SHORT_FLAGS[name]
+    if name in OWNED_FLAGS:
+        return name
+    if name.startswith("--") and len(name) - 2 >= _MIN_ABBREV:
+        prefixed = [f for f in OWNED_FLAGS if f.startswith(name)]
+        if prefixed:  # an abbreviation argparse would expand to an owned flag
+            return prefixed[0]
+    return None
+
+
 def _owned_flag(arg: str) -> Optional[str]:
-    flag = arg.split("=", 1)[0]
-    return flag if flag in OWNED_FLAGS else None
+    return owned_flag(arg)
 
 
 def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
@@ -401,7 +431,8 @@ def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
             flag = _owned_flag(arg)
             if flag:
                 errors.append(
-                    FieldError(f"spec.{path}[{i}]", f"{flag} is set by pdfleet from the spec; remove it from extraArgs")
+                    FieldError(f"spec.{path}[{i}]", f"{arg.split('=', 1)[0]!r} sets {flag}, which pdfleet sets from "
+                               "the spec; remove it from extraArgs")
                 )
     for role in ROLES:
         for key in spec.role(role).pod_labels:
