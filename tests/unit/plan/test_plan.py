@@ -105,7 +105,7 @@ def test_tiny_cpu_needs_no_gpu_nor_rdma() -> None:
     for role in ("prefill", "decode"):
         c = engine_container(objs, role)
         assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})
-        assert "securityContext" not in c
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}  # no IPC_LOCK without RDMA
         assert arg(c, "--block-size") == "32"
         assert json.loads(arg(c, "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
         assert env(c)["VLLM_CPU_KVCACHE_SPACE"] == "1"
