@@ -62,6 +62,12 @@ class RouterConfig:
         default=("authorization", "traceparent", "tracestate", "baggage")
     )
 
+    def max_request_seconds(self) -> float:
+        """The longest a request admitted now may keep an upstream busy: both legs' connects, the whole
+        prefill leg and decode until its first byte (non-streaming: the whole generation). Grace periods
+        and the rollout drain are derived from it (operator/plan/drain.py)."""
+        return 2 * self.connect_timeout_s + self.prefill_timeout_s + self.decode_first_byte_timeout_s
+
     def __post_init__(self) -> None:
         problems = []
         if self.kubernetes_fleet is None and (not self.prefill or not self.decode):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import naming
+from pdfleet.operator.plan import drain, naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
 from pdfleet.operator.plan.meta import Context, metadata
 
@@ -57,6 +57,8 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec, serving_revision:
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
+        # requests in flight finish on SIGTERM (plan/drain.py): not the default 30 s
+        "terminationGracePeriodSeconds": drain.ROUTER_GRACE_SECONDS,
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],

@@ -18,6 +18,7 @@ from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
+from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
@@ -45,7 +46,7 @@ EVENT_KIND = ch.Kind("v1", "Event", "events")
 @dataclasses.dataclass
 class ReconcileOptions:
     default_image: str = "ghcr.io/pdfleet/pdfleet-runtime:latest"
-    drain_seconds: float = 30.0
+    drain_seconds: float = float(rollout_drain_seconds())  # derived from the router's timeouts (plan/drain.py)
     workers: int = 4
     apply_concurrency: int = 8
     instance: str = "pdfleet-operator"

@@ -250,7 +250,7 @@ def test_engines_drain_on_sigterm_within_their_grace_period(lease, prefill_grace
     resource = load("tiny-cpu")
     resource["spec"]["kvTransfer"]["leaseSeconds"] = lease
     objs = plan(resource)
-    for role, grace, drain in (("prefill", prefill_grace, prefill_drain), ("decode", 60, 45)):
+    for role, grace, drain in (("prefill", prefill_grace, prefill_drain), ("decode", 615, 600)):
         pod = sts(objs, role)["spec"]["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == grace
         assert arg(engine_container(objs, role), "--shutdown-timeout") == str(drain)
