@@ -47,6 +47,18 @@ _MIN_ABBREV = 3  # characters after "--": argparse (allow_abbrev) takes any uniq
 # The engines' KV event ports (operator/plan/engine.py KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT).
 KV_EVENTS_PORTS = (5557, 5558)
 RESERVED_LABEL_PREFIXES = ("pdfleet.io/", "app.kubernetes.io/")
+# Pins the ports of UCX's TCP transport; the plan sets it and its NetworkPolicy opens them.
+UCX_TCP_PORT_RANGE_VAR = "UCX_TCP_PORT_RANGE"
+
+
+def parse_port_range(value: str) -> Optional[tuple[int, int]]:
+    """UCX_TCP_PORT_RANGE as (first, last), or None when it pins nothing ("0", or not a range)."""
+    first, sep, last = value.strip().partition("-")
+    try:
+        lo, hi = int(first), int(last) if sep else int(first)
+    except ValueError:
+        return None
+    return (lo, hi) if 1 <= lo <= hi <= 65535 else None
 
 
 @dataclass(frozen=True)
@@ -434,6 +446,14 @@ def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
                     FieldError(f"spec.{path}[{i}]", f"{arg.split('=', 1)[0]!r} sets {flag}, which pdfleet sets from "
                                "the spec; remove it from extraArgs")
                 )
+    if spec.network.network_policy:
+        env_lists = [("engine.env", spec.engine.env)] + [(f"{r}.env", spec.role(r).env) for r in ROLES]
+        for path, env in env_lists:
+            for i, var in enumerate(env):
+                if var.name == UCX_TCP_PORT_RANGE_VAR and parse_port_range(var.value or "") is None:
+                    errors.append(FieldError(f"spec.{path}[{i}].value", f"{UCX_TCP_PORT_RANGE_VAR} must be FIRST-LAST "
+                                             "(ports 1-65535) while network.networkPolicy is on: the policy opens "
+                                             "those ports for UCX's TCP transport"))
     for role in ROLES:
         for key in spec.role(role).pod_labels:
             if key.startswith(RESERVED_LABEL_PREFIXES):
