@@ -10,6 +10,8 @@ SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 HASH_SEED = "PYTHONHASHSEED"
 # The router's defaults for --fleet and --namespace.
 FLEET = "PDFLEET_FLEET"
+# The fleet's uid: only Services whose owner reference carries it are the fleet's (the operator sets it).
+FLEET_UID = "PDFLEET_FLEET_UID"
 POD_NAMESPACE = "POD_NAMESPACE"
 # Set by `pdfleet local` for its engines; pdfleet's connector then lowers vLLM's shared-memory
 # reader re-check interval to that many milliseconds (connector/adapter/vllm_workarounds.py).

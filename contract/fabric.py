@@ -52,8 +52,11 @@ def parse_verdict(text: Optional[str]) -> Optional[FabricVerdict]:
     if not isinstance(raw, dict) or raw.get("status") not in ("True", "False"):
         return None
     gbps = raw.get("gBps")
-    ok_rate = isinstance(gbps, (int, float)) and not isinstance(gbps, bool) and math.isfinite(gbps)
-    transport = raw.get("transport")
-    return FabricVerdict(raw["status"] == "True", str(raw.get("reason") or ""),
-                         str(raw.get("message") or "")[:MAX_MESSAGE],
-                         str(transport) if transport else None, float(gbps) if ok_rate else None)
+    ok_rate = isinstance(gbps, (int, float)) and not isinstance(gbps, bool) and math.isfinite(gbps) and gbps >= 0
+
+    def text(key: str, most: int) -> str:  # a field of the wrong type is dropped, not turned into text
+        value = raw.get(key)
+        return value[:most] if isinstance(value, str) else ""
+
+    return FabricVerdict(raw["status"] == "True", text("reason", 100), text("message", MAX_MESSAGE),
+                         text("transport", 200) or None, float(gbps) if ok_rate else None)

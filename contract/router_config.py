@@ -39,6 +39,7 @@ class RouterConfig:
     kubernetes_namespace: str = "default"
     kubeconfig: str | None = None  # None: in-cluster service account, else this kubeconfig file
     api_server: str | None = None  # overrides the server URL (tests, proxies)
+    kubernetes_fleet_uid: str | None = None  # the fleet's uid: its Services' owner reference must carry it
     port_name: str = HTTP_NAME  # EndpointSlice port that serves the OpenAI API
 
     # limits
@@ -70,6 +71,7 @@ class RouterConfig:
     prefix_max_imbalance: int = 4  # in-flight requests above the least loaded a cached prefix may cost
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
     kv_index_max_blocks: int = 1_000_000  # per endpoint
+    prompt_cache_max_bytes: int = 32 * 1024 * 1024  # prompt_tokens.PromptTokenCache, in bytes (LRU)
 
     # spec.router.flowControl (flow/): disabled, no gate and no queue; rendered as one --flow-control JSON
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
@@ -78,6 +80,12 @@ class RouterConfig:
     forward_headers: tuple[str, ...] = field(
         default=("authorization", "traceparent", "tracestate", "baggage")
     )
+
+    def max_request_seconds(self) -> float:
+        """The longest a request admitted now may keep an upstream busy: both legs' connects, the whole
+        prefill leg and decode until its first byte (non-streaming: the whole generation). Grace periods
+        and the rollout drain are derived from it (operator/plan/drain.py)."""
+        return 2 * self.connect_timeout_s + self.prefill_timeout_s + self.decode_first_byte_timeout_s
 
     def __post_init__(self) -> None:
         problems = []
@@ -105,6 +113,8 @@ class RouterConfig:
                 problems.append(f"kv_events: {url!r}: give PUB[,REPLAY] as tcp:// or ipc:// endpoints")
         if self.hash_algo != PREFIX_HASH_ALGO:
             problems.append(f"hash_algo: the router reproduces {PREFIX_HASH_ALGO} only, got {self.hash_algo!r}")
+        if self.prompt_cache_max_bytes < 1024:
+            problems.append(f"prompt_cache_max_bytes: must be >= 1024, got {self.prompt_cache_max_bytes}")
         if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
             problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
         if problems:
@@ -160,9 +170,9 @@ _LIMITS = (
     ("eject_s", "how long a failed endpoint is avoided"),
     ("upstream_keepalive_s", "idle upstream connections closed after this (below the engines' own)"),
 )
-_ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_namespace", "kubeconfig", "port_name",
-          "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",
-          "hash_seed", "prefix_max_imbalance", *(name for name, _ in _LIMITS))
+_ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_fleet_uid", "kubernetes_namespace", "kubeconfig",
+          "port_name", "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",
+          "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", *(name for name, _ in _LIMITS))
 
 
 def _default(f: Any) -> Any:
@@ -170,7 +180,7 @@ def _default(f: Any) -> Any:
 
 
 def _flag(name: str) -> str:
-    return {"kubernetes_namespace": "--namespace", "kubernetes_fleet": "--fleet"}.get(
+    return {"kubernetes_namespace": "--namespace", "kubernetes_fleet": "--fleet", "kubernetes_fleet_uid": "--fleet-uid"}.get(
         name, "--" + name.replace("_", "-"))
 
 
@@ -191,6 +201,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
                      help=f"with --kubernetes: the fleet (CR name) (env {env_names.FLEET})")
     src.add_argument("--namespace", default=env.get(env_names.POD_NAMESPACE, d["kubernetes_namespace"].default),
                      help=f"namespace of the fleet (env {env_names.POD_NAMESPACE}); default %(default)s")
+    src.add_argument("--fleet-uid", default=env.get(env_names.FLEET_UID) or None, metavar="UID",
+                     help="with --kubernetes: the fleet's uid; only Services whose owner reference carries it "
+                          f"are the fleet's (env {env_names.FLEET_UID}; the operator sets it)")
     src.add_argument("--kubeconfig", default=None,
                      help="kubeconfig file; default: in-cluster service account, else KUBECONFIG")
     src.add_argument("--port-name", default=d["port_name"].default,
@@ -210,6 +223,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     kv.add_argument("--block-size", type=int, default=d["block_size"].default, help="the engines' --block-size")
     kv.add_argument("--hash-seed", default=d["hash_seed"].default,
                     help="the engines' PYTHONHASHSEED, if set; default vLLM's %(default)s")
+    kv.add_argument("--prompt-cache-max-bytes", type=int, default=d["prompt_cache_max_bytes"].default,
+                    help="memory for prompt prefixes already tokenized (LRU), in bytes; default %(default)s")
     kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
                     help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
     lim = parser.add_argument_group("limits and timeouts")
@@ -236,12 +251,12 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
         kv_events.append((url, endpoints))
     scalars = {name: getattr(args, name) for name in (
         "host", "port", "kubeconfig", "port_name", "prefill_policy", "decode_policy", "tokenizer", "block_size",
-        "hash_seed", "prefix_max_imbalance", *(n for n, _ in _LIMITS))}
+        "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", *(n for n, _ in _LIMITS))}
     flow_control = FlowControlConfig.from_arg(args.flow_control) if args.flow_control else FlowControlConfig()
     return RouterConfig(
         prefill=tuple(args.prefill), decode=tuple(args.decode), kv_events=tuple(kv_events),
         kubernetes_fleet=args.fleet if args.kubernetes else None, kubernetes_namespace=args.namespace,
-        flow_control=flow_control, **scalars,
+        kubernetes_fleet_uid=args.fleet_uid if args.kubernetes else None, flow_control=flow_control, **scalars,
     )
 
 

@@ -41,7 +41,6 @@ import functools
 import itertools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +70,7 @@ from pdfleet.connector.router.errors import error_body, error_response
 from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
 from pdfleet.connector.router.flow.gate import FlowGate
 from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
 from pdfleet.connector.router import timing
 from pdfleet.connector.router.prefix_routing import PrefixRouting
@@ -79,7 +79,6 @@ log = logging.getLogger("pdfleet.router")
 
 REQUEST_ID_HEADER = "X-Request-Id"
 STATIC_REVISION = "static"
-_MAX_REQUEST_ID_LEN = 256
 # 408/429 mean "this endpoint cannot take it now", not "the request is wrong".
 _RETRYABLE_4XX = frozenset((408, 429))
 _WHOLE_BODY_MAX = 1024 * 1024
@@ -254,9 +253,7 @@ class Router:
             self.metrics.request_latency.labels(path).observe(time.perf_counter() - started)
 
     async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
-        request_id = request.headers.get(REQUEST_ID_HEADER, "")
-        if not request_id or len(request_id) > _MAX_REQUEST_ID_LEN:
-            request_id = uuid.uuid4().hex
+        request_id = upstream_request_id(request.headers.get(REQUEST_ID_HEADER))
         reply_headers = {REQUEST_ID_HEADER: request_id}
         try:
             raw = await self._read_body(request)

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             if args.event_loop == "uvloop":
                 print("pdfleet router: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
                 return 2
+    # On SIGTERM: stop accepting, let requests in flight finish (the pod's grace period is longer).
     web.run_app(build_app(config), host=config.host, port=config.port, handler_cancellation=True, loop=loop,
-                access_log=None, print=lambda msg: logging.getLogger("pdfleet.router").info(msg))
+                shutdown_timeout=config.max_request_seconds(), access_log=None, print=lambda msg: logging.getLogger("pdfleet.router").info(msg))
     return 0

@@ -9,6 +9,10 @@ its fleet, turns them into one RevisionEndpoints per revision (pure:
 ``groups_from_slices``) and hands them to the router, which picks the revision
 that serves (endpoints.py: ``select_revision``).
 
+Only slices the fleet owns are used (ownership.py: the EndpointSlice
+controller's slices of Services the fleet's resource controls); the others are
+counted and logged once each.
+
 Readiness is ``conditions.serving`` (the pod's Ready condition, true to it even
 under ``publishNotReadyAddresses``), else ``conditions.ready``; terminating
 endpoints take no new requests (see ``endpoint_usable``).
@@ -37,6 +41,7 @@ from pdfleet.contract import labels as label_keys
 from pdfleet.contract import ports as ports_contract
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, RevisionEndpoints
+from pdfleet.connector.router.ownership import needs_service_refresh, owned_services, owned_slices
 
 log = logging.getLogger("pdfleet.router.discovery")
 
@@ -45,6 +50,8 @@ ROLE_LABEL = label_keys.ROLE
 REVISION_LABEL = label_keys.REVISION
 SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
 SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+SERVICES_PATH = "/api/v1/namespaces/{namespace}/services"
+SERVICE_REFRESH_S = 1.0  # Services are listed again at most this often (a new revision's, or one made again)
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # one watch event (a slice holds at most 1000 endpoints)
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; the router then lists again
 
@@ -227,14 +234,36 @@ def kubernetes_discovery(config: RouterConfig, *, access=load_access, max_backof
             raise RuntimeError("EndpointSlice discovery needs the `kubernetes` package "
                                "(pip install 'pdfleet[operator]')") from exc
     fleet = config.kubernetes_fleet
-    path = SLICES_PATH.format(namespace=quote(config.kubernetes_namespace, safe=""))
+    namespace = quote(config.kubernetes_namespace, safe="")
+    path = SLICES_PATH.format(namespace=namespace)
+    services_path = SERVICES_PATH.format(namespace=namespace)
     selector = quote(f"{FLEET_LABEL}={fleet}", safe="")
 
     async def run(router) -> None:
         slices: dict[str, Any] = {}
+        services: dict[str, str] = {}
+        refused_seen: set[tuple[str, str]] = set()
+        services_listed = -SERVICE_REFRESH_S
 
         def publish() -> None:
-            router.set_endpoints(groups_from_slices(slices.values(), fleet, config.port_name))
+            kept, refused = owned_slices(slices.values(), services)
+            for name, reason in refused:
+                if (name, reason) not in refused_seen:
+                    refused_seen.add((name, reason))
+                    router.metrics.endpointslices_refused.inc()
+                    log.warning("EndpointSlice %s is not used: %s (only the EndpointSlice controller's slices "
+                                "of the fleet's own Services are)", name, reason)
+            router.set_endpoints(groups_from_slices(kept, fleet, config.port_name))
+
+        async def list_services(session, api) -> None:
+            nonlocal services, services_listed
+            services_listed = asyncio.get_running_loop().time()
+            async with session.get(f"{api.server}{services_path}?labelSelector={selector}", headers=api.headers,
+                                   ssl=api.ssl) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"listing Services gave HTTP {resp.status}: {(await resp.text())[:200]}")
+                listing = _decode_json(await resp.read())
+            services = owned_services(listing.get("items") or (), fleet, config.kubernetes_fleet_uid)
 
         backoff = 0.5
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
@@ -245,6 +274,7 @@ def kubernetes_discovery(config: RouterConfig, *, access=load_access, max_backof
                 try:
                     api = access(config)
                     url = api.server + path
+                    await list_services(session, api)
                     async with session.get(f"{url}?labelSelector={selector}", headers=api.headers,
                                            ssl=api.ssl) as resp:
                         if resp.status != 200:
@@ -270,6 +300,10 @@ def kubernetes_discovery(config: RouterConfig, *, access=load_access, max_backof
                             name = (obj.get("metadata") or {}).get("name")
                             if kind in ("ADDED", "MODIFIED"):
                                 slices[name] = obj
+                                if needs_service_refresh(obj, services):  # at most one list per SERVICE_REFRESH_S
+                                    since = asyncio.get_running_loop().time() - services_listed
+                                    await asyncio.sleep(max(0.0, SERVICE_REFRESH_S - since))
+                                    await list_services(session, api)
                             elif kind == "DELETED":
                                 slices.pop(name, None)
                             else:  # BOOKMARK

@@ -24,12 +24,16 @@ from pdfleet.connector.router import kv_events as ke
 
 log = logging.getLogger("pdfleet.router.kv_events")
 
-# ZMQ's own hard cap (the connection is dropped beyond it); decode_message's is the soft one.
-_ZMQ_MAX_MSG = 64 * 1024 * 1024
-_RCVHWM = 10_000
+# ZMQ drops a peer that sends a frame above max_bytes + this (decode_message counts those
+# between max_bytes and it as "oversized").
+_FRAME_SLACK = 64 * 1024
+# Bytes of live batches ZMQ may queue per publisher; the depth in messages follows from max_bytes.
+LIVE_QUEUE_BYTES = 64 * 1024 * 1024
+_MIN_RCVHWM, _MAX_RCVHWM = 4, 10_000
 REPLAY_TIMEOUT_S = 2.0
 _MAX_REPLAYED = 20_000  # batches taken from one replay (vLLM buffers 10,000 by default)
 RETRY_S = 2.0
+RESTART_BASE_S, RESTART_MAX_S = 0.5, 30.0
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,19 @@ class Counters:
     def index_size(self, url: str, size: int) -> None: ...
 
 
+def safe_decode(frames: list[bytes], *, max_bytes: int) -> ke.Message | str:
+    """decode_message, with anything it raises (a deeply nested batch: RecursionError) as "malformed"."""
+    try:
+        return ke.decode_message(frames, max_bytes=max_bytes)
+    except Exception:  # noqa: BLE001 - a peer's bytes must never end the subscription
+        return "malformed"
+
+
 def handle_message(state: EndpointState, frames: list[bytes], counters: Counters, *,
                    max_bytes: int, replay: Callable[[int, int], list[ke.Message] | None]) -> None:
     """Apply one live message. ``replay(start, stop)``: the decoded batches [start, stop) or None."""
     url = state.source.url
-    msg = ke.decode_message(frames, max_bytes=max_bytes)
+    msg = safe_decode(frames, max_bytes=max_bytes)
     if isinstance(msg, str):
         counters.dropped(url, msg)
         return
@@ -108,8 +120,30 @@ def _apply(state: EndpointState, msg: ke.Message, counters: Counters) -> None:
     counters.index_size(url, len(state.index))
 
 
+def live_queue_depth(max_bytes: int, queue_bytes: int = LIVE_QUEUE_BYTES) -> int:
+    """ZMQ counts its receive queue in messages: as many as ``queue_bytes`` of the largest allowed."""
+    return max(_MIN_RCVHWM, min(_MAX_RCVHWM, queue_bytes // max(1, max_bytes)))
+
+
+def restart_delay(failures: int) -> float:
+    """Backoff before a subscriber that failed ``failures`` times in a row runs again."""
+    return min(RESTART_MAX_S, RESTART_BASE_S * 2 ** max(0, failures - 1))
+
+
+class _ReplayFailed(Exception):
+    """The replay endpoint did not answer in time, or sent more than the router takes."""
+
+
 class Subscriber:
-    """The task that keeps one EndpointState current until cancelled."""
+    """The task that keeps one EndpointState current until cancelled.
+
+    Memory: the ZMQ receive queue holds at most ``live_queue_depth`` messages of
+    ``max_bytes`` (LIVE_QUEUE_BYTES per publisher), replayed batches are applied one
+    by one as they arrive (never held as a list), and the index is bounded by
+    ``kv_index_max_blocks``. A subscriber that fails for any reason is restarted
+    (``run_forever``) with its index cleared and marked unsynced until a replay or a
+    batch brings it back.
+    """
 
     def __init__(self, state: EndpointState, counters: Counters, ctx: zmq.asyncio.Context, *,
                  max_bytes: int = ke.MAX_MESSAGE_BYTES) -> None:
@@ -117,12 +151,34 @@ class Subscriber:
         self.counters = counters
         self.ctx = ctx
         self.max_bytes = max_bytes
+        self.restarts = 0
+
+    async def run_forever(self) -> None:
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                await self.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001
+                url = self.state.source.url
+                failures = 1 if time.monotonic() - started > RESTART_MAX_S else failures + 1
+                self.restarts += 1
+                log.exception("KV events of %s: subscriber failed; restarting, unsynced until replayed", url)
+                self.state.synced = False
+                self.state.index.clear()
+                self.state.tracker.reset()
+                self.counters.reset(url, "subscriber_restart")
+                self.counters.index_size(url, 0)
+                await asyncio.sleep(restart_delay(failures))
 
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, _RCVHWM)
-        sub.setsockopt(zmq.MAXMSGSIZE, _ZMQ_MAX_MSG)
+        sub.setsockopt(zmq.RCVHWM, live_queue_depth(self.max_bytes))
+        sub.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + _FRAME_SLACK)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.state.source.endpoint)
         try:
@@ -142,58 +198,95 @@ class Subscriber:
             sub.close(linger=0)
 
     async def _handle(self, frames: list[bytes]) -> None:
-        pending: dict[tuple[int, int], list[ke.Message] | None] = {}
-        msg = ke.decode_message(frames, max_bytes=self.max_bytes)
-        if not isinstance(msg, str):
+        url = self.state.source.url
+        msg = safe_decode(frames, max_bytes=self.max_bytes)
+        if isinstance(msg, str):
+            self.counters.dropped(url, msg)
+            return
+        try:
             verdict = ke.StreamTracker(self.state.tracker.last, self.state.tracker.replayed_upto).classify(msg.seq)
             if verdict == ke.GAP and self.state.source.replay:
-                start = self.state.tracker.expected
-                pending[(start, msg.seq)] = await self._replay(start, msg.seq)
-        try:
-            handle_message(self.state, frames, self.counters, max_bytes=self.max_bytes,
-                           replay=lambda a, b: pending.get((a, b)))
+                await self._fill_gap(self.state.tracker.expected, msg.seq)
+            handle_message(self.state, frames, self.counters, max_bytes=self.max_bytes, replay=lambda a, b: None)
         except Exception:  # never let one message end the subscription
-            log.exception("KV events from %s: message not applied", self.state.source.url)
-            self.counters.dropped(self.state.source.url, "error")
+            log.exception("KV events from %s: message not applied", url)
+            self.counters.dropped(url, "error")
+
+    async def _fill_gap(self, start: int, stop: int) -> None:
+        """Apply the replayed batches [start, stop) as they arrive. When the replay does not
+        reach back to ``start`` (or fails), the index is reset and holds only what follows."""
+        reason = "gap" if self.state.tracker.last is not None else "joined_late"
+        covered: bool | None = None
+        try:
+            async for m in self._replay(start, stop):
+                if covered is None:
+                    covered = ke.replay_covers(start, m.seq, stop)
+                    if not covered:
+                        self._reset(reason)
+                if not covered or m.seq >= start:
+                    _apply(self.state, m, self.counters)
+        except _ReplayFailed:  # a hole left somewhere: what was applied may lack removals
+            if covered is not False:
+                self._reset(reason)
+            covered = False
+        if covered is None:  # the replay had nothing for the hole
+            self._reset(reason)
+        if self.state.tracker.expected != stop:
+            self.state.tracker.last = stop - 1  # the index holds nothing from before the live batch
+
+    def _reset(self, reason: str) -> None:
+        self.state.index.clear()
+        self.state.tracker.reset()
+        self.counters.reset(self.state.source.url, reason)
 
     async def _initial_replay(self) -> None:
-        got = await self._replay(0, None)
-        if got is None:
+        replayed, last_seq = 0, None
+        try:
+            async for m in self._replay(0, None):
+                if self.state.tracker.classify(m.seq) in (ke.NEXT, ke.GAP):
+                    _apply(self.state, m, self.counters)
+                replayed, last_seq = replayed + 1, m.seq
+        except _ReplayFailed:
+            if replayed:  # part of the past only: start from nothing
+                self._reset("joined_late")
             return
-        for m in got:
-            if self.state.tracker.classify(m.seq) in (ke.NEXT, ke.GAP):
-                _apply(self.state, m, self.counters)
-        if got:
-            self.state.tracker.replayed(got[-1].seq)
+        if last_seq is not None:
+            self.state.tracker.replayed(last_seq)
         self.state.synced = True
-        log.info("KV events of %s: synced (%d batches replayed)", self.state.source.url, len(got))
+        log.info("KV events of %s: synced (%d batches replayed)", self.state.source.url, replayed)
 
-    async def _replay(self, start: int, stop: int | None) -> list[ke.Message] | None:
-        """Batches [start, stop) from the replay endpoint, or None when it does not answer."""
+    async def _replay(self, start: int, stop: int | None):
+        """Yield the batches [start, stop) from the replay endpoint, one at a time; raise
+        _ReplayFailed when it does not answer in time or sends more than _MAX_REPLAYED."""
         if not self.state.source.replay:
-            return None
+            raise _ReplayFailed("no replay endpoint")
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.MAXMSGSIZE, _ZMQ_MAX_MSG)
+        dealer.setsockopt(zmq.RCVHWM, live_queue_depth(self.max_bytes))
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + _FRAME_SLACK)
         dealer.connect(self.state.source.replay)
-        out: list[ke.Message] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REPLAY_TIMEOUT_S  # an engine that is down must not stall the stream
+        count = 0
         try:
-            async with asyncio.timeout(REPLAY_TIMEOUT_S):  # an engine that is down must not stall the stream
-                await dealer.send_multipart(ke.encode_replay_request(start))
-                while True:
-                    frames = await dealer.recv_multipart(copy=True)
-                    if ke.is_replay_end(frames):
-                        return out
-                    msg = ke.decode_message(frames[1:], max_bytes=self.max_bytes)  # drop the delimiter
-                    if isinstance(msg, str):
-                        self.counters.dropped(self.state.source.url, msg)
-                        continue
-                    if stop is not None and msg.seq >= stop:
-                        continue
-                    out.append(msg)
-                    if len(out) > _MAX_REPLAYED:
-                        return None  # more than the router keeps: treat as unanswered (the index resets)
-        except TimeoutError:
-            return None
+            await dealer.send_multipart(ke.encode_replay_request(start))
+            while True:
+                try:
+                    frames = await asyncio.wait_for(dealer.recv_multipart(copy=True),
+                                                    max(0.0, deadline - loop.time()))
+                except (asyncio.TimeoutError, TimeoutError):
+                    raise _ReplayFailed("timeout") from None
+                if ke.is_replay_end(frames):
+                    return
+                msg = safe_decode(frames[1:], max_bytes=self.max_bytes)  # drop the delimiter
+                if isinstance(msg, str):
+                    self.counters.dropped(self.state.source.url, msg)
+                    continue
+                if stop is not None and msg.seq >= stop:
+                    continue
+                count += 1
+                if count > _MAX_REPLAYED:
+                    raise _ReplayFailed("too many batches")
+                yield msg
         finally:
             dealer.close(linger=0)

@@ -57,6 +57,11 @@ class RouterMetrics:
             "pdfleet_router_endpoints", "Endpoints of the serving revision, by role and readiness",
             ["role", "ready"], registry=r,
         )
+        self.endpointslices_refused = Counter(
+            "pdfleet_router_endpointslices_refused", "EndpointSlices with the fleet's labels that the fleet does not "
+            "own (not the EndpointSlice controller's slice of one of the fleet's Services), each counted once",
+            registry=r,
+        )
         self.revision = Gauge(
             "pdfleet_router_serving_revision", "1 for the revision that serves new requests", ["revision"],
             registry=r,

@@ -229,7 +229,7 @@ class PrefixRouting:
         for url, state in self.states.items():
             if url not in self._tasks:
                 sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.config.kv_events_max_message_bytes)
-                self._tasks[url] = asyncio.create_task(sub.run(), name=f"kv-events {url}")
+                self._tasks[url] = asyncio.create_task(sub.run_forever(), name=f"kv-events {url}")
 
     async def start(self) -> None:
         if not (self.enabled(PREFILL) or self.enabled(DECODE)):
@@ -252,7 +252,7 @@ class PrefixRouting:
     def _use_token_cache(self, tokenize: Any) -> None:
         encode = getattr(tokenize, "encode", None)
         if encode is not None and getattr(tokenize, "composes", False):
-            self._token_cache = PromptTokenCache()
+            self._token_cache = PromptTokenCache(max_bytes=self.config.prompt_cache_max_bytes)
 
     async def wait_ready(self) -> None:
         """Until the tokenizer is loaded (or failed to load); for tests and benchmarks."""

@@ -22,6 +22,7 @@ elsewhere), never change an answer: engines hash their own tokens.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,12 @@ from pdfleet.connector.router.kv_events import hash_key
 from pdfleet.connector.router.prefix_hash import BlockHasher
 
 DEFAULT_CHUNK_CHARS = 256
-DEFAULT_MAX_CHUNKS = 16384  # about 16k x 64 tokens: a few MiB of ids
+# Bounded in bytes, not entries: a chunk of 256 characters holds from ~40 tokens (English) to
+# 256+ (digits, CJK, byte soup), and a chunk without a safe cut passes its tokens to the next.
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+# Per chunk besides its ids and keys: the OrderedDict entry and its int key, the _Chunk (slots),
+# two array headers and the 32-byte block hash (measured with tracemalloc, see the tests).
+CHUNK_OVERHEAD_BYTES = 400
 
 
 class Encoding(Protocol):
@@ -42,12 +48,17 @@ class Encoding(Protocol):
     def token_starting_at(self, char: int) -> int | None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Chunk:
     cut: int  # absolute character offset of the safe cut ending this chunk's tokens
-    ids: tuple[int, ...]  # tokens from the previous chunk's cut to this cut
-    keys: tuple[int, ...] | None  # block keys of the blocks completed in `ids` (None: not hashed yet)
+    ids: array  # uint32 tokens from the previous chunk's cut to this cut (4 bytes a token, not 36)
+    keys: array | None  # uint64 block keys of the blocks completed in `ids` (None: not hashed yet)
     last_hash: bytes | None  # full hash of the last completed block up to `cut`
+
+
+def chunk_bytes(n_ids: int, n_keys: int) -> int:
+    """What one chunk costs the cache, in bytes (the bound counts this)."""
+    return CHUNK_OVERHEAD_BYTES + 4 * n_ids + 8 * n_keys
 
 
 @dataclass
@@ -101,14 +112,28 @@ def chunk_key(parent: int, chunk: str) -> int:
 
 
 class PromptTokenCache:
-    def __init__(self, chunk_chars: int = DEFAULT_CHUNK_CHARS, max_chunks: int = DEFAULT_MAX_CHUNKS) -> None:
+    def __init__(self, chunk_chars: int = DEFAULT_CHUNK_CHARS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         if chunk_chars < 16:
             raise ValueError(f"chunk_chars: must be >= 16, got {chunk_chars}")
-        if max_chunks < 1:
-            raise ValueError(f"max_chunks: must be >= 1, got {max_chunks}")
+        if max_bytes < CHUNK_OVERHEAD_BYTES:
+            raise ValueError(f"max_bytes: must be >= {CHUNK_OVERHEAD_BYTES}, got {max_bytes}")
         self.chunk_chars = chunk_chars
-        self.max_chunks = max_chunks
+        self.max_bytes = max_bytes
+        self.bytes = 0  # sum of chunk_bytes over the cached chunks
         self._chunks: OrderedDict[int, _Chunk] = OrderedDict()
+
+    def _put(self, key: int, chunk: _Chunk) -> None:
+        old = self._chunks.get(key)
+        if old is not None:
+            self.bytes -= chunk_bytes(len(old.ids), len(old.keys or ()))
+        self._chunks[key] = chunk
+        self._chunks.move_to_end(key)
+        self.bytes += chunk_bytes(len(chunk.ids), len(chunk.keys or ()))
+
+    def _evict(self) -> None:
+        while self.bytes > self.max_bytes and self._chunks:
+            _, old = self._chunks.popitem(last=False)
+            self.bytes -= chunk_bytes(len(old.ids), len(old.keys or ()))
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -137,9 +162,10 @@ class PromptTokenCache:
                 done = len(found.keys)
                 hashes = list(hasher.iter_hashes(found.ids[:len(found.ids) - len(found.ids) % bs], salt,
                                                  start_block=done, parent=found.last_hash))
-                chunk = _Chunk(chunk.cut, chunk.ids, tuple(hash_key(h) for h in hashes),
+                chunk = _Chunk(chunk.cut, chunk.ids, array("Q", (hash_key(h) for h in hashes)),
                                hashes[-1] if hashes else found.last_hash)
-                chunks[key] = chunk
+                self._put(key, chunk)
+                self._evict()  # never the chunk just put (it is the newest)
             found.keys.extend(chunk.keys)
             found.chars = chunk.cut
             found.last_hash = chunk.last_hash
@@ -160,11 +186,9 @@ class PromptTokenCache:
             found = last_safe_cut(text, hit.chars, max(prev_cut + 1, i * c), end, tail)
             cut, tok = found if found is not None else (prev_cut, prev_tok)
             key = chunk_key(parent, text[i * c:end])
-            self._chunks[key] = _Chunk(cut, tuple(tail.ids[prev_tok:tok]), None, None)
-            self._chunks.move_to_end(key)
+            self._put(key, _Chunk(cut, array("I", tail.ids[prev_tok:tok]), None, None))
             parent, prev_cut, prev_tok = key, cut, tok
-        while len(self._chunks) > self.max_chunks:
-            self._chunks.popitem(last=False)
+        self._evict()
 
 
 def composes(encode: Callable[[str, bool], Encoding], sample: str) -> bool:
@@ -182,5 +206,5 @@ def composes(encode: Callable[[str, bool], Encoding], sample: str) -> bool:
     return True
 
 
-__all__ = ["Cached", "Encoding", "PromptTokenCache", "composes", "is_safe_at", "last_safe_cut", "next_safe_cut",
-           "DEFAULT_CHUNK_CHARS"]
+__all__ = ["Cached", "Encoding", "PromptTokenCache", "chunk_bytes", "composes", "is_safe_at", "last_safe_cut",
+           "next_safe_cut", "DEFAULT_CHUNK_CHARS", "DEFAULT_MAX_BYTES"]

@@ -40,10 +40,26 @@ OWNED_FLAGS = (
     "--headless",
     "--kv-events-config",  # the router subscribes where the plan says engines publish
     "--prefix-caching-hash-algo",  # the router reproduces the plan's block hash
+    "--config",  # a YAML file of flags: could set any of these
 )
+# vLLM's short aliases of owned flags (vllm/engine/arg_utils.py).
+OWNED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-n": "--nnodes", "-r": "--node-rank"}
+_MIN_ABBREV = 3  # characters after "--": argparse (allow_abbrev) takes any unique prefix of a flag
 # The engines' KV event ports.
 KV_EVENTS_PORTS = ports.KV_EVENTS_PORTS
 RESERVED_LABEL_PREFIXES = (labels.PREFIX, "app.kubernetes.io/")
+# Pins the ports of UCX's TCP transport; the plan sets it and its NetworkPolicy opens them.
+UCX_TCP_PORT_RANGE_VAR = "UCX_TCP_PORT_RANGE"
+
+
+def parse_port_range(value: str) -> Optional[tuple[int, int]]:
+    """UCX_TCP_PORT_RANGE as (first, last), or None when it pins nothing ("0", or not a range)."""
+    first, sep, last = value.strip().partition("-")
+    try:
+        lo, hi = int(first), int(last) if sep else int(first)
+    except ValueError:
+        return None
+    return (lo, hi) if 1 <= lo <= hi <= 65535 else None
 
 
 @dataclass(frozen=True)
@@ -419,9 +435,35 @@ FLOW_CONTROL_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + FLOW_CONTROL_RULES
 
 
+def vllm_flag_name(arg: str) -> Optional[str]:
+    """The flag an argument sets as vLLM's parser reads it (FlexibleArgumentParser), or None for a value:
+    ``--a_b=1`` and ``--a-b.c`` are ``--a-b`` (underscores become dashes, a dotted key sets a JSON field)."""
+    if not arg.startswith("-") or arg in ("-", "--") or arg[1:2].isdigit():
+        return None
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        return "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    return name.split(".", 1)[0]
+
+
+def owned_flag(arg: str) -> Optional[str]:
+    """The owned flag an extraArgs entry would set, in any spelling vLLM accepts, or None."""
+    name = vllm_flag_name(arg)
+    if name is None:
+        return None
+    if name in OWNED_SHORT_FLAGS:
+        return OWNED_SHORT_FLAGS[name]
+    if name in OWNED_FLAGS:
+        return name
+    if name.startswith("--") and len(name) - 2 >= _MIN_ABBREV:
+        prefixed = [f for f in OWNED_FLAGS if f.startswith(name)]
+        if prefixed:  # an abbreviation argparse would expand to an owned flag
+            return prefixed[0]
+    return None
+
+
 def _owned_flag(arg: str) -> Optional[str]:
-    flag = arg.split("=", 1)[0]
-    return flag if flag in OWNED_FLAGS else None
+    return owned_flag(arg)
 
 
 def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
@@ -434,8 +476,17 @@ def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
             flag = _owned_flag(arg)
             if flag:
                 errors.append(
-                    FieldError(f"spec.{path}[{i}]", f"{flag} is set by pdfleet from the spec; remove it from extraArgs")
+                    FieldError(f"spec.{path}[{i}]", f"{arg.split('=', 1)[0]!r} sets {flag}, which pdfleet sets from "
+                               "the spec; remove it from extraArgs")
                 )
+    if spec.network.network_policy:
+        env_lists = [("engine.env", spec.engine.env)] + [(f"{r}.env", spec.role(r).env) for r in ROLES]
+        for path, env in env_lists:
+            for i, var in enumerate(env):
+                if var.name == UCX_TCP_PORT_RANGE_VAR and parse_port_range(var.value or "") is None:
+                    errors.append(FieldError(f"spec.{path}[{i}].value", f"{UCX_TCP_PORT_RANGE_VAR} must be FIRST-LAST "
+                                             "(ports 1-65535) while network.networkPolicy is on: the policy opens "
+                                             "those ports for UCX's TCP transport"))
     for role in ROLES:
         for key in spec.role(role).pod_labels:
             if key.startswith(RESERVED_LABEL_PREFIXES):

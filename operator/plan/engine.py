@@ -13,6 +13,7 @@ from pdfleet.contract import env as env_names
 from pdfleet.contract import ports
 from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE, KV_ROLES, ConnectorExtraConfig
 from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
+from pdfleet.operator.api.rules import UCX_TCP_PORT_RANGE_VAR, parse_port_range  # noqa: F401
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain
 
@@ -118,6 +119,11 @@ def vllm_args(
     return args + list(spec.engine.extra_args) + list(r.extra_args)
 
 
+# UCX's TCP transport (KV data, and wireup where no RDMA is present) listens on one port per
+# interface and worker, picked by the kernel unless pinned: pinned here so that the
+# NetworkPolicy can open them (plan/policy.py). 128 ports: TP ranks x interfaces x workers.
+UCX_TCP_PORT_RANGE = (20000, 20127)
+
 # UCX reads GPU memory of another process on the same host over TCP unless cuda_ipc GET
 # is enabled (it is off without NVLink): 0.4 vs 245 GB/s on an H100 (docs/connector.md).
 UCX_CUDA_IPC_GET_ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
@@ -127,7 +133,8 @@ def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     """Plain environment of an engine. The side-channel host is not here: pods
     take it from the downward API (status.podIP), local runs use loopback.
     A variable the user sets in the spec's env always wins."""
-    env = {env_names.SIDE_CHANNEL_PORT: str(spec.kv_transfer.side_channel_port)}
+    env = {env_names.SIDE_CHANNEL_PORT: str(spec.kv_transfer.side_channel_port),
+           UCX_TCP_PORT_RANGE_VAR: "{}-{}".format(*UCX_TCP_PORT_RANGE)}
     net = spec.network
     if net.rdma and net.rdma.devices:
         env["UCX_NET_DEVICES"] = ",".join(net.rdma.devices)
@@ -138,3 +145,4 @@ def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     for var in [*spec.engine.env, *spec.role(role).env]:
         env[var.name] = var.value
     return env
+

@@ -136,6 +136,18 @@ def _termination_grace(spec: DisaggregatedInferenceSpec, role: str) -> int:
     return drain.termination_grace(spec, role)
 
 
+def engine_security_context(rdma: bool) -> dict[str, Any]:
+    """As close to Pod Security "restricted" as the engines allow. Not set, and why:
+    runAsNonRoot (the vLLM image runs as root, and with RDMA the pinned-memory limit needs
+    IPC_LOCK in the effective set, which a non-root process does not get from the pod spec);
+    readOnlyRootFilesystem (vLLM, torch and triton write caches under the home directory and /tmp).
+    IPC_LOCK is added only for RDMA: registering memory with the NIC pins pages."""
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if rdma:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": caps, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def pod_template(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> dict[str, Any]:
     r = spec.role(role)
     volumes, mounts = _volumes(ctx, spec)
@@ -157,9 +169,7 @@ def pod_template(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> d
     if resources:
         container["resources"] = resources
     rdma = spec.network.rdma
-    if rdma and rdma.resource_name:
-        # Registering memory with an RDMA NIC pins pages.
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    container["securityContext"] = engine_security_context(bool(rdma and rdma.resource_name))
 
     annotations = dict(r.pod_annotations)
     if rdma and rdma.multus_networks:
@@ -168,6 +178,7 @@ def pod_template(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> d
     pod: dict[str, Any] = {
         # Service links would inject e.g. VLLM_ROUTER_PORT, which vLLM reads as its own settings.
         "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": _termination_grace(spec, role),
         "containers": [container],
         "volumes": volumes,

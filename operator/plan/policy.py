@@ -6,6 +6,7 @@ from typing import Any
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
+from pdfleet.operator.plan.engine import UCX_TCP_PORT_RANGE_VAR, engine_env, parse_port_range
 from pdfleet.operator.plan.engines import KV_EVENTS_PORTS, side_channel_ports
 from pdfleet.operator.plan.meta import Context, metadata
 
@@ -23,8 +24,22 @@ def pdb(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> dict[str, 
     }
 
 
+def ucx_tcp_ports(spec: DisaggregatedInferenceSpec) -> list[dict[str, Any]]:
+    """NetworkPolicy ports for UCX's TCP listeners, as the engines' UCX_TCP_PORT_RANGE pins them.
+    RDMA transports (rc, ud, dc) carry no IP traffic the policy sees; cma and cuda_ipc stay on the host."""
+    ranges = sorted({r for role in ROLES
+                     if (r := parse_port_range(engine_env(spec, role).get(UCX_TCP_PORT_RANGE_VAR, ""))) is not None})
+    out = []
+    for lo, hi in ranges:
+        port: dict[str, Any] = {"protocol": "TCP", "port": lo}
+        if hi > lo:
+            port["endPort"] = hi
+        out.append(port)
+    return out
+
+
 def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
-    """Only the fleet's own pods (engines and router) reach the engines' ports."""
+    """Only the fleet's own pods (engines and router) reach the engines' ports, UCX's TCP ports included."""
     first = spec.kv_transfer.side_channel_port
     last = max(p for role in ROLES for _, p in side_channel_ports(spec, role))
     side: dict[str, Any] = {"protocol": "TCP", "port": first}
@@ -44,7 +59,8 @@ def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, 
                 {
                     "from": [{"podSelector": {"matchLabels": {naming.FLEET_LABEL: ctx.fleet}}}],
                     "ports": [{"protocol": "TCP", "port": spec.engine.port}, side,
-                              *({"protocol": "TCP", "port": p} for _, p in KV_EVENTS_PORTS)],
+                              *({"protocol": "TCP", "port": p} for _, p in KV_EVENTS_PORTS),
+                              *ucx_tcp_ports(spec)],
                 }
             ],
         },

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdfleet.contract import env as env_names
 from pdfleet.contract.flow_control import FlowControlConfig, Priority
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import naming
+from pdfleet.operator.plan import drain, naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
 from pdfleet.operator.plan.meta import Context, metadata
 
@@ -65,6 +66,8 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
         "command": ["pdfleet"],
         "args": router_args(ctx, spec),
         "ports": [{"name": HTTP_NAME, "containerPort": spec.router.port, "protocol": "TCP"}],
+        # the router trusts only Services whose owner reference carries this uid (connector/router/ownership.py)
+        **({"env": [{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}]} if ctx.owner else {}),
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -72,6 +75,8 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
+        # requests in flight finish on SIGTERM (plan/drain.py): not the default 30 s
+        "terminationGracePeriodSeconds": drain.ROUTER_GRACE_SECONDS,
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
@@ -118,7 +123,9 @@ def rbac(ctx: Context) -> list[dict[str, Any]]:
             "kind": "Role",
             "metadata": metadata(ctx, name, labels),
             "rules": [
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+                # to check that a slice's Service is the fleet's (owner reference), never to read Secrets
+                {"apiGroups": [""], "resources": ["services"], "verbs": ["list"]},
             ],
         },
         {

@@ -1,8 +1,12 @@
 """Creates each fleet's generated side-channel key Secret, once (the I/O edge of plan/auth.py).
 
-The operator only ever *creates* this Secret (POST; 409 AlreadyExists means it is
-there and is kept as it is): it never reads, patches or lists Secrets, so its RBAC
-holds `create` on secrets and nothing that could read a key. The key is drawn from
+The operator only ever *creates* this Secret (POST). A 409 AlreadyExists is checked:
+the existing Secret's metadata (only; PartialObjectMetadata, so no key reaches the
+operator) must name this fleet as its controller by uid, else someone else made it
+and may know the key, so it is never used: the fleet is not Ready (NotOwned) until it
+is deleted or spec.kvTransfer.authSecretRef names a Secret the user manages. That read
+needs `get` on secrets; it adds no power the operator lacks (it creates pods, which may
+mount any Secret of their namespace), and it never patches or lists Secrets. The key is drawn from
 os.urandom, sent once in the request body and never logged, put in status, or kept
 in memory after the request. A fleet whose Secret was confirmed is not asked again
 for RECHECK_SECONDS (a Secret deleted by hand is re-created within that time, or at
@@ -20,6 +24,7 @@ from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.auth import KEY_BYTES, generated_secret, generated_secret_name, needs_generated_secret
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.reconcile.ownership import ownership
 
 SECRET = kinds.SECRET
 RECHECK_SECONDS = 600.0
@@ -35,26 +40,38 @@ class AuthSecrets:
         self.created = 0
 
     async def ensure(self, namespace: str, fleet: str, spec: DisaggregatedInferenceSpec,
-                     owner: Optional[Mapping[str, Any]]) -> Optional[str]:
-        """None when the Secret the engines mount exists (or the user brings one), else the error."""
+                     owner: Optional[Mapping[str, Any]]) -> tuple[Optional[str], Optional[str]]:
+        """(error, not owned): (None, None) when the Secret the engines mount is the fleet's (or the user
+        brings one); an error to retry; or the Secret's ref when one of that name is someone else's."""
         if not needs_generated_secret(spec):
-            return None
-        key = (namespace, fleet, str((owner or {}).get("uid", "")))
+            return None, None
+        uid = str((owner or {}).get("uid", ""))
+        key = (namespace, fleet, uid)
         seen = self._confirmed.get(key)
         now = self._clock()
         if seen is not None and now - seen < RECHECK_SECONDS:
-            return None
+            return None, None
+        name = generated_secret_name(fleet)
         body = generated_secret(fleet, namespace, self._keygen(), dict(owner) if owner else None)
         try:
             await self._client.create(SECRET, body)
             self.created += 1
         except ApiFailure as exc:
-            if exc.status != 409:  # 409 AlreadyExists: created before (maybe by an earlier operator): keep it
-                return f"create Secret {generated_secret_name(fleet)}: {exc.status or 'connection error'}"
+            if exc.status != 409:
+                return f"create Secret {name}: {exc.status or 'connection error'}", None
+            # 409 AlreadyExists: ours from before (an earlier reconcile or operator), or a squatter's
+            try:
+                meta = await self._client.get_metadata(SECRET, namespace, name)
+            except ApiFailure as read:
+                return f"check owner of Secret {name}: {read.status or 'connection error'}", None
+            if ownership(meta, uid) == "foreign":
+                return None, f"Secret/{name}"
+            if meta is None:  # deleted between the two calls: create it at the next reconcile
+                return f"create Secret {name}: deleted while checked", None
         finally:
             body.clear()  # drop our only reference to the key
         self._confirmed[key] = now
-        return None
+        return None, None
 
     def forget(self, namespace: str, fleet: str) -> None:
         for k in [k for k in self._confirmed if k[:2] == (namespace, fleet)]:

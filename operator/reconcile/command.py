@@ -17,6 +17,7 @@ import os
 import sys
 
 from pdfleet.operator.plan import DEFAULT_IMAGE
+from pdfleet.operator.plan.drain import rollout_drain_seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve Prometheus metrics on this port (/metrics)")
     parser.add_argument("--default-image", default=os.environ.get("PDFLEET_DEFAULT_IMAGE") or DEFAULT_IMAGE,
                         help="runtime image for fleets without spec.image (env PDFLEET_DEFAULT_IMAGE)")
-    parser.add_argument("--drain-seconds", type=float, default=30.0,
-                        help="keep the old prefill/decode pair this long after the router switched")
+    parser.add_argument("--drain-seconds", type=float, default=float(rollout_drain_seconds()),
+                        help="keep the old prefill/decode pair this long after the router switched; default "
+                             "%(default)s, from the router's timeouts (connects + prefill leg + margin)")
     parser.add_argument("--workers", type=int, default=4, help="fleets reconciled at the same time")
     parser.add_argument("--gang-provider", action="append", default=[], choices=("volcano", "coscheduling"),
                         help="a gang scheduler whose PodGroups the operator may create (repeatable; kueue needs none)")

@@ -118,6 +118,21 @@ class KubeClient:
         return await self._call("create", kind.plural, "post", kind.path(obj["metadata"].get("namespace")),
                                 payload=dict(obj), final_statuses=(409,))  # AlreadyExists is an answer
 
+    async def get_metadata(self, kind: Kind, namespace: Optional[str], name: str) -> Optional[dict[str, Any]]:
+        """An object's metadata only (PartialObjectMetadata: a Secret's data never travels), None if absent.
+
+        Asked only before the first write of a child the watch has not shown as the fleet's."""
+        try:
+            obj = await self._call("get", kind.plural, "get", kind.path(namespace, name), final_statuses=(404,),
+                                   headers={"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,"
+                                                      "application/json"})
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return None
+            raise
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        return {k: meta.get(k) for k in ("name", "namespace", "uid", "ownerReferences")} if isinstance(meta, dict) else {}
+
     async def delete(self, ref: ChildRef, kind: Kind, *, uid: Optional[str] = None) -> None:
         """Delete in the background; a precondition on uid never deletes a same-named successor."""
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}

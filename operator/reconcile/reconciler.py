@@ -20,12 +20,14 @@ from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
 from pdfleet.operator.plan import kinds
+from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
+from pdfleet.operator.reconcile.ownership import REASON as NOT_OWNED, not_owned_message, ownership
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 from pdfleet.operator.reconcile.planning import (
     desired_children,
@@ -46,7 +48,7 @@ EVENT_KIND = kinds.EVENT
 @dataclasses.dataclass
 class ReconcileOptions:
     default_image: str = "ghcr.io/pdfleet/pdfleet-runtime:latest"
-    drain_seconds: float = 30.0
+    drain_seconds: float = float(rollout_drain_seconds())  # derived from the router's timeouts (plan/drain.py)
     workers: int = 4
     apply_concurrency: int = 8
     instance: str = "pdfleet-operator"
@@ -89,6 +91,7 @@ class Reconciler:
         self.crs: dict[Key, dict[str, Any]] = {}
         self.recently_applied: dict[Key, dict[ch.ChildRef, str]] = {}
         self._reported: dict[Key, tuple[Any, ...]] = {}
+        self._not_owned_reported: dict[Key, Optional[str]] = {}
         self.queue = WorkQueue(self.reconcile, workers=options.workers)
         self.auth_secrets = AuthSecrets(client)
         self._apply_slots = asyncio.Semaphore(options.apply_concurrency)
@@ -106,6 +109,7 @@ class Reconciler:
             self.crs.pop(key, None)
             self.recently_applied.pop(key, None)
             self._reported.pop(key, None)
+            self._not_owned_reported.pop(key, None)
             self.scaling.forget(key)
             self.planner.forget(key)
             self.auth_secrets.forget(*key)
@@ -202,10 +206,26 @@ class Reconciler:
                           current_revision=target)
 
         errors: list[str] = []
-        # The side-channel key Secret the engines mount (created once, never read back).
-        secret_error = await self.auth_secrets.ensure(namespace, name, cr.spec, owner)
+        # The side-channel key Secret the engines mount (created once; its data never read).
+        secret_error, secret_foreign = await self.auth_secrets.ensure(namespace, name, cr.spec, owner)
         if secret_error:
             errors.append(secret_error)
+        # Objects of a child's name that the fleet does not own are never written.
+        foreign, unchecked, errs = await self._foreign(actions.apply, observed, owned, recent, uid)
+        errors += errs
+        if foreign or unchecked or secret_foreign:
+            skip = set(foreign) | set(unchecked)
+            # engines must never sign with a key someone else made: no workload is written meanwhile
+            actions = dataclasses.replace(actions, apply=tuple(
+                o for o in actions.apply if ch.ChildRef.of(o) not in skip
+                and not (secret_foreign and o["kind"] in ch.WORKLOAD_KINDS)))
+        foreign_names = [str(r) for r in foreign] + ([secret_foreign] if secret_foreign else [])
+        not_owned = not_owned_message(name, foreign_names) if foreign_names else None
+        if self._not_owned_reported.get(key) != not_owned:  # one event per change, not per retry
+            self._not_owned_reported[key] = not_owned
+            if not_owned:
+                log.warning("%s", not_owned)
+                await self._event(body, "Warning", NOT_OWNED, not_owned)
         if actions.apply or actions.delete:
             errors += await self._write_children(key, actions, owned)
             created = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) not in {c.ref for c in owned}]
@@ -249,14 +269,15 @@ class Reconciler:
             generation=generation, previous=previous, decision=decision, children=owned, endpoints=endpoints,
             router_enabled=cr.spec.router.enabled, url=router_url(desired, cr),
             error="; ".join(errors)[:1000] if errors else None, pending_writes=actions.writes,
+            not_owned=not_owned,
             desired=want,
             scaling={**(scaling.fleet_status() or {}), **({"planner": planned.status} if planned.status else {})},
             scaling_condition=scaling_condition(scaling),
         ), now=now)
         await self._write_status(key, body, previous, status)
         self.metrics.observe_fleet(namespace, name, status, want)
-        if errors:
-            raise ReconcileError("; ".join(errors))
+        if errors or not_owned:  # retried with backoff: the user may remove what is in the way
+            raise ReconcileError("; ".join(errors + ([not_owned] if not_owned else [])))
         requeue = min((r for r in (decision.requeue_after, planned.requeue_after) if r is not None), default=None)
         return requeue, ("changed" if actions.writes else "unchanged")
 
@@ -272,6 +293,35 @@ class Reconciler:
                 if exc.status != 404:  # gone (the drain ended): nothing left to unmark
                     errors.append(f"unmark {child.ref}: {exc.status} {exc.message}")
         return errors
+
+    async def _foreign(self, apply: Sequence[Mapping[str, Any]], observed: Sequence[ch.ObservedChild],
+                       owned: Sequence[ch.ObservedChild], recent: Mapping[ch.ChildRef, str],
+                       uid: str) -> tuple[list[ch.ChildRef], list[ch.ChildRef], list[str]]:
+        """Children about to be written over an object the fleet does not own, those whose
+        owner could not be checked (not written either), and the read errors.
+
+        The watches see only labelled objects: one of a child's name without the fleet's
+        labels (a user's own Deployment) is looked up once, metadata only, before the
+        first write; ours from a moment ago (not yet watched) is in `recent`."""
+        owned_refs = {c.ref for c in owned}
+        seen = {c.ref: c for c in observed}
+        foreign, unchecked, errors = [], [], []
+        for obj in apply:
+            ref = ch.ChildRef.of(obj)
+            if ref in owned_refs or ref in recent:
+                continue
+            if ref in seen:  # labelled like ours, not controlled by this fleet
+                foreign.append(ref)
+                continue
+            try:
+                meta = await self.client.get_metadata(ch.kind_of(obj), ref.namespace, ref.name)
+            except ApiFailure as exc:
+                unchecked.append(ref)
+                errors.append(f"check owner of {ref}: {exc.status or 'connection error'} {exc.message}")
+                continue
+            if ownership(meta, uid) == "foreign":
+                foreign.append(ref)
+        return foreign, unchecked, errors
 
     async def _write_children(self, key: Key, actions: ch.Actions, owned: Sequence[ch.ObservedChild]) -> list[str]:
         recent = self.recently_applied.setdefault(key, {})

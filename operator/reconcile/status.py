@@ -100,6 +100,7 @@ class StatusInputs:
     url: Optional[str] = None
     invalid: Sequence[str] = ()      # "field: message" of an operator-only rule
     error: Optional[str] = None      # last apply failure
+    not_owned: Optional[str] = None  # objects of children's names the fleet does not own (never taken over)
     pending_writes: int = 0          # children written in this reconcile
     desired: Mapping[str, int] = field(default_factory=dict)   # replicas the spec asks for, per role
     scaling: Optional[Mapping[str, Any]] = None                 # autoscaled roles: requested, applied, why
@@ -140,7 +141,9 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     fabric = fleet_transport(inp.kv_transport) if inp.kv_transport else None
     fabric_bad = fabric is not None and fabric.status == "False"
     conds: list[Cond] = []
-    if inp.error:
+    if inp.not_owned:
+        conds.append(Cond("Ready", False, "NotOwned", inp.not_owned))
+    elif inp.error:
         conds.append(Cond("Ready", False, "ApplyFailed", inp.error))
     elif fabric_bad and fabric is not None:
         # Serving over the wrong fabric (e.g. TCP where RDMA was asked) is not Ready, whatever the pods say.
@@ -165,7 +168,9 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     else:
         conds.append(Cond("Progressing", False, "Complete" if complete else "Stalled", ""))
 
-    if inp.error:
+    if inp.not_owned:
+        conds.append(Cond("Degraded", True, "NotOwned", inp.not_owned))
+    elif inp.error:
         conds.append(Cond("Degraded", True, "ApplyFailed", inp.error))
     elif fabric_bad and fabric is not None:
         conds.append(Cond("Degraded", True, fabric.reason, fabric.message))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,29 @@ spec:
 
 def test_validate_reports_unreadable_yaml() -> None:
     result = pdfleet("validate", "-f", "-", stdin="spec: [unclosed")
-    assert result.returncode == 1 and result.stderr
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("content, code, says", [
+    # issue 20 row 9: these printed a traceback
+    (b"apiVersion: pdfleet.io/v1alpha1\nkind: DisaggregatedInference\nmetadata: [1]\nspec: {model: {name: m}}\n",
+     1, "document 0: metadata: Input should be a valid dictionary"),
+    (b"\xff\xfe kind: x\n", 2, "not UTF-8 text: byte 0xff at offset 0"),
+    (b"- 1\n- 2\n", 2, "document 0: not a resource: a YAML mapping is expected, got list"),
+    (b"[" * 5000, 2, "not valid YAML"),
+    (b"", 2, "no resource found"),
+])
+def test_validate_never_prints_a_traceback(tmp_path, content, code, says) -> None:
+    path = tmp_path / "cr.yaml"
+    path.write_bytes(content)
+    result = pdfleet("validate", "-f", str(path))
+    assert (result.returncode, "Traceback" in result.stderr) == (code, False), result.stderr
+    assert says in result.stderr, result.stderr
+
+
+def test_validate_names_a_missing_file() -> None:
+    result = pdfleet("validate", "-f", "/nonexistent/cr.yaml")
+    assert result.returncode == 2 and "No such file or directory" in result.stderr
 
 
 def test_render_gpu_rdma_shows_what_the_issue_asks() -> None:

@@ -36,43 +36,47 @@ watches every namespace, by a Role in each watched namespace otherwise.
   resources: ["disaggregatedinferences/finalizers"]
   verbs: ["update"]
 # Children: watched, server-side applied (a PATCH that creates is also authorized
-# as create), and pruned when the plan drops them.
+# as create), and pruned when the plan drops them. `get` (metadata only) checks the
+# owner of an object of a child's name before the first write: never taken over.
 - apiGroups: ["apps"]
   resources: ["statefulsets", "deployments"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Roles whose replicas span several nodes (nodesPerReplica > 1).
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.gangScheduling.volcano }}
 # Volcano gangs: one PodGroup per multi-node replica.
 - apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
 {{- if .Values.gangScheduling.coscheduling }}
 # scheduler-plugins coscheduling gangs: one PodGroup per multi-node replica.
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
-# Each fleet's generated side-channel key Secret (<fleet>-kv-auth): created once,
-# never read, listed, patched or watched, so the operator cannot read any key.
+# Each fleet's generated side-channel key Secret (<fleet>-kv-auth): created once; on
+# AlreadyExists its metadata only (PartialObjectMetadata) is read to check that the
+# fleet owns it (a Secret someone else made may be known to them). Never listed,
+# patched or watched. `get` gives no power the operator lacks: it creates pods, and a
+# pod may mount any Secret of its namespace.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create"]
+  verbs: ["create", "get"]
 # Fleet pods: readiness and the prefill pods' IPs for the handshake endpoints.
 - apiGroups: [""]
   resources: ["pods"]

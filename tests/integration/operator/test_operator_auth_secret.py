@@ -11,7 +11,7 @@ import logging
 import pytest
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import eventually
-from operator_scenarios import CR_RESOURCE, STS, fleet, scenario_create, settle
+from operator_scenarios import CR_RESOURCE, STS, condition, fleet, scenario_create, settle, wait_status
 
 from pdfleet.operator.plan import plan
 
@@ -55,8 +55,9 @@ async def test_generated_key_secret_created_once_kept_and_never_leaked(kube, sta
     await settle(d)
     again = kube.get(SECRETS, NAMESPACE, "llama-kv-auth")
     assert again["data"] == secret["data"] and again["metadata"]["resourceVersion"] == version
-    assert [c.status for c in secret_creates(kube, mark)] == [409]
-    assert [c.verb for c in secret_creates(kube)] == ["create", "create"]  # never read, patched or listed
+    # 409, then a metadata-only read of its owner: ours (never patched or listed)
+    assert [(c.verb, c.status) for c in secret_creates(kube, mark)] == [("create", 409), ("get", 200)]
+    assert [c.verb for c in secret_creates(kube)] == ["create", "create", "get"]
 
     # The key is nowhere but in the Secret.
     haystacks = {
@@ -93,3 +94,30 @@ async def test_two_fleets_get_different_keys(driver: FakeDriver, kube):
     a = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "a-kv-auth"), what="a's Secret")
     b = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "b-kv-auth"), what="b's Secret")
     assert a["data"]["key"] != b["data"]["key"]
+
+
+async def test_squatted_key_secret_is_never_used(driver: FakeDriver, kube):
+    """Issue 20 row 2: a Secret of the generated name made by someone else before the fleet (who then
+    knows the key) is never used: no engine is written, the fleet is not Ready (NotOwned) and says what
+    to do; once it is deleted the operator makes its own and the engines come up with it."""
+    squat = await kube.put(SECRETS, NAMESPACE, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                                                "metadata": {"name": "llama-kv-auth", "namespace": NAMESPACE},
+                                                "data": {"key": base64.b64encode(b"0" * 64).decode()}})
+    await driver.create_cr(fleet())
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["reason"] == "NotOwned",
+                           "Ready=False NotOwned")
+    message = condition(st, "Ready")["message"]
+    assert "Secret/llama-kv-auth" in message and "spec.kvTransfer.authSecretRef" in message, message
+    assert condition(st, "Ready")["status"] == "False" and condition(st, "Degraded")["reason"] == "NotOwned"
+    events = await eventually(lambda: [e for e in kube.list("v1/events", NAMESPACE) if e["reason"] == "NotOwned"],
+                              what="a NotOwned event")
+    assert "Secret/llama-kv-auth" in events[0]["message"] and events[0]["type"] == "Warning"
+    await settle(driver)
+    assert kube.list(STS, NAMESPACE) == []  # no engine mounts the squatter's key
+    assert kube.get(SECRETS, NAMESPACE, "llama-kv-auth") == squat  # and it is left as it is
+    assert all(c.verb in ("create", "get") for c in secret_creates(kube))
+
+    await kube.remove(SECRETS, NAMESPACE, "llama-kv-auth")
+    ours = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "llama-kv-auth"), timeout=20, what="our Secret")
+    assert ours["metadata"]["ownerReferences"][0]["name"] == "llama" and ours["data"] != squat["data"]
+    await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, timeout=20, what="the engines")

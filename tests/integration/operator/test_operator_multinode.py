@@ -115,6 +115,25 @@ async def test_kv_transport_condition_and_degraded_on_tcp_fallback(driver: FakeD
     assert st["prefill"]["kvTransport"]["status"] == "True" and st["decode"]["kvTransport"]["reason"] == "TCPFallback"
 
 
+async def test_a_verdict_of_wrong_types_and_non_finite_rates_is_tolerated(driver: FakeDriver, kube):
+    """Issue 20 row 9: a verdict with "transport": [..] raised TypeError in the reconcile (the fleet
+    never got a status again); NaN/Infinity GB/s reached the status. Now such fields are dropped."""
+    await driver.create_cr(big(network={"ucxTransports": ["rc"], "preflight": {"minGBps": 10}}))
+    st = await wait_status(driver, "llama", lambda s: s.get("revision"), "revision")
+    rev = st["revision"]
+    odd = json.dumps({**RDMA, "transport": ["rc", "tcp"], "gBps": float("nan")})
+    weird = json.dumps({**RDMA, "gBps": float("inf")})
+    await kube.simulate_leaderworkerset(NAMESPACE, f"llama-prefill-{rev}", init_message=odd)
+    await kube.simulate_leaderworkerset(NAMESPACE, f"llama-decode-{rev}", init_message=weird)
+    await driver.make_ready("Deployment", "llama-router")
+    st = await wait_status(driver, "llama", lambda s: condition(s, "KVTransport")["status"] == "True"
+                           and condition(s, "Ready")["status"] == "True", "KVTransport from odd verdicts")
+    assert "transport" not in st["prefill"]["kvTransport"] and "gBps" not in st["prefill"]["kvTransport"]
+    assert "gBps" not in st["decode"]["kvTransport"]
+    text = json.dumps(st)
+    assert "NaN" not in text and "Infinity" not in text
+
+
 async def test_gang_provider_must_be_enabled(driver: FakeDriver):
     await driver.create_cr(big(scheduling={"gang": {"provider": "volcano"}}))
     st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["reason"] == "InvalidSpec", "InvalidSpec")

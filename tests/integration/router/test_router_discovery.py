@@ -15,18 +15,38 @@ pytestmark = pytest.mark.timeout(60)
 
 NS = "serving"
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+SERVICES = f"/api/v1/namespaces/{NS}/services"
 COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 3}
 
 
+def service(role, revision, *, fleet="f1", fleet_uid="uid-fleet-f1"):
+    """The headless Service the operator makes for one role at one revision (controlled by the fleet)."""
+    name = f"{fleet}-{role}-{revision}"
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}",
+                         "labels": {"pdfleet.io/fleet": fleet, "pdfleet.io/role": role, "pdfleet.io/revision": revision},
+                         "ownerReferences": [{"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
+                                              "name": fleet, "uid": fleet_uid, "controller": True}]},
+            "spec": {"clusterIP": "None", "selector": {"pdfleet.io/fleet": fleet, "pdfleet.io/role": role}}}
+
+
 def endpoint_slice(name, engine, role, revision, *, ready=True, fleet="f1", created="2026-01-01T00:00:00Z",
-                   serving=False):
+                   owned=True, service_uid=None, serving=False):
+    """A slice as the EndpointSlice controller makes it for service(role, revision) (owned=False: by hand,
+    with the same labels)."""
     port = int(engine.url.rsplit(":", 1)[1])
-    serving_label = {labels.SERVING: labels.SERVING_TRUE} if serving else {}
+    svc = f"{fleet}-{role}-{revision}"
+    meta = {"name": name, "namespace": NS, "creationTimestamp": created,
+            "labels": {"pdfleet.io/fleet": fleet, "pdfleet.io/role": role, "pdfleet.io/revision": revision,
+                       "kubernetes.io/service-name": svc,
+                       **({labels.SERVING: labels.SERVING_TRUE} if serving else {})}}
+    if owned:
+        meta["labels"]["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": svc,
+                                    "uid": service_uid or f"uid-{svc}", "controller": True}]
     return {
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created,
-                     "labels": {"pdfleet.io/fleet": fleet, "pdfleet.io/role": role, "pdfleet.io/revision": revision,
-                                "kubernetes.io/service-name": f"{fleet}-{role}-{revision}", **serving_label}},
+        "metadata": meta,
         "addressType": "IPv4",
         "ports": [{"name": "kv", "port": 1, "protocol": "TCP"}, {"name": "http", "port": port, "protocol": "TCP"}],
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
@@ -40,8 +60,14 @@ def api(kmock):
 
 
 async def apply(fleet, api, obj):
-    async with fleet.session.post(str(api.url).rstrip("/") + SLICES, json=obj) as r:
+    path = SERVICES if obj["kind"] == "Service" else SLICES
+    async with fleet.session.post(str(api.url).rstrip("/") + path, json=obj) as r:
         assert r.status in (200, 201), await r.text()
+    if obj["kind"] == "EndpointSlice" and "ownerReferences" in obj["metadata"]:  # its Service, as the operator made it
+        role, rev = obj["metadata"]["labels"]["pdfleet.io/role"], obj["metadata"]["labels"]["pdfleet.io/revision"]
+        svc = service(role, rev, fleet=obj["metadata"]["labels"]["pdfleet.io/fleet"])
+        async with fleet.session.post(str(api.url).rstrip("/") + SERVICES, json=svc) as r:
+            assert r.status in (200, 201, 409), await r.text()
 
 
 async def patch(fleet, api, name, patch_body):
@@ -197,8 +223,13 @@ async def test_list_errors_keep_last_endpoints_and_watch_errors_relist():
         await asyncio.sleep(3600)
         return resp
 
+    async def services(request):
+        return web.json_response({"items": [service(role, rev) for role in ("prefill", "decode")
+                                            for rev in ("r1", "r2")]})
+
     app = web.Application()
     app.router.add_get(SLICES, handler)
+    app.router.add_get(SERVICES, services)
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -231,3 +262,37 @@ async def test_list_errors_keep_last_endpoints_and_watch_errors_relist():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await runner.cleanup()
+
+
+async def test_hand_made_slices_with_the_fleets_labels_get_no_traffic(api, kubeconfig, fleet):
+    """Row 1 of issue 20: anyone who may create EndpointSlices copies the fleet's labels. Only the
+    EndpointSlice controller's slices of the fleet's own Services are used; each other slice is counted once."""
+    pa, da = await fleet.engine("pA", "prefill"), await fleet.engine("dA", "decode")
+    ep, ed = await fleet.engine("evilP", "prefill"), await fleet.engine("evilD", "decode")
+    await apply(fleet, api, endpoint_slice("f1-p-r1", pa, "prefill", "r1"))
+    await apply(fleet, api, endpoint_slice("f1-d-r1", da, "decode", "r1"))
+    # labels only, in the serving revision
+    await apply(fleet, api, endpoint_slice("evil-p", ep, "prefill", "r1", owned=False))
+    # the controller's label and an owner reference by name, but not the Service's uid
+    await apply(fleet, api, endpoint_slice("evil-d", ed, "decode", "r1", service_uid="uid-made-up"))
+    # a Service of the fleet's labels that the fleet does not control, and the controller's slice of it
+    rogue = service("decode", "r1")
+    rogue["metadata"].update(name="rogue", uid="uid-rogue", ownerReferences=[])
+    await apply(fleet, api, rogue)
+    slice_of_rogue = endpoint_slice("rogue-d", ed, "decode", "r1")
+    slice_of_rogue["metadata"]["labels"]["kubernetes.io/service-name"] = "rogue"
+    slice_of_rogue["metadata"]["ownerReferences"][0].update(name="rogue", uid="uid-rogue")
+    async with fleet.session.post(str(api.url).rstrip("/") + SLICES, json=slice_of_rogue) as r:
+        assert r.status in (200, 201)
+
+    url = await fleet.router([], [], kubernetes_fleet="f1", kubernetes_namespace=NS, kubeconfig=kubeconfig,
+                             kubernetes_fleet_uid="uid-fleet-f1")
+    await wait_health(fleet, url, lambda h: h["revision"] == "r1", "serving r1")
+    assert await serve(fleet, url, 4) == [("pA", "dA")] * 4
+    # a change to a legitimate slice republishes: the refused ones are not counted again
+    await patch(fleet, api, "f1-d-r1", {"metadata": {"annotations": {"touched": "1"}}})
+    assert await serve(fleet, url, 2) == [("pA", "dA")] * 2
+    assert ep.received == [] and ed.received == []
+    async with fleet.session.get(url + "/metrics") as r:
+        metrics = await r.text()
+    assert "pdfleet_router_endpointslices_refused_total 3.0" in metrics, metrics

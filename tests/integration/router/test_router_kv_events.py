@@ -219,7 +219,10 @@ FUZZ = [
     ("garbage", [b"", (1).to_bytes(8, "big"), b"\xc1\xff garbage"], "malformed"),
     ("pickle", [b"", (1).to_bytes(8, "big"), pickle.dumps([1.0, [stored(KEYS)], 0])], "malformed"),
     ("truncated", [b"", (1).to_bytes(8, "big"), batch(stored(KEYS))[:-5]], "malformed"),
-    ("huge", [b"", (1).to_bytes(8, "big"), b"\x00" * (9 * 1024 * 1024)], "oversized"),
+    ("huge", [b"", (1).to_bytes(8, "big"), b"\x00" * (8 * 1024 * 1024 + 1024)], "oversized"),
+    # issue 20 row 4: 1 KB of nesting made the decoder raise and ended the subscriber for good (now refused
+    # before decoding, by its depth: issue 19 row 1)
+    ("nested", [b"", (1).to_bytes(8, "big"), b"\x93" + enc(1.0) + b"\x91" * 1000 + b"\xc0\x00"], "too_deep"),
     ("wrong types", [b"", (1).to_bytes(8, "big"), enc([1.0, [{**stored(KEYS), "block_hashes": {"a": 1}}], 0])],
      "malformed"),
     ("wrong frame count", [batch(stored(KEYS))], "frames"),

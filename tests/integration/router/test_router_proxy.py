@@ -428,3 +428,36 @@ async def test_client_gone_during_a_prefill_that_finishes_hands_the_blocks_back_
     assert back["max_tokens"] == 1 and back["stream"] is False
     assert back["kv_transfer_params"].get("do_remote_prefill") is True
     assert d.received[0].headers["X-Request-Id"] == p.received[0].headers["X-Request-Id"]
+
+
+async def test_long_client_request_id_is_replaced_so_decode_accepts_vllms_id(fleet):
+    """Issue 20 row 6: the router used to pass a 256-character X-Request-Id on; vLLM makes
+    chatcmpl-<id>-<8> of it, decode refuses that remote_request_id (> 256) and sends no release, so
+    prefill's KV stays pinned for the whole lease. The router now sends an id decode accepts."""
+    import time
+
+    from pdfleet.connector.adapter.params import InvalidTransferParams, parse_remote_prefill, producer_params
+
+    def decode_accepts(header_id: str) -> bool:
+        vllm_id = f"chatcmpl-{header_id}-0-{'a1b2c3d4'}"  # what vLLM's chat endpoint makes of the header
+        params = producer_params(block_ids=[1], engine_id="p0", request_id=vllm_id, host="10.0.0.1", port=5600,
+                                 tp_size=1, instance_id=None, lease_expiry=time.time() + 60, num_tokens=16)
+        try:
+            parse_remote_prefill(params, num_prompt_tokens=16, block_size=16, local_tp_size=1, now=time.time())
+        except InvalidTransferParams:
+            return False
+        return True
+
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode")
+    url = await fleet.router([p], [d])
+    long_id = "L" * 256
+    assert not decode_accepts(long_id)  # negative control: what main sent
+    status, headers, _ = await post(fleet, url, COMPLETION, {"X-Request-Id": long_id})
+    assert status == 200
+    sent = p.received[-1].headers["X-Request-Id"]
+    assert sent != long_id and d.received[-1].headers["X-Request-Id"] == sent == headers["X-Request-Id"]
+    assert decode_accepts(sent)
+    ok_id = "c" * 200  # short enough: kept as the client sent it
+    status, headers, _ = await post(fleet, url, COMPLETION, {"X-Request-Id": ok_id})
+    assert p.received[-1].headers["X-Request-Id"] == ok_id == headers["X-Request-Id"] and decode_accepts(ok_id)

@@ -147,7 +147,7 @@ def test_comparison_catches_a_missing_and_an_extra_grant(rendered, calls, allowe
     granted = grants(by_kind(rendered["default"], "ClusterRole"))
     some_call = sorted(calls)[0]
     assert missing(calls, granted - {some_call}) == {some_call}
-    extra = ("", "secrets", "get")
+    extra = ("", "secrets", "list")
     assert excess(granted | {extra}, calls, allowed) == {extra}
 
 
@@ -196,7 +196,7 @@ def test_podgroup_rbac_and_flag_only_for_the_gang_providers_enabled(rendered, pr
     assert podgroup_grants(rendered["default"]) == set()
     assert not [a for a in args(rendered["default"]) if a.startswith("--gang-provider")]
     docs = render_docs({"gangScheduling": {provider: True}})
-    assert podgroup_grants(docs) == {(group, "podgroups", v) for v in ("list", "watch", "create", "patch", "delete")}
+    assert podgroup_grants(docs) == {(group, "podgroups", v) for v in ("get", "list", "watch", "create", "patch", "delete")}
     recorded = {c for c in recorded_calls() if c[0] == group}
     assert recorded <= podgroup_grants(docs), "every PodGroup call the gang tests made is granted"
     assert f"--gang-provider={provider}" in args(docs)

@@ -51,6 +51,7 @@ VARIANTS = {
     "decode_first_byte_timeout_s": 8.0, "decode_idle_timeout_s": 7.5, "eject_s": 0.25, "upstream_keepalive_s": 3.0,
     "kubernetes_namespace": "ns1", "prefill": ("http://a:1", "http://b:2"), "decode": ("http://c:3",),
     "kv_events": (("http://a:1", "tcp://a:5557,tcp://a:5558"),),
+    "prompt_cache_max_bytes": 4096, "kubernetes_fleet_uid": "0d7c-uid",
     "flow_control": FlowControlConfig(enabled=True, max_queued=5, priorities=(Priority("hi", 4), Priority("lo", 1))),
 }
 STATIC = RouterConfig(prefill=("http://p:1",), decode=("http://d:1",))
@@ -59,7 +60,7 @@ K8S = RouterConfig(kubernetes_fleet="f1", kubernetes_namespace="ns")
 
 @pytest.mark.parametrize("name", [n for n in FLAGGED if n != "kubernetes_fleet"])
 def test_every_flag_round_trips(name):
-    base = K8S if name == "kubernetes_namespace" else STATIC
+    base = K8S if name in ("kubernetes_namespace", "kubernetes_fleet_uid") else STATIC
     cfg = replace(base, **{name: VARIANTS[name]})
     assert cfg != base  # the variant is a real change (or this test would prove nothing)
     assert parse_argv(cfg.to_argv()) == cfg

@@ -105,7 +105,7 @@ def test_tiny_cpu_needs_no_gpu_nor_rdma() -> None:
     for role in ("prefill", "decode"):
         c = engine_container(objs, role)
         assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})
-        assert "securityContext" not in c
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}  # no IPC_LOCK without RDMA
         assert arg(c, "--block-size") == "32"
         assert json.loads(arg(c, "--kv-transfer-config"))["kv_buffer_device"] == "cpu"
         assert env(c)["VLLM_CPU_KVCACHE_SPACE"] == "1"
@@ -257,7 +257,7 @@ def test_engines_drain_on_sigterm_within_their_grace_period(lease, prefill_grace
     resource = load("tiny-cpu")
     resource["spec"]["kvTransfer"]["leaseSeconds"] = lease
     objs = plan(resource)
-    for role, grace, drain in (("prefill", prefill_grace, prefill_drain), ("decode", 60, 45)):
+    for role, grace, drain in (("prefill", prefill_grace, prefill_drain), ("decode", 615, 600)):
         pod = sts(objs, role)["spec"]["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == grace
         assert arg(engine_container(objs, role), "--shutdown-timeout") == str(drain)

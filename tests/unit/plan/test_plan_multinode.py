@@ -80,7 +80,7 @@ def test_multi_node_role_is_a_leaderworkerset(case, change, count, replicas, pg_
             assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/ib": 1}, "TP 16 over 2 nodes: 8 GPUs a pod"
             assert flag(c["args"], "--tensor-parallel-size") == "16"
             assert flag(c["args"], "--nnodes") == "2" and flag(c["args"], "--master-addr") == "$(LWS_LEADER_ADDRESS)"
-            assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
         lc, wc = leader["spec"]["containers"][0], worker["spec"]["containers"][0]
         assert lc["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
         assert flag(lc["args"], "--node-rank") == "0" and "--headless" not in lc["args"]

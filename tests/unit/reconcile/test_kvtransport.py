@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+
+import pytest
 
 from pdfleet.operator.reconcile.kvtransport import PodTransport, fleet_transport, from_pod_status, role_transport
 
@@ -37,3 +40,24 @@ def test_role_and_fleet() -> None:
     assert (fleet.status, fleet.reason) == ("False", "TCPFallback") and fleet.message.startswith("decode:")
     assert fleet_transport({"prefill": good, "decode": role_transport([])}).status == "Unknown"
     assert fleet_transport({"prefill": good, "decode": good}).status == "True"
+
+
+
+@pytest.mark.parametrize("field, value, want", [
+    # issue 20 row 9: a list raised TypeError in role_transport; NaN/Infinity reached the status
+    ("transport", ["rc", "tcp"], None), ("transport", {"a": 1}, None), ("transport", 5, None),
+    ("transport", "x" * 300, "x" * 200),
+    ("gBps", float("nan"), None), ("gBps", float("inf"), None), ("gBps", -1.0, None), ("gBps", True, None),
+    ("gBps", "20", None), ("gBps", 3, 3.0),
+    ("reason", ["r"], ""), ("message", {"m": 1}, ""),
+])
+def test_verdict_fields_of_the_wrong_type_are_dropped(field, value, want):
+    text = json.dumps({**OK, field: value})  # json.dumps writes NaN/Infinity, as a careless writer would
+    got = from_pod_status(pod_status(text))
+    assert got is not None and got.status == "True"
+    attr = {"gBps": "gbps"}.get(field, field)
+    assert getattr(got, attr) == want
+    role = role_transport([("p-0", got), ("p-1", from_pod_status(pod_status(OK)))])  # never raises
+    assert role.status == "True"
+    assert role.gbps is None or math.isfinite(role.gbps)
+

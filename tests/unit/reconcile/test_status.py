@@ -112,3 +112,20 @@ def test_kstatus_sees_progress_failure_and_completion():
     bare = {"conditions": [c for c in build_status(inputs([]), now=T0)["conditions"]
                            if c["type"] not in ("Reconciling", "Stalled")]}
     assert kstatus(bare) == "Current"
+
+
+def test_not_owned_wins_over_everything_else():
+    """Issue 20 rows 2-3: an object in the way makes the fleet not Ready, whatever else holds."""
+    from pdfleet.operator.reconcile import status as st
+    from pdfleet.operator.reconcile.rollout import decide
+    import datetime
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    d = decide("r1", __import__("pdfleet.operator.reconcile.rollout", fromlist=["RolloutState"]).RolloutState(
+        serving=None, previous=None, switched_at=None), [], set(), now=now, drain_seconds=30)
+    out = st.build_status(st.StatusInputs(generation=1, previous={}, decision=d, error="apply X: 500",
+                                          not_owned="Deployment/x already exists ..."), now=now)
+    conds = {c["type"]: c for c in out["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "NotOwned")
+    assert (conds["Degraded"]["status"], conds["Degraded"]["reason"]) == ("True", "NotOwned")
+    plain = st.build_status(st.StatusInputs(generation=1, previous={}, decision=d, error="apply X: 500"), now=now)
+    assert {c["type"]: c for c in plain["conditions"]}["Ready"]["reason"] == "ApplyFailed"  # negative control

@@ -187,18 +187,18 @@ def test_last_safe_cut_table(text, start, lo, hi, offsets, want):
     assert last_safe_cut(text, start, lo, hi, Encoded([0] * len(offsets), offsets)) == want
 
 
-def test_lru_bounds_the_chunks_and_eviction_only_shortens_hits(bytelevel):
-    small = PromptTokenCache(chunk_chars=64, max_chunks=5)
+def test_lru_bounds_the_bytes_and_eviction_only_shortens_hits(bytelevel):
+    small = PromptTokenCache(chunk_chars=64, max_bytes=2500)
     text = " ".join(build_corpus(2, 200))[:2000]
     whole = bytelevel.encode(text, True)
     hasher = BlockHasher(HashConfig(BLOCK))
     small.store(text, small.lookup(text, hasher), whole)
-    assert len(small) == 5
+    assert 0 < small.bytes <= 2500 and 1 <= len(small) < len(text) // 64
     hit = small.lookup(text, hasher)
     assert hit.ids == [] and hit.chars == 0  # the first chunks were evicted: the chain starts nowhere
 
 
-@pytest.mark.parametrize("kwargs, field", [({"chunk_chars": 4}, "chunk_chars"), ({"max_chunks": 0}, "max_chunks")])
+@pytest.mark.parametrize("kwargs, field", [({"chunk_chars": 4}, "chunk_chars"), ({"max_bytes": 10}, "max_bytes")])
 def test_bad_sizes_are_refused_by_name(kwargs, field):
     with pytest.raises(ValueError, match=field):
         PromptTokenCache(**kwargs)
@@ -211,3 +211,45 @@ def test_next_safe_cut_table(text, at, want):
 
 def test_composes_needs_a_safe_cut():
     assert not composes(lambda text, special: Encoded([1], [(0, len(text))]), "nocutshere")
+
+
+def _dense_texts(n: int, seed: int) -> list[str]:
+    """Token-dense prompts (digits and symbols, a space every few characters): the tiny model's
+    tokenizer makes about one token a character of them, so a 256-character chunk holds ~256
+    tokens (English prose: ~60)."""
+    rng = random.Random(seed)
+    alphabet = "0123456789#$%&*+-/=<>@^~|"
+    return [" ".join("".join(rng.choice(alphabet) for _ in range(rng.randint(3, 9))) for _ in range(600))
+            for _ in range(n)]
+
+
+def test_cache_memory_is_bounded_in_bytes_with_the_tiny_models_tokenizer(tiny):
+    """Issue 20 row 5, measured with tracemalloc: what the cache holds stays under its byte bound, and
+    its own count of bytes is close to the truth. (Bounded by entries, 16,384 such chunks held
+    16,384 x 256 tokens as tuples of Python ints, 8 to 36 bytes a token: 32 to 144 MiB.)"""
+    import gc
+    import tracemalloc
+
+    bound = 2 * 1024 * 1024
+    hasher = BlockHasher(HashConfig(BLOCK))
+    texts = _dense_texts(160, 3)  # ~0.7 MB of text, ~2,700 chunks: more than the bound holds
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        cache = PromptTokenCache(max_bytes=bound)
+        for text in texts:
+            hit = cache.lookup(text, hasher)
+            cache.store(text, hit, tiny.encode(text[hit.chars:], hit.chars == 0))
+            cache.lookup(text, hasher)  # found again: its block keys are kept too
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    tokens = sum(len(c.ids) for c in cache._chunks.values())
+    print(f"prompt token cache: {len(cache)} chunks, {tokens} tokens, counted {cache.bytes / 2**20:.2f} MiB, "
+          f"traced {used / 2**20:.2f} MiB, bound {bound / 2**20:.0f} MiB")
+    assert cache.bytes <= bound
+    assert used <= bound * 1.15, f"the cache holds {used} bytes, over its bound of {bound}"
+    assert used >= bound * 0.6 and tokens > 20_000  # it was filled: the bound, not the input, limited it
+    assert abs(used - cache.bytes) <= 0.25 * used  # its accounting is close to what it holds
