@@ -26,10 +26,12 @@ import hashlib
 import hmac
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import zmq
 from zmq.utils import z85
@@ -134,6 +136,30 @@ def reply_judged_at(signed_at: float, asked_at: float | None, now: float) -> flo
     return min(max(signed_at, asked_at), now)
 
 
+@contextmanager
+def unpinned() -> Iterator[None]:
+    """Threads started inside may run on every CPU the process may use, not only the caller's.
+
+    vLLM pins an engine's worker thread to the engine's CPUs, and every thread it starts inherits
+    that pinning, ZMQ's I/O threads included. Where engines share CPUs the side channel's threads
+    then wait behind the engines' spinning threads and answer heartbeats seconds late (measured:
+    p99 6-10 s in 2 prefill + 1 decode local fleets, docs/reliability.md). Started in here, they
+    go wherever a CPU is free. The caller's own pinning is restored on the way out."""
+    try:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the kernel keeps only the CPUs allowed
+    except (AttributeError, OSError):  # not Linux, or not allowed: leave the pinning as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.sched_setaffinity(0, before)
+        except OSError:
+            pass
+
+
 class SideChannelError(RuntimeError):
     """The peer did not answer in time, answered garbage, or refused the request."""
 
@@ -200,6 +226,10 @@ class SideChannelServer:
         self.max_restarts = 20  # failures in a row before the loop gives up (the engine then reports it)
 
     def start(self) -> None:
+        with unpinned():  # the ZAP thread, ZMQ's I/O threads and the serving thread (see unpinned)
+            self._start()
+
+    def _start(self) -> None:
         ring = self._req.ring
         if ring is not None:
             # One ZAP handler per context: a context of its own, so servers do not share one.
