@@ -77,10 +77,11 @@ def local_errors(spec: DisaggregatedInferenceSpec, *, has_gpu: bool) -> list[Fie
     return errors
 
 
-# Measured here (bench/local_throughput.py, docs/reliability.md): with prefill-0 and decode-0 on one CPU,
-# fresh 2 prefill + 1 decode fleets often stalled for a whole lease.
-SHARING_COST = ("engines on the same CPU slow each other down a lot (vLLM's CPU engines spin while they"
-                " wait for work)")
+# What sharing costs, measured (bench/local_throughput.py, 2 cores, docs/reliability.md): on the issue-17
+# workload a 2 prefill + 1 decode fleet served about 300 requests/min where 1 + 1 served about 400 and one
+# plain vLLM server about 2,300.
+SHARING_COST = ("engines on the same CPU slow each other down (vLLM's CPU engines spin while they wait for"
+                " work; measured here: 2 prefill + 1 decode on 2 CPUs ~300 requests/min, 1 + 1 ~400)")
 
 
 def _split(cpus: Sequence[int], n: int) -> list[list[int]]:
