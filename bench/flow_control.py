@@ -33,7 +33,6 @@ import json
 import math
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet.contract.kv_params import produce
+from pdfleet.operator.local.health import wait_healthy
+from pdfleet.operator.local.processes import stop_groups
 from pdfleet.contract.routing import LEAST_OUTSTANDING
 
 PREFILL_SLOTS, PREFILL_S = 32, 0.100
@@ -118,30 +119,6 @@ def start(cmd: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, start_new_session=True, env=env, **kw)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        time.sleep(0.1)
-
-
 def start_router(prefill: str, decode: str, flow: dict | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "pdfleet.operator.cli", "router", "--port", str(port), "--prefill", prefill,
@@ -151,7 +128,7 @@ def start_router(prefill: str, decode: str, flow: dict | None) -> tuple[subproce
         cmd += ["--flow-control", json.dumps(flow)]
     proc = start(cmd, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health")
+    wait_healthy(url, timeout=30, interval=0.1)
     return proc, url
 
 
@@ -334,12 +311,12 @@ def main() -> int:
                 with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
                     print("\n".join(l for l in resp.read().decode().splitlines()
                                     if l.startswith("pdfleet_router_flow_") and "_created" not in l))
-            stop(router)
+            stop_groups([router.pid], [router], grace_s=5)
             runs.append(summary(name, results, t0, seconds))
             print("  " + json.dumps(runs[-1]), flush=True)
     finally:
         for p in procs:
-            stop(p)
+            stop_groups([p.pid], [p], grace_s=5)
     base = runs[0]["interactive_ttft_p90_ms"]
     fifo, flow = runs[1], runs[2]
     ratio = flow["interactive_ttft_p90_ms"] / base if base else float("nan")
