@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
+from pdfleet.connector.router.kv_events import decode_message
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
@@ -239,6 +240,11 @@ async def test_fuzzed_event_messages_are_dropped_counted_and_change_no_route(fle
     p0, p1 = prefill[0].url, prefill[1].url
     pubs[1].publish(batch(stored(KEYS[:3])))  # seq 0: p1 holds 3 blocks
     await until(lambda: len(index(router, p1)) == 3)
+    if label == "nested":
+        # msgspec refuses nesting through Python's recursion limit, which other code in the process may have
+        # raised: decoded that deep, the batch is refused by its shape instead. Either way dropped and counted.
+        reason = decode_message(frames)
+        assert reason in ("too_deep", "malformed"), reason
     pubs[0].raw(frames)  # the bad message claims p0 holds everything
     await until(lambda: counter(router, "pdfleet_router_kv_events_dropped_total", endpoint=p0, reason=reason) == 1)
     assert len(index(router, p0)) == 0 and len(index(router, p1)) == 3
