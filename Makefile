@@ -52,6 +52,9 @@ bench: setup
 	$(PY) bench/operator_reconcile.py
 	$(PY) bench/pd_local.py
 	$(PY) bench/planner.py
+	$(PY) bench/flow_control.py
+	$(PY) bench/hostile_costs.py
+	$(PY) bench/local_throughput.py
 
 # The fault suite: a local fleet under load, one fault at a time (docs/reliability.md).
 chaos: setup
