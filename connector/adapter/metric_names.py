@@ -43,6 +43,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
                           "Side-channel messages dropped for nesting deeper than the decoder allows (prefill side)"),
     "side_channel_restarts": ("side_channel_restarts",
                               "Times prefill's side-channel serving loop failed and was started again"),
+    "heartbeat_retries": ("pull_heartbeat_retries",
+                          "Unanswered lease heartbeats retried because the lease still had time (decode side)"),
     "reads_timed_out": ("pull_reads_cancelled",
                         "Pulls whose READ did not complete within its bound (bytes at the floor bandwidth): "
                         "cancelled, recomputed, lease released (decode side; also in pull_failures)"),
