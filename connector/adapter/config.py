@@ -49,6 +49,8 @@ class AdapterConfig:
     secret_file: str | None = None
     read_floor_bandwidth: float = DEFAULTS.read_floor_bandwidth
     read_timeout_floor: float = DEFAULTS.read_timeout_floor
+    nixl_threads: int = DEFAULTS.nixl_threads
+    nixl_split_batch: int = DEFAULTS.nixl_split_batch
 
 
 def _host(env: Mapping[str, str]) -> str:
@@ -109,6 +111,8 @@ def parse_adapter_config(extra: Mapping[str, Any] | None, env: Mapping[str, str]
         secret_file=cfg.auth_secret_file,
         read_floor_bandwidth=cfg.read_floor_bandwidth,
         read_timeout_floor=cfg.read_timeout_floor,
+        nixl_threads=cfg.nixl_threads,
+        nixl_split_batch=cfg.nixl_split_batch,
     )
 
 

@@ -187,6 +187,8 @@ class WorkerSide:
                 backing=self.spans,
                 read_floor_bandwidth=self.cfg.read_floor_bandwidth,
                 read_floor_seconds=self.cfg.read_timeout_floor,
+                nixl_threads=self.cfg.nixl_threads,
+                nixl_split_batch=self.cfg.nixl_split_batch,
             )
         log.info(
             "pdfleet connector rank %d/%d: KV cache layout %s, %d region(s) in %d registered allocation(s),"

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pdfleet.connector.transfer.layout import Span
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
 
 __all__ = ["NixlAgent", "NixlError"]
 
@@ -50,7 +51,8 @@ def _nixl_api() -> Any:
 
 
 class NixlAgent:
-    def __init__(self, name: str, backends: Sequence[str] = ("UCX",), progress_thread: bool = True) -> None:
+    def __init__(self, name: str, backends: Sequence[str] = ("UCX",), progress_thread: bool = True,
+                 threads: int = 0, split_batch: int = CONNECTOR_DEFAULTS.nixl_split_batch) -> None:
         try:
             api = _nixl_api()
         except ImportError as exc:  # pragma: no cover - depends on the image
@@ -61,7 +63,16 @@ class NixlAgent:
             raise ValueError("backends must name at least one NIXL backend, e.g. ['UCX']")
         self.name = name
         # NIXL's progress thread polls without sleeping: it keeps one core busy per agent.
-        self._agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress_thread, backends=backends))
+        if threads < 0 or split_batch < 1:
+            raise ValueError(f"threads must be >= 0 and split_batch >= 1, got {threads} and {split_batch}")
+        # threads > 0: UCX's thread-pool engine posts a transfer of at least `split_batch`
+        # descriptors from that many threads at once, each with its own UCX worker. NIXL's own
+        # threshold (1,024) would never split a KV pull; on a GPU each descriptor costs ~5 us to post.
+        init = {"num_threads": str(threads), "split_batch_size": str(split_batch)} if threads else {}
+        self._agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress_thread,
+                                                         backends=[] if init else backends))
+        for backend in backends if init else ():
+            self._agent.create_backend(backend, init)
         missing = [b for b in backends if b not in self._agent.backends]
         if missing:
             raise NixlError(
@@ -69,6 +80,10 @@ class NixlAgent:
             )
         self._registered: list[Any] = []
         self._prepped: list[Any] = []  # prepared descriptor lists not released yet
+
+    def backend_options(self, backend: str = "UCX") -> dict[str, str]:
+        """The parameters NIXL instantiated ``backend`` with (e.g. its thread count)."""
+        return dict(self._agent.get_backend_params(backend))
 
     def register(self, spans: Sequence[Span]) -> None:
         """Register each span (a backing allocation, see ``registration_spans``), grouped by memory type."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pdfleet.connector.transfer import wire
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
 from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.transfer.layout import (
     BLOCK_OUTERMOST_LAYOUTS,
@@ -198,6 +199,8 @@ class KVSink:
         read_floor_bandwidth: float = READ_FLOOR_BANDWIDTH,
         read_floor_seconds: float = READ_FLOOR_SECONDS,
         max_sockets: int | None = None,
+        nixl_threads: int = 0,
+        nixl_split_batch: int = CONNECTOR_DEFAULTS.nixl_split_batch,
     ) -> None:
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
@@ -228,7 +231,10 @@ class KVSink:
         self._read_floor = float(read_floor_seconds)
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         # The sink polls its transfers itself; NIXL's progress thread would spin a core.
-        self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread)
+        self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread,
+                                threads=nixl_threads, split_batch=nixl_split_batch)
+        # as NIXL instantiated it (0: one thread posts every descriptor)
+        self.nixl_threads = int(self._agent.backend_options(backends[0]).get("num_threads", 0))
         self._agent.register(spans)
         self.registrations = len(spans)
         # Descriptor lists prepared once (here, and per peer at handshake): a pull then only

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 from pdfleet.contract import ports, routing
-from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, GPU_NIXL_THREADS, MAX_NIXL_THREADS
 
 GROUP = "pdfleet.io"
 VERSION = "v1alpha1"
@@ -171,6 +171,11 @@ class KVTransferSpec(Model):
         " (Secret <name>-kv-auth); the side channel is always signed.",
     )
     load_failure_policy: Literal["recompute", "fail"] = "recompute"
+    nixl_threads: Optional[Annotated[int, Field(ge=0, le=MAX_NIXL_THREADS)]] = Field(
+        default=None,
+        description="Threads with which decode posts one KV read's descriptors at once, each with its own UCX worker"
+        f" (on a GPU, its own CUDA stream). Unset: {GPU_NIXL_THREADS} with bufferDevice cuda, 0 with cpu.",
+    )
 
 
 class RDMASpec(Model):

@@ -11,7 +11,9 @@ from typing import Any, Optional
 
 from pdfleet.contract import env as env_names
 from pdfleet.contract import ports
-from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE, KV_ROLES, ConnectorExtraConfig
+from pdfleet.contract.connector_config import (
+    CONNECTOR_CLASS, CONNECTOR_MODULE, KV_ROLES, ConnectorExtraConfig, nixl_threads_for,
+)
 from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
 from pdfleet.operator.api.rules import UCX_TCP_PORT_RANGE_VAR, parse_port_range  # noqa: F401
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
@@ -55,6 +57,7 @@ def kv_transfer_config(
         compat_extra=f"pdfleet-revision={revision}",
         # Always signed: the user's Secret (authSecretRef) or the fleet's generated one is mounted there.
         auth_secret_file=secret_file or f"{SECRET_DIR}/{SECRET_FILE}",
+        nixl_threads=nixl_threads_for(kv.buffer_device, kv.nixl_threads),
     ).to_extra()
     return {
         "kv_connector": CONNECTOR_CLASS,

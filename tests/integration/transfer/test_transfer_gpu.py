@@ -40,8 +40,12 @@ DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu, id="vram"), pytest.param(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind, descriptors", [("page", RUNS), ("layer", 8 * RUNS)])
-def test_pull_between_two_processes_is_byte_exact(kind, descriptors, device, monkeypatch):
+@pytest.mark.parametrize("kind, descriptors, threads", [
+    ("page", RUNS, 0), ("layer", 8 * RUNS, 0),
+    # NIXL's thread pool (what GPU fleets run with): 24 descriptors split over 2 threads
+    ("layer", 8 * RUNS, 2),
+])
+def test_pull_between_two_processes_is_byte_exact(kind, descriptors, threads, device, monkeypatch):
     import torch
     from gpu_source_proc import KV_BLOCK, LAYERS, MEMORY, PAGE, layout, pattern, regions
 
@@ -53,7 +57,8 @@ def test_pull_between_two_processes_is_byte_exact(kind, descriptors, device, mon
     local = torch.zeros(NUM_BLOCKS * PAGE, dtype=torch.uint8, device=device)
     sink = KVSink(engine_id=f"gpu-sink-{kind}", regions=regions(local.data_ptr(), NUM_BLOCKS, kind, mem),
                   layout=layout(kind), compat_hash="gpu", secret=None,
-                  backing=[Span(local.data_ptr(), local.numel(), mem, local.device.index or 0)])
+                  backing=[Span(local.data_ptr(), local.numel(), mem, local.device.index or 0)],
+                  nixl_threads=threads)
     try:
         want = pattern(NUM_BLOCKS * PAGE, device)  # prefill's bytes, regenerated on this device
 
@@ -82,6 +87,7 @@ def test_pull_between_two_processes_is_byte_exact(kind, descriptors, device, mon
         assert pulled_equal()
         assert sink.stats()["descriptors"] == descriptors
         assert sink.stats()["prepped_transfers"] == 1  # from the lists prepared at handshake
+        assert sink.nixl_threads == threads
     finally:
         sink.close()
         src.close()  # raises (after killing it) unless the child answered exit and exited 0

@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from pdfleet.connector.adapter.config import parse_adapter_config
-from pdfleet.contract.connector_config import DEFAULTS, ConnectorConfigError, ConnectorExtraConfig
+from pdfleet.contract.connector_config import DEFAULTS, GPU_NIXL_THREADS, ConnectorConfigError, ConnectorExtraConfig
 from pdfleet.operator.api import parse
 from pdfleet.operator.api.types import KVTransferSpec
 from pdfleet.operator.plan import plan
+from pdfleet.operator.plan.engine import kv_transfer_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,6 +48,11 @@ def test_what_the_plan_renders_the_connector_parses(example):
     ({"allow_unauthenticated": "yes"}, "allow_unauthenticated must be true or false"),
     ({}, "auth_secret_file is not set"),
     ({"leases": 3, "allow_unauthenticated": True}, "unknown keys ['leases']"),
+    ({"nixl_threads": -1, "allow_unauthenticated": True}, "nixl_threads must be an integer in [0, 64]"),
+    ({"nixl_threads": 65, "allow_unauthenticated": True}, "nixl_threads must be an integer in [0, 64]"),
+    ({"nixl_threads": True, "allow_unauthenticated": True}, "nixl_threads must be an integer in [0, 64]"),
+    ({"nixl_threads": 2.0, "allow_unauthenticated": True}, "nixl_threads must be an integer in [0, 64]"),
+    ({"nixl_split_batch": 0, "allow_unauthenticated": True}, "nixl_split_batch must be an integer in [1, 4096]"),
 ])
 def test_bad_extra_config_names_the_key(extra, needle):
     with pytest.raises(ConnectorConfigError, match=None) as err:
@@ -59,3 +65,29 @@ def test_bad_extra_config_names_the_key(extra, needle):
 def test_the_adapter_takes_the_contracts_values():
     cfg = parse_adapter_config({"allow_unauthenticated": True, "lease_seconds": 7}, env={})
     assert cfg.lease_seconds == 7.0 and cfg.backends == DEFAULTS.backends and cfg.secret is None
+
+
+@pytest.mark.parametrize("buffer, requested, rendered", [
+    ("cuda", None, GPU_NIXL_THREADS),  # measured default for GPU reads (bench part l)
+    ("cpu", None, None),  # DRAM fleets: not rendered, the connector's default (0) applies
+    ("cuda", 0, None),  # the user's 0 wins and, being the default, is not rendered
+    ("cpu", 2, 2),
+])
+def test_decode_gets_the_nixl_threads_the_spec_asks_for(buffer, requested, rendered):
+    kv = {"bufferDevice": buffer} | ({} if requested is None else {"nixlThreads": requested})
+    cr = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", "metadata": {"name": "t"},
+          "spec": {"model": {"name": "m"}, "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                   "kvTransfer": kv}}
+    extra = kv_transfer_config(parse(cr).spec, "decode", "r1")["kv_connector_extra_config"]
+    assert extra.get("nixl_threads") == rendered
+    cfg = parse_adapter_config(extra | {"allow_unauthenticated": True, "auth_secret_file": None}, env={})
+    assert cfg.nixl_threads == (rendered or 0) and cfg.nixl_split_batch == DEFAULTS.nixl_split_batch
+
+
+def test_an_api_nixl_threads_out_of_range_is_refused_naming_the_field():
+    cr = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", "metadata": {"name": "t"},
+          "spec": {"model": {"name": "m"}, "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                   "kvTransfer": {"nixlThreads": 65}}}
+    with pytest.raises(Exception) as err:
+        parse(cr)
+    assert "nixlThreads" in str(err.value)
