@@ -45,7 +45,7 @@ import kmock
 import yaml
 from kmock._internal import references, rendering
 
-from pdfleet.operator.reconcile.kube import USER_AGENT
+from pdfleet.operator.kube.client import USER_AGENT
 
 assert kmock.__version__ == "0.8", f"FakeKube reaches into kmock internals; pinned to 0.8, got {kmock.__version__}"
 

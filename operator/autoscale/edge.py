@@ -8,8 +8,8 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
 from pdfleet.operator.plan.kinds import STATEFULSET
-from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
-from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.kube.observed import ChildRef, ObservedChild
+from pdfleet.operator.kube.client import ApiFailure, KubeClient
 
 logger = logging.getLogger("pdfleet.operator")
 STS_KIND = STATEFULSET

@@ -22,7 +22,7 @@ from pdfleet.operator.plan import naming
 from pdfleet.contract.labels import FLEET as FLEET_LABEL
 from pdfleet.contract.labels import ROLE as ROLE_LABEL
 from pdfleet.operator.plan.kinds import Kind
-from pdfleet.operator.reconcile.children import ObservedChild
+from pdfleet.operator.kube.observed import ObservedChild
 
 ROLES = ("prefill", "decode")
 SCALER_KIND = Kind(scaler_api.API_VERSION, scaler_api.KIND, scaler_api.PLURAL)

@@ -26,7 +26,7 @@ import kopf
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, observe_scaler
 from pdfleet.operator.reconcile import children as ch
-from pdfleet.operator.reconcile.kube import KubeClient, RetryPolicy
+from pdfleet.operator.kube.client import KubeClient, RetryPolicy
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 from pdfleet.operator.reconcile.reconciler import Reconciler, ReconcileOptions
 

@@ -8,7 +8,7 @@ from pdfleet.contract import labels as label_keys
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.plan import PlanOptions, plan, revision_of
 from pdfleet.operator.plan.engines import HTTP_PORT_NAME, KV_EVENTS_PORT_NAME, SIDE_CHANNEL_PORT_NAME
-from pdfleet.operator.reconcile.children import ObservedChild
+from pdfleet.operator.kube.observed import ObservedChild
 
 
 def target_revision(cr: DisaggregatedInference, image: str) -> str:

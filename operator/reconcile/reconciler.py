@@ -24,7 +24,7 @@ from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
-from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
 from pdfleet.operator.reconcile.ownership import REASON as NOT_OWNED, not_owned_message, ownership

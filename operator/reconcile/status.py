@@ -12,7 +12,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from pdfleet.operator.reconcile.children import ObservedChild, ObservedPod
+from pdfleet.operator.kube.observed import ObservedChild, ObservedPod
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
 from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
 

@@ -11,7 +11,7 @@ import pytest
 
 from pdfleet.operator.plan.kinds import CONFIGMAP
 from pdfleet.operator.reconcile.children import ChildRef
-from pdfleet.operator.reconcile.kube import USER_AGENT, ApiFailure, KubeClient, RetryPolicy
+from pdfleet.operator.kube.client import USER_AGENT, ApiFailure, KubeClient, RetryPolicy
 
 REF = ChildRef("v1", "ConfigMap", "ns", "cm")
 

@@ -22,11 +22,13 @@ from typing import Any, Awaitable, Callable, Mapping, Optional
 import aiohttp
 import kopf
 
-from pdfleet.operator.reconcile.children import FIELD_MANAGER, ChildRef, Kind, kind_of
+from pdfleet.operator.kube.observed import ChildRef, kind_of
+from pdfleet.operator.plan.kinds import Kind
 
 logger = logging.getLogger("pdfleet.operator")
 
 RETRIABLE_STATUSES = (409, 422, 429)
+FIELD_MANAGER = "pdfleet"
 USER_AGENT = "pdfleet-operator"
 
 
