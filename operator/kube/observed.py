@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from pdfleet.contract import fabric
 from pdfleet.contract import labels as label_keys
-from pdfleet.operator.plan.kinds import GANG_KINDS, OWNED_KINDS, Kind
+from pdfleet.operator.plan.kinds import OWNED_KINDS, POD_GROUP_KINDS, Kind
 
 ROLE_LABEL = label_keys.ROLE
 REVISION_LABEL = label_keys.REVISION
@@ -19,7 +19,7 @@ HASH_ANNOTATION = label_keys.APPLIED_HASH
 SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 PREFLIGHT_CONTAINER = fabric.CONTAINER_NAME
-_BY_KIND = {(k.api_version, k.kind): k for k in (*OWNED_KINDS, *GANG_KINDS.values())}
+_BY_KIND = {(k.api_version, k.kind): k for k in (*OWNED_KINDS, *POD_GROUP_KINDS)}
 
 
 def kind_of(obj: Mapping[str, Any]) -> Kind:

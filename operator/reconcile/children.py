@@ -20,7 +20,8 @@ from pdfleet.operator.kube.observed import (
     ObservedChild, ObservedPod, kind_of, observe_child, observe_pod,
 )
 from pdfleet.operator.plan import kinds
-from pdfleet.operator.plan.kinds import GANG_KINDS, LWS, OWNED_KINDS, POD, Kind
+from pdfleet.operator.plan.gang import GANG_KINDS
+from pdfleet.operator.plan.kinds import LWS, OWNED_KINDS, POD, Kind
 
 FLEET_LABEL = label_keys.FLEET
 WORKLOAD_KINDS = kinds.WORKLOAD_KINDS
