@@ -61,7 +61,7 @@ class ScalingEdge:
         assert plan.result is not None
         errors = []
         for c in children:
-            if (c.ref.kind != "StatefulSet" or c.revision != serving or c.deleting or c.role not in plan.autoscaled
+            if (c.ref.kind != STS_KIND.kind or c.revision != serving or c.deleting or c.role not in plan.autoscaled
                     or c.replicas == plan.result.replicas[c.role]):
                 continue
             url = STS_KIND.path(namespace, c.ref.name)

@@ -184,7 +184,7 @@ class Reconciler:
         owned = [c for c in observed if uid in c.owner_uids]
         pods = [p for p in pods if p.namespace == namespace]
         present = {c.revision for c in owned
-                   if c.revision and c.ref.kind in ("StatefulSet", "LeaderWorkerSet") and not c.deleting}
+                   if c.revision and c.ref.kind in kinds.ENGINE_WORKLOAD_KINDS and not c.deleting}
         roll = previous.get("rollout") or {}
         state = rollout.RolloutState(serving=previous.get("revision"), previous=roll.get("previousRevision"),
                                      switched_at=roll.get("switchedAt"))
