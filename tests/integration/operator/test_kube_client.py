@@ -131,3 +131,26 @@ async def test_get_metadata_reads_404_as_absent(server: Server) -> None:
         assert await client.get_metadata(CONFIGMAP, "ns", "cm") is None
     finally:
         await client.close()
+
+
+async def test_the_operators_login_reads_the_kubeconfig(server: Server, tmp_path: Any, monkeypatch: Any) -> None:
+    """The production path: handlers.login (kopf's public login_with_kubeconfig) feeds the client."""
+    import logging
+
+    import yaml
+
+    from pdfleet.operator.reconcile.handlers import login
+
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "k", "cluster": {"server": server.url}}],  # type: ignore[attr-defined]
+              "users": [{"name": "u", "user": {"token": "from-kubeconfig"}}],
+              "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u", "namespace": "ns"}}]}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    client = KubeClient(lambda: login(settings=kopf.OperatorSettings(), logger=logging.getLogger("test")), timeout=5)
+    try:
+        await client.merge_patch(REF, CONFIGMAP, {"data": {}})
+    finally:
+        await client.close()
+    assert server.seen[0]["auth"] == "Bearer from-kubeconfig"
