@@ -32,8 +32,7 @@ __all__ = [
     "Phase", "Config", "Heartbeat", "PullState", "step", "lease_verdict", "read_deadline_seconds",
     "Start", "Tick", "PeerReady", "PeerDropped", "HandshakeFailed", "Posted", "PostFailed", "ReadStates",
     "HeartbeatAnswer", "HeartbeatBad", "HeartbeatFailed", "ReadsReleased", "Failed",
-    "SendHeartbeat", "Handshake", "Post", "CheckReads", "DropPeer", "ReleaseReads", "Orphan", "SendRelease",
-    "ReportFailed", "Complete", "Count",
+    "Do", "CheckReads", "DropPeer", "ReportFailed", "Count",
 ]
 
 # How long a failed pull waits for NIXL to cancel or finish its READs before it is
@@ -225,19 +224,16 @@ Event = Union[Start, Tick, PeerReady, PeerDropped, HandshakeFailed, Posted, Post
 
 
 # -- actions ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SendHeartbeat:
-    pass
+class Do(enum.Enum):
+    """Actions without data; the edge executes them in the order given."""
 
-
-@dataclass(frozen=True)
-class Handshake:
-    pass
-
-
-@dataclass(frozen=True)
-class Post:
-    pass
+    SEND_HEARTBEAT = "send a lease heartbeat (the state already counts it as in flight)"
+    HANDSHAKE = "make sure a handshake with the source is on its way"
+    POST = "post the READs; answer Posted or PostFailed"
+    RELEASE_READS = "release the READs NIXL has finished or can cancel; answer ReadsReleased"
+    ORPHAN = "give up on READs not cancelled within the grace (they are released later)"
+    SEND_RELEASE = "tell the source to free the blocks (this rank will not read them)"
+    COMPLETE = "report the pull done"
 
 
 @dataclass(frozen=True)
@@ -252,28 +248,8 @@ class DropPeer:
 
 
 @dataclass(frozen=True)
-class ReleaseReads:
-    pass
-
-
-@dataclass(frozen=True)
-class Orphan:
-    """Give up on READs that could not be cancelled within the grace (they are released later)."""
-
-
-@dataclass(frozen=True)
-class SendRelease:
-    pass
-
-
-@dataclass(frozen=True)
 class ReportFailed:
     reason: str
-
-
-@dataclass(frozen=True)
-class Complete:
-    pass
 
 
 @dataclass(frozen=True)
@@ -281,8 +257,7 @@ class Count:
     stat: str
 
 
-Action = Union[SendHeartbeat, Handshake, Post, CheckReads, DropPeer, ReleaseReads, Orphan, SendRelease,
-               ReportFailed, Complete, Count]
+Action = Union[Do, CheckReads, DropPeer, ReportFailed, Count]
 Result = tuple[PullState, list[Action]]
 
 
@@ -301,14 +276,14 @@ def step(s: PullState, e: Event) -> Result:
             return _released(s, e)
         return s, []
     if isinstance(e, Start):
-        return _heartbeat(s, e.now), [SendHeartbeat()]
+        return _heartbeat(s, e.now), [Do.SEND_HEARTBEAT]
     if isinstance(e, Tick):
         return _tick(s, e)
     if isinstance(e, PeerReady):
         return _peer_ready(s, e)
     if isinstance(e, PeerDropped):
         if s.phase is Phase.ATTACHED:
-            return _unattach(s), [Handshake()]
+            return _unattach(s), [Do.HANDSHAKE]
         return s, []
     if isinstance(e, HandshakeFailed):
         return _fail(s, e.reason, e.now) if s.phase is Phase.HANDSHAKE else (s, [])
@@ -317,7 +292,7 @@ def step(s: PullState, e: Event) -> Result:
     if isinstance(e, PostFailed):
         out: list[Action] = [DropPeer(f"READ failed: {e.reason}")]
         if not e.any_posted:
-            s, out = _unattach(s), out + [Handshake()]
+            s, out = _unattach(s), out + [Do.HANDSHAKE]
         s, more = _fail(s, f"NIXL READ from {s.peer_agent} failed: {e.reason}", e.now)
         return s, out + more
     if isinstance(e, ReadStates):
@@ -340,17 +315,17 @@ def _unattach(s: PullState) -> PullState:
 def _fail(s: PullState, reason: str, now: float) -> Result:
     if s.failure is None:
         s = replace(s, failure=reason, failed_at=now)
-    return replace(s, phase=Phase.FAILING), [ReleaseReads()]
+    return replace(s, phase=Phase.FAILING), [Do.RELEASE_READS]
 
 
 def _released(s: PullState, e: ReadsReleased) -> Result:
     out: list[Action] = []
     if e.remaining and e.now - (s.failed_at if s.failed_at is not None else e.now) > RELEASE_GRACE_SECONDS:
-        out.append(Orphan())
+        out.append(Do.ORPHAN)
     elif e.remaining:
         return s, []
     if s.release_remote:
-        out.append(SendRelease())
+        out.append(Do.SEND_RELEASE)
     return replace(s, phase=Phase.FAILED), out + [ReportFailed(s.failure or "")]
 
 
@@ -380,7 +355,7 @@ def _try_post(s: PullState, now: float, wall: float) -> Result:
     if lease_verdict(now, s.deadline) == "expired":
         s, out = _fail(s, "the source's lease on the blocks expired before the read was posted", now)
         return s, [Count("expired_leases"), *out]
-    return s, [Post()]
+    return s, [Do.POST]
 
 
 def _peer_ready(s: PullState, e: PeerReady) -> Result:
@@ -403,7 +378,7 @@ def _posted(s: PullState, e: Posted) -> Result:
     s = replace(s, phase=Phase.READING, posted_at=e.posted_at, nbytes=e.nbytes)
     if not s.acked and not s.hb.in_flight:
         # Overlap the lease confirmation with the READ: ask now, not after a retry delay.
-        return _heartbeat(replace(s, hb=replace(s.hb, retry=False)), e.now), [SendHeartbeat()]
+        return _heartbeat(replace(s, hb=replace(s.hb, retry=False)), e.now), [Do.SEND_HEARTBEAT]
     return s, []
 
 
@@ -441,7 +416,7 @@ def _heartbeat_result(s: PullState, e: Union[HeartbeatAnswer, HeartbeatBad, Hear
         # A new process answers at this address: its agent replaces the cached one.
         out.append(DropPeer("heartbeat answered by another instance"))
         if s.phase is Phase.ATTACHED:
-            s, out = _unattach(s), out + [Handshake()]
+            s, out = _unattach(s), out + [Do.HANDSHAKE]
     if s.remote_instance_id is not None and e.instance_id != s.remote_instance_id:
         s, more = _fail(s, f"the source at {s.where} restarted (instance {e.instance_id},"
                            f" the request was held by {s.remote_instance_id}): its blocks are gone", e.now)
@@ -488,9 +463,9 @@ def _tick(s: PullState, e: Tick) -> Result:
             return s, [Count("expired_leases"), *more]
         if not s.hb.in_flight and now >= s.hb.not_before:
             if s.hb.retry and now - s.hb.sent > UNKNOWN_RETRY_SECONDS:
-                s, out = _heartbeat(replace(s, hb=replace(s.hb, retry=False)), now), [SendHeartbeat()]
+                s, out = _heartbeat(replace(s, hb=replace(s.hb, retry=False)), now), [Do.SEND_HEARTBEAT]
             elif s.deadline is not None and now - s.hb.sent > s.hb.interval:
-                s, out = _heartbeat(s, now), [SendHeartbeat()]
+                s, out = _heartbeat(s, now), [Do.SEND_HEARTBEAT]
     if s.phase is Phase.HANDSHAKE:
         return s, out
     if s.phase is Phase.ATTACHED:
@@ -524,7 +499,7 @@ def _read_states(s: PullState, e: ReadStates) -> Result:
     if not s.acked and not s.hb.in_flight:
         # The READ is done (its completion notification is on its way to the
         # source): ask for the lease at once instead of after the retry delay.
-        s, out = _heartbeat(replace(s, hb=replace(s.hb, retry=False)), e.observed), [SendHeartbeat()]
+        s, out = _heartbeat(replace(s, hb=replace(s.hb, retry=False)), e.observed), [Do.SEND_HEARTBEAT]
     s, more = _try_complete(s, e.now)
     return s, out + more
 
@@ -539,4 +514,4 @@ def _try_complete(s: PullState, now: float) -> Result:
             s, more = _fail(s, "the read completed after the source's lease expired: the blocks may"
                                " have been reused, data discarded", now)
             return s, [Count("expired_leases"), *more]
-    return replace(s, phase=Phase.DONE), [Complete()]
+    return replace(s, phase=Phase.DONE), [Do.COMPLETE]

@@ -426,30 +426,30 @@ class KVSink:
             self._execute(p, action)
 
     def _execute(self, p: _Pull, action: ps.Action) -> None:
-        if isinstance(action, ps.SendHeartbeat):
+        if action is ps.Do.SEND_HEARTBEAT:
             self._heartbeat(p)
-        elif isinstance(action, ps.Handshake):
+        elif action is ps.Do.HANDSHAKE:
             self._ensure_handshake(p.endpoint)
-        elif isinstance(action, ps.Post):
+        elif action is ps.Do.POST:
             self._post(p)
         elif isinstance(action, ps.CheckReads):
             self._check_reads(p, action.now)
         elif isinstance(action, ps.DropPeer):
             self._drop_peer(p.endpoint, action.why)
-        elif isinstance(action, ps.ReleaseReads):
+        elif action is ps.Do.RELEASE_READS:
             p.handles = [h for h in p.handles if not self._agent.release(h)]
             self._step(p, ps.ReadsReleased(time.monotonic(), len(p.handles)))
-        elif isinstance(action, ps.Orphan):
+        elif action is ps.Do.ORPHAN:
             log.error("KV pull %s: %d READ(s) could not be cancelled; reporting the failure anyway",
                       p.request_id, len(p.handles))
             self._orphans.extend(p.handles)
             p.handles = []
-        elif isinstance(action, ps.SendRelease):
+        elif action is ps.Do.SEND_RELEASE:
             self._send_release(*p.endpoint, [p.request_id], p.readers)
         elif isinstance(action, ps.ReportFailed):
             del self._pulls[p.request_id]
             self._fail_now(p.request_id, action.reason)
-        elif isinstance(action, ps.Complete):
+        elif action is ps.Do.COMPLETE:
             self._complete(p)
         elif isinstance(action, ps.Count):
             self._stats[action.stat] += 1

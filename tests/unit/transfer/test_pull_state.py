@@ -49,13 +49,13 @@ def answer(left: float | None = 30.0, **kw: Any) -> ps.HeartbeatAnswer:
     return ps.HeartbeatAnswer(**{**base, **kw})
 
 
-FAIL = [ps.ReleaseReads()]
+FAIL = [ps.Do.RELEASE_READS]
 EXPIRED = ps.Count("expired_leases")
 
 # name, state, event, phase after, actions, fields expected after (name -> value)
 ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
     ("start sends the first heartbeat", pull(hb={"in_flight": False, "sent": 0.0}), ps.Start(T0),
-     Phase.HANDSHAKE, [ps.SendHeartbeat()], {"hb.in_flight": True, "hb.sent": T0}),
+     Phase.HANDSHAKE, [ps.Do.SEND_HEARTBEAT], {"hb.in_flight": True, "hb.sent": T0}),
     # handshake answered
     ("peer of another engine", pull(), ready(engine_id="decode-9"), Phase.FAILING, FAIL,
      {"failure": "10.0.0.1:5600 serves engine 'decode-9', not 'prefill-0'"}),
@@ -68,9 +68,9 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
     ("verified, no deadline yet: safe mode waits", pull(remote_instance_id="i1"), ready(), Phase.ATTACHED, [],
      {"verified": True, "deadline": None}),
     ("verified, eager: posts at once", pull(remote_instance_id="i1", config={"eager": True}), ready(),
-     Phase.ATTACHED, [ps.Post()], {"deadline": None}),
+     Phase.ATTACHED, [ps.Do.POST], {"deadline": None}),
     ("verified, advertised expiry, clock known well: posts", pull(remote_instance_id="i1", remote_lease_expiry=WALL + 30),
-     ready(clock_offset=0.0, clock_error=0.01), Phase.ATTACHED, [ps.Post()],
+     ready(clock_offset=0.0, clock_error=0.01), Phase.ATTACHED, [ps.Do.POST],
      {"deadline": T0 + 0.01 + (30 - 0.01 - 0.01 - ps.EXPIRY_SAFETY_MARGIN)}),
     ("advertised expiry but clock too uncertain: waits", pull(remote_instance_id="i1", remote_lease_expiry=WALL + 30),
      ready(clock_error=0.5), Phase.ATTACHED, [], {"deadline": None}),
@@ -90,7 +90,7 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
      {"deadline": SENT + 3, "verified": False, "hb.interval": 1.0}),
     ("short lease: interval floored", attached(), answer(0.06), Phase.ATTACHED, [], {"hb.interval": 0.05}),
     ("ack from a new instance while attached: drop the peer, handshake again", attached(), answer(instance_id="i2"),
-     Phase.HANDSHAKE, [ps.DropPeer("heartbeat answered by another instance"), ps.Handshake()],
+     Phase.HANDSHAKE, [ps.DropPeer("heartbeat answered by another instance"), ps.Do.HANDSHAKE],
      {"peer_instance": None, "verified": False, "deadline": SENT + 30}),
     ("ack from a new instance while reading", reading(), answer(instance_id="i2"), Phase.FAILING,
      [ps.DropPeer("heartbeat answered by another instance"), *FAIL],
@@ -133,16 +133,16 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
     ("tick, nothing due", attached(verified=False, hb={"in_flight": False}), ps.Tick(T0 + 0.01, WALL),
      Phase.ATTACHED, [], {}),
     ("tick: unknown request asked again after 20 ms", attached(verified=False, hb={"in_flight": False, "retry": True}),
-     ps.Tick(T0 + 0.03, WALL), Phase.ATTACHED, [ps.SendHeartbeat()], {"hb.retry": False, "hb.sent": T0 + 0.03}),
+     ps.Tick(T0 + 0.03, WALL), Phase.ATTACHED, [ps.Do.SEND_HEARTBEAT], {"hb.retry": False, "hb.sent": T0 + 0.03}),
     ("tick: retry waits for its backoff", attached(verified=False, hb={"in_flight": False, "retry": True,
                                                                        "not_before": T0 + 1}),
      ps.Tick(T0 + 0.5, WALL), Phase.ATTACHED, [], {"hb.retry": True}),
     ("tick: the interval's heartbeat", reading(deadline=T0 + 30, acked=True, hb={"in_flight": False, "interval": 1.0}),
-     ps.Tick(T0 + 1.5, WALL), Phase.READING, [ps.SendHeartbeat(), ps.CheckReads(T0 + 1.5)], {"hb.sent": T0 + 1.5}),
+     ps.Tick(T0 + 1.5, WALL), Phase.READING, [ps.Do.SEND_HEARTBEAT, ps.CheckReads(T0 + 1.5)], {"hb.sent": T0 + 1.5}),
     ("tick: one heartbeat in flight at most", reading(deadline=T0 + 30, acked=True, hb={"interval": 1.0}),
      ps.Tick(T0 + 1.5, WALL), Phase.READING, [ps.CheckReads(T0 + 1.5)], {}),
     ("tick: a verified pull with a deadline posts", attached(deadline=T0 + 30, acked=True), ps.Tick(T0 + 0.1, WALL),
-     Phase.ATTACHED, [ps.Post()], {}),
+     Phase.ATTACHED, [ps.Do.POST], {}),
     ("tick: the lease ran out before posting", attached(deadline=T0 + 1, acked=True), ps.Tick(T0 + 1, WALL),
      Phase.FAILING, [EXPIRED, *FAIL], {"failure": "the source's lease on the blocks expired before the read was posted"}),
     ("tick: the lease ran out during the handshake", pull(deadline=T0 + 1), ps.Tick(T0 + 2, WALL), Phase.FAILING,
@@ -153,22 +153,22 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
                                                                   deadline=T0 + 1), ps.Tick(T0 + 2, WALL),
      Phase.FAILING, [EXPIRED, *FAIL], {}),
     ("tick: read done and acked in time", reading(phase=Phase.READ_DONE, completed_at=T0 + 0.5, deadline=T0 + 30,
-                                                  acked=True), ps.Tick(T0 + 0.6, WALL), Phase.DONE, [ps.Complete()], {}),
+                                                  acked=True), ps.Tick(T0 + 0.6, WALL), Phase.DONE, [ps.Do.COMPLETE], {}),
     ("tick: released by us completes without a deadline", reading(phase=Phase.READ_DONE, completed_at=T0 + 0.5,
                                                                   acked=True, released_by_us=True),
-     ps.Tick(T0 + 0.6, WALL), Phase.DONE, [ps.Complete()], {}),
+     ps.Tick(T0 + 0.6, WALL), Phase.DONE, [ps.Do.COMPLETE], {}),
     ("tick: read done after the lease: data discarded", reading(phase=Phase.READ_DONE, completed_at=T0 + 2,
                                                                 deadline=T0 + 1.5, acked=True),
      ps.Tick(T0 + 1.0, WALL), Phase.FAILING, [EXPIRED, *FAIL],
      {"failure": "the read completed after the source's lease expired: the blocks may have been reused, data discarded"}),
     # posting
     ("posted before the first ack: ask for it now", attached(hb={"in_flight": False, "retry": True}),
-     ps.Posted(T0 + 0.1, T0 + 0.2, 4096), Phase.READING, [ps.SendHeartbeat()],
+     ps.Posted(T0 + 0.1, T0 + 0.2, 4096), Phase.READING, [ps.Do.SEND_HEARTBEAT],
      {"posted_at": T0 + 0.1, "nbytes": 4096, "hb.sent": T0 + 0.2, "hb.retry": False}),
     ("posted after the ack", attached(acked=True, hb={"in_flight": False}), ps.Posted(T0 + 0.1, T0 + 0.2, 4096),
      Phase.READING, [], {}),
     ("post failed before any READ went out", attached(), ps.PostFailed(T0 + 0.1, "no route", any_posted=False),
-     Phase.FAILING, [ps.DropPeer("READ failed: no route"), ps.Handshake(), *FAIL],
+     Phase.FAILING, [ps.DropPeer("READ failed: no route"), ps.Do.HANDSHAKE, *FAIL],
      {"failure": "NIXL READ from agent-p failed: no route"}),
     ("post failed after some READs", attached(), ps.PostFailed(T0 + 0.1, "no route", any_posted=True),
      Phase.FAILING, [ps.DropPeer("READ failed: no route"), *FAIL], {}),
@@ -183,14 +183,14 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
     ("a READ within its bound", reading(nbytes=50_000_000), ps.ReadStates(T0 + 6.0, T0 + 6.0, False, False),
      Phase.READING, [], {}),
     ("reads done, acked: complete", reading(deadline=T0 + 30, acked=True), ps.ReadStates(T0 + 1, T0 + 1.001, True, False),
-     Phase.DONE, [ps.Complete()], {"completed_at": T0 + 1.001}),
+     Phase.DONE, [ps.Do.COMPLETE], {"completed_at": T0 + 1.001}),
     ("reads done before the first ack: ask for it now", reading(hb={"in_flight": False}),
-     ps.ReadStates(T0 + 1, T0 + 1.001, True, False), Phase.READ_DONE, [ps.SendHeartbeat()], {"hb.sent": T0 + 1.001}),
+     ps.ReadStates(T0 + 1, T0 + 1.001, True, False), Phase.READ_DONE, [ps.Do.SEND_HEARTBEAT], {"hb.sent": T0 + 1.001}),
     ("reads done, ack in flight", reading(), ps.ReadStates(T0 + 1, T0 + 1.001, True, False), Phase.READ_DONE, [], {}),
     ("reads done at the deadline: discarded", reading(deadline=T0 + 1, acked=True),
      ps.ReadStates(T0 + 0.9, T0 + 1.0, True, False), Phase.FAILING, [EXPIRED, *FAIL], {}),
     # peer dropped by the edge
-    ("peer dropped before posting: handshake again", attached(), ps.PeerDropped(), Phase.HANDSHAKE, [ps.Handshake()],
+    ("peer dropped before posting: handshake again", attached(), ps.PeerDropped(), Phase.HANDSHAKE, [ps.Do.HANDSHAKE],
      {"peer_instance": None, "verified": False}),
     ("peer dropped while reading: the READs decide", reading(), ps.PeerDropped(), Phase.READING, [], {}),
     # failing
@@ -200,11 +200,11 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
      Phase.FAILED, [ps.ReportFailed("x")], {}),
     ("failing: all released, the source is told", reading(phase=Phase.FAILING, failure="x", failed_at=T0,
                                                           release_remote=True), ps.ReadsReleased(T0 + 1, 0),
-     Phase.FAILED, [ps.SendRelease(), ps.ReportFailed("x")], {}),
+     Phase.FAILED, [ps.Do.SEND_RELEASE, ps.ReportFailed("x")], {}),
     ("failing: a READ still pending within the grace", reading(phase=Phase.FAILING, failure="x", failed_at=T0),
      ps.ReadsReleased(T0 + 5, 1), Phase.FAILING, [], {}),
     ("failing: past the grace, given up on", reading(phase=Phase.FAILING, failure="x", failed_at=T0),
-     ps.ReadsReleased(T0 + 10.5, 1), Phase.FAILED, [ps.Orphan(), ps.ReportFailed("x")], {}),
+     ps.ReadsReleased(T0 + 10.5, 1), Phase.FAILED, [ps.Do.ORPHAN, ps.ReportFailed("x")], {}),
     ("failing: heartbeats are no longer read", reading(phase=Phase.FAILING, failure="x", failed_at=T0), answer(),
      Phase.FAILING, [], {"acked": False}),
     ("the first failure's reason stays", reading(phase=Phase.FAILING, failure="first", failed_at=T0),
@@ -257,16 +257,16 @@ def test_the_table_can_fail() -> None:
 def test_a_whole_pull_walks_the_phases() -> None:
     """Start to done, eager off: handshake, ack, post, READs, complete."""
     s, out = ps.step(ps.PullState("r", "prefill-0", T0, where="h:1"), ps.Start(T0))
-    assert out == [ps.SendHeartbeat()]
+    assert out == [ps.Do.SEND_HEARTBEAT]
     s, out = ps.step(s, ready())
     assert (s.phase, out) == (Phase.ATTACHED, [])          # not verified yet
     s, out = ps.step(s, answer(30.0))
     assert s.verified and s.acked and out == []
     s, out = ps.step(s, ps.Tick(T0 + 0.05, WALL))
-    assert out == [ps.Post()]
+    assert out == [ps.Do.POST]
     s, out = ps.step(s, ps.Posted(T0 + 0.05, T0 + 0.06, 10))
     assert (s.phase, out) == (Phase.READING, [])
     s, out = ps.step(s, ps.Tick(T0 + 0.07, WALL))
     assert out == [ps.CheckReads(T0 + 0.07)]
     s, out = ps.step(s, ps.ReadStates(T0 + 0.07, T0 + 0.08, True, False))
-    assert (s.phase, out) == (Phase.DONE, [ps.Complete()])
+    assert (s.phase, out) == (Phase.DONE, [ps.Do.COMPLETE])
