@@ -45,6 +45,8 @@ import kmock
 import yaml
 from kmock._internal import references, rendering
 
+from pdfleet.operator.kube.client import USER_AGENT
+
 assert kmock.__version__ == "0.8", f"FakeKube reaches into kmock internals; pinned to 0.8, got {kmock.__version__}"
 
 STATUS_SUBRESOURCE_RESOURCES = {
@@ -195,8 +197,8 @@ class FakeKube(kmock.KubernetesEmulator):
         }.get(method, method.lower())
 
     def operator_calls(self, since: int = 0) -> list[ApiCall]:
-        """Requests sent by the operator (kopf's client), not by the test's own HTTP client."""
-        return [c for c in self.calls[since:] if c.agent.startswith("kopf/")]
+        """Requests sent by the operator (kopf's watches, the KubeClient's writes), not by the test's own client."""
+        return [c for c in self.calls[since:] if c.agent.startswith(("kopf/", USER_AGENT))]
 
     def writes(self, since: int = 0) -> list[ApiCall]:
         return [c for c in self.operator_calls(since) if c.verb in WRITE_VERBS]

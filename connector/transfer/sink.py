@@ -21,6 +21,10 @@ Life of a pull:
    completion was seen before the deadline; otherwise failed with a reason. While it
    waits, heartbeats extend the lease. A transfer or handshake error drops the peer so
    the next pull handshakes again (a restarted prefill gets a fresh agent).
+
+Every decision of a pull (its phase, the lease, heartbeat retries, when to post, complete or
+fail) is ``pull_state.step`` (pure, table-tested); this module is its I/O edge: NIXL, the side
+channel, the peer cache, stats and logs.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from pdfleet.connector.transfer import pull_state as ps
 from pdfleet.connector.transfer import wire
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
 from pdfleet.connector.transfer.bounds import DropLog
@@ -51,7 +56,8 @@ from pdfleet.connector.transfer.layout import (
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
-from pdfleet.connector.transfer.retry import HeartbeatRetry, heartbeat_retry
+from pdfleet.connector.transfer.pull_state import lease_verdict, read_deadline_seconds
+from pdfleet.connector.transfer.retry import HeartbeatRetry
 from pdfleet.connector.transfer.prepped import PrepRows, ReadGroup, local_rows, pull_indices, read_groups, remote_rows
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
 
@@ -60,17 +66,6 @@ __all__ = ["KVSink", "lease_verdict", "read_deadline_seconds", "chunk_request_id
 log = logging.getLogger(__name__)
 
 Endpoint = tuple[str, int]
-
-# How long a failed pull waits for NIXL to cancel or finish its READs before it is
-# reported anyway (so that a read can no longer land in blocks vLLM reuses).
-RELEASE_GRACE_SECONDS = 10.0
-# Advertised lease expiries are trusted only with a clock offset known this well, and
-# with this much margin.
-EXPIRY_MAX_CLOCK_ERROR = 0.1
-EXPIRY_SAFETY_MARGIN = 0.25
-# How often to ask again about a request the source does not know yet.
-UNKNOWN_RETRY_SECONDS = 0.02
-
 
 # A READ must finish within READ_FLOOR_SECONDS plus its bytes at READ_FLOOR_BANDWIDTH
 # (defaults; KVSink takes both): slower than that it is cancelled, fails (the blocks are
@@ -81,13 +76,6 @@ READ_FLOOR_SECONDS = 5.0
 # source refuses more than MAX_HEARTBEAT_IDS; the request codec's limit is 64 KiB).
 HEARTBEAT_MAX_IDS = 4096
 HEARTBEAT_MAX_ID_BYTES = 48 * 1024
-
-
-def read_deadline_seconds(nbytes: int, floor_bandwidth: float, floor_seconds: float) -> float:
-    """Seconds a READ of ``nbytes`` may take before it is given up: a floor plus its bytes at a floor bandwidth."""
-    if not floor_bandwidth > 0 or not floor_seconds >= 0:
-        raise ValueError("floor_bandwidth must be > 0 and floor_seconds >= 0")
-    return floor_seconds + max(0, nbytes) / floor_bandwidth
 
 
 def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
@@ -109,13 +97,6 @@ def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
     return out
 
 
-def lease_verdict(now: float, deadline: float | None) -> str:
-    """'unknown' before any ack, 'ok' while the lease holds, 'expired' once it ran out."""
-    if deadline is None:
-        return "unknown"
-    return "ok" if now < deadline else "expired"
-
-
 @dataclass
 class _Peer:
     endpoint: Endpoint
@@ -135,37 +116,22 @@ class _Peer:
 
 @dataclass
 class _Pull:
-    request_id: str
+    """A pull's I/O handles; its decisions live in ``state`` (pull_state.step)."""
+
+    state: ps.PullState
     endpoint: Endpoint
-    remote_engine_id: str
-    remote_instance_id: str | None
     remote_ids: list[int]
     local_ids: list[int]
-    started: float
-    remote_lease_expiry: float | None = None  # source's unix time, from the request's params
-    peer: _Peer | None = None
-    verified: bool = False  # the peer's instance is known to be the one holding the lease
-    ack_instance: str | None = None  # instance id that answered the heartbeat
-    deadline: float | None = None  # monotonic; from heartbeat acks
-    hb: Call | None = None
-    hb_sent: float = 0.0
-    hb_interval: float = 1.0
-    hb_retry: bool = False  # the source did not know the request yet: ask again soon
-    hb_failing_since: float | None = None  # first unanswered heartbeat since the last ack (monotonic)
-    hb_retries: int = 0  # unanswered heartbeats retried since then
-    hb_not_before: float = 0.0  # the next heartbeat waits until then (retry backoff)
-    acked: bool = False  # a heartbeat ack confirmed the source holds the blocks
-    released_by_us: bool = False  # the source released on our own completion notification
-    failed_at: float | None = None
-    handles: list[Any] = field(default_factory=list)
-    states: list[str] = field(default_factory=list)
-    posted_at: float | None = None
-    completed_at: float | None = None
-    nbytes: int = 0
-    descriptors: int = 0
-    failure: str | None = None
-    release_remote: bool = False  # once failed: tell the source to free the blocks (we will not read them)
     readers: int = 1  # decode ranks reading this request from its source rank (decode TP / prefill TP)
+    peer: _Peer | None = None
+    hb: Call | None = None  # the heartbeat in flight
+    handles: list[Any] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)  # NIXL state per handle
+    descriptors: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.state.request_id
 
 
 class KVSink:
@@ -208,7 +174,6 @@ class KVSink:
             raise ValueError("regions must list at least one registered KV region")
         if not isinstance(heartbeat_retry_policy, HeartbeatRetry):
             raise ValueError("heartbeat_retry_policy must be a HeartbeatRetry")
-        self._hb_policy = heartbeat_retry_policy
         spans = registration_spans(regions, backing)
         if not handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
@@ -224,11 +189,10 @@ class KVSink:
         self._hs_timeout = float(handshake_timeout)
         self._hs_retries = handshake_retries
         self._hb_timeout = float(heartbeat_timeout)
-        self._eager = bool(eager_post)
-        self._unknown_grace = float(unknown_grace)
         read_deadline_seconds(0, read_floor_bandwidth, read_floor_seconds)  # validates both
-        self._read_bw = float(read_floor_bandwidth)
-        self._read_floor = float(read_floor_seconds)
+        self._config = ps.Config(eager=bool(eager_post), unknown_grace=float(unknown_grace),
+                                 retry=heartbeat_retry_policy, read_bandwidth=float(read_floor_bandwidth),
+                                 read_floor=float(read_floor_seconds))
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         # The sink polls its transfers itself; NIXL's progress thread would spin a core.
         self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread,
@@ -343,19 +307,20 @@ class KVSink:
             self._fail_now(rid, f"invalid pull: {exc}")
             return
         now = time.monotonic()
-        p = _Pull(rid, endpoint, remote_engine_id, remote_instance_id or None, remote_ids, local_ids, now,
-                  None if remote_lease_expiry is None else float(remote_lease_expiry))
-        p.readers = self._readers(remote_tp_size)
+        state = ps.PullState(rid, remote_engine_id, now, remote_instance_id or None,
+                             None if remote_lease_expiry is None else float(remote_lease_expiry),
+                             config=self._config, where=f"{endpoint[0]}:{endpoint[1]}")
+        p = _Pull(state, endpoint, remote_ids, local_ids, readers=self._readers(remote_tp_size))
         self._pulls[rid] = p
         try:
             peer = self._peers.get(endpoint)
             if peer is not None and (
                 peer.engine_id != remote_engine_id
-                or (p.remote_instance_id is not None and peer.instance_id != p.remote_instance_id)
+                or (state.remote_instance_id is not None and peer.instance_id != state.remote_instance_id)
             ):
                 self._drop_peer(endpoint, "the remote instance changed")
                 peer = None
-            self._heartbeat(p, now)
+            self._step(p, ps.Start(now))
             if peer is None:
                 self._ensure_handshake(endpoint)
             else:
@@ -425,7 +390,7 @@ class KVSink:
                 self._advance(p, now)
             except Exception as exc:  # a bug here must fail one request, not the engine
                 log.exception("KV pull %s: internal error", p.request_id)
-                if p.request_id in self._pulls:
+                if self._pulls.get(p.request_id) is p:
                     self._orphans.extend(p.handles)
                     p.handles = []
                     del self._pulls[p.request_id]
@@ -455,6 +420,55 @@ class KVSink:
         self._client.close()
         self._agent.close()
 
+    # -- the edge of pull_state.step ------------------------------------------------
+    def _step(self, p: _Pull, event: ps.Event) -> None:
+        """Feed one event to a pull's state machine and execute its actions, in order."""
+        p.state, actions = ps.step(p.state, event)
+        if p.state.peer_instance is None:
+            p.peer = None
+        for action in actions:
+            if self._pulls.get(p.request_id) is not p:
+                return  # reported (or failed by an action before this one)
+            self._execute(p, action)
+
+    def _execute(self, p: _Pull, action: ps.Action) -> None:
+        if action is ps.Do.SEND_HEARTBEAT:
+            self._heartbeat(p)
+        elif action is ps.Do.HANDSHAKE:
+            self._ensure_handshake(p.endpoint)
+        elif action is ps.Do.POST:
+            self._post(p)
+        elif isinstance(action, ps.CheckReads):
+            self._check_reads(p, action.now)
+        elif isinstance(action, ps.DropPeer):
+            self._drop_peer(p.endpoint, action.why)
+        elif action is ps.Do.RELEASE_READS:
+            p.handles = [h for h in p.handles if not self._agent.release(h)]
+            self._step(p, ps.ReadsReleased(time.monotonic(), len(p.handles)))
+        elif action is ps.Do.ORPHAN:
+            log.error("KV pull %s: %d READ(s) could not be cancelled; reporting the failure anyway",
+                      p.request_id, len(p.handles))
+            self._orphans.extend(p.handles)
+            p.handles = []
+        elif action is ps.Do.SEND_RELEASE:
+            self._send_release(*p.endpoint, [p.request_id], p.readers)
+        elif isinstance(action, ps.ReportFailed):
+            del self._pulls[p.request_id]
+            self._fail_now(p.request_id, action.reason)
+        elif action is ps.Do.COMPLETE:
+            self._complete(p)
+        elif isinstance(action, ps.Count):
+            self._stats[action.stat] += 1
+        else:
+            raise TypeError(f"not a pull action: {action!r}")
+
+    def _advance(self, p: _Pull, now: float) -> None:
+        if p.state.phase is not ps.Phase.FAILING and p.hb is not None and p.hb.done():
+            self._step(p, self._heartbeat_event(p))
+            if p.state.phase is ps.Phase.FAILING or self._pulls.get(p.request_id) is not p:
+                return  # failed by the answer (READs not released at once are retried each poll)
+        self._step(p, ps.Tick(now, time.time()))
+
     # -- internals -------------------------------------------------------------
     def _fail_now(self, rid: str, reason: str) -> None:
         # A flood of failing pulls (bad endpoints, a dead prefill) logs one line per kind per interval.
@@ -464,28 +478,6 @@ class KVSink:
                         f" [and {held} more like it in the last {self._drops.interval:g}s]" if held else "")
         self._failed[rid] = reason
         self._stats["failures"] += 1
-
-    def _fail(self, p: _Pull, reason: str) -> None:
-        """Fail a pull; reported once no READ of it can still write local blocks.
-
-        A READ that NIXL can neither cancel nor finish is given up on after
-        ``RELEASE_GRACE_SECONDS`` (its handle is kept and released later).
-        """
-        now = time.monotonic()
-        if p.failure is None:
-            p.failure, p.failed_at = reason, now
-        still = [h for h in p.handles if not self._agent.release(h)]
-        p.handles = still
-        if still and now - (p.failed_at or now) > RELEASE_GRACE_SECONDS:
-            log.error("KV pull %s: %d READ(s) could not be cancelled; reporting the failure anyway",
-                      p.request_id, len(still))
-            self._orphans.extend(still)
-            p.handles = still = []
-        if not still:
-            del self._pulls[p.request_id]
-            if p.release_remote:
-                self._send_release(*p.endpoint, [p.request_id], p.readers)
-            self._fail_now(p.request_id, p.failure)
 
     def _drop_peer(self, endpoint: Endpoint, why: str, count: bool = True) -> None:
         peer = self._peers.pop(endpoint, None)
@@ -498,17 +490,33 @@ class KVSink:
             self._agent.release_prepped(handle)
         peer.lists = {}
         self._agent.remove_peer(peer.agent_name)
-        for p in self._pulls.values():
-            if p.peer is peer and not p.handles and p.failure is None:
-                p.peer, p.verified = None, False
-                self._ensure_handshake(endpoint)
+        for p in list(self._pulls.values()):
+            if p.peer is peer:
+                self._step(p, ps.PeerDropped())  # one not posted yet handshakes again
 
-    def _heartbeat(self, p: _Pull, now: float) -> None:
+    def _heartbeat(self, p: _Pull) -> None:
         req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name,
                                     readers=p.readers)
-        p.hb_sent = now
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._stats["heartbeats"] += 1
+
+    def _heartbeat_event(self, p: _Pull) -> ps.Event:
+        """The finished heartbeat as an event."""
+        fut, p.hb = p.hb, None
+        assert fut is not None
+        try:
+            reply = fut.result()
+        except Exception as exc:
+            return ps.HeartbeatFailed(time.monotonic(), time.time(), str(exc))
+        now = time.monotonic()
+        if isinstance(reply, wire.ErrorReply):
+            return ps.HeartbeatBad(now, f"lease heartbeat refused: {reply.reason}")
+        if not isinstance(reply, wire.HeartbeatReply):
+            return ps.HeartbeatBad(now, f"unexpected heartbeat reply {type(reply).__name__}")
+        left = reply.remaining.get(p.request_id)
+        return ps.HeartbeatAnswer(now, reply.instance_id, None if left is None else float(left),
+                                  released_by_us=p.request_id in reply.released_by_you,
+                                  gone=p.request_id in reply.gone)
 
     def _ensure_handshake(self, endpoint: Endpoint) -> None:
         if endpoint in self._handshakes:
@@ -539,18 +547,15 @@ class KVSink:
                 self._stats["handshake_failures"] += 1
                 for p in list(self._pulls.values()):
                     if p.endpoint == endpoint and p.peer is None:
-                        self._fail(p, f"handshake with {endpoint[0]}:{endpoint[1]} failed: {exc}")
+                        self._step(p, ps.HandshakeFailed(time.monotonic(),
+                                                         f"handshake with {endpoint[0]}:{endpoint[1]} failed: {exc}"))
                 continue
             self._stats["handshakes"] += 1
             self._stats["handshake_seconds"] += time.monotonic() - started
             self._peers[endpoint] = peer
             for p in list(self._pulls.values()):
                 if p.endpoint == endpoint and p.peer is None:
-                    if p.remote_engine_id != peer.engine_id:
-                        self._fail(p, f"{endpoint[0]}:{endpoint[1]} serves engine {peer.engine_id!r},"
-                                      f" not {p.remote_engine_id!r}")
-                    else:
-                        self._attach(p, peer)
+                    self._attach(p, peer)
 
     def _make_peer(self, endpoint: Endpoint, reply: object) -> _Peer:
         if isinstance(reply, wire.ErrorReply):
@@ -609,49 +614,23 @@ class KVSink:
         self._stats["prep_seconds"] += time.perf_counter() - t0
 
     def _attach(self, p: _Pull, peer: _Peer) -> None:
-        expected = p.remote_instance_id or p.ack_instance
-        if expected is not None and expected != peer.instance_id:
-            self._fail(p, f"the source at {p.endpoint[0]}:{p.endpoint[1]} is instance {peer.instance_id},"
-                          f" not {expected} (it restarted: the request's blocks are gone)")
-            return
-        p.peer = peer
-        p.verified = expected is not None
         try:
             validate_block_ids(p.remote_ids, p.local_ids, local_num_blocks=self._min_local_blocks,
                                remote_num_blocks=peer.min_blocks)
+            block_error = None
         except InvalidBlockIds as exc:
-            self._fail(p, f"invalid pull: {exc}")
-            return
-        if self._may_post(p):
-            self._post(p, time.monotonic())
+            block_error = str(exc)
+        if p.state.phase is ps.Phase.HANDSHAKE:
+            p.peer = peer  # kept only if the state machine attaches it
+        self._step(p, ps.PeerReady(time.monotonic(), time.time(), peer.instance_id, peer.engine_id, peer.agent_name,
+                                   peer.clock_offset, peer.clock_error, block_error))
 
-    def _may_post(self, p: _Pull) -> bool:
-        # Safe mode needs a deadline: from the lease ack, or from the advertised expiry
-        # corrected for clock offset; eager mode posts as soon as the instance is known.
-        # Either way the request completes only once an ack confirmed the lease.
-        if not p.verified:
-            return False
-        if p.deadline is None and p.remote_lease_expiry is not None and p.peer is not None:
-            p.deadline = self._deadline_from_expiry(p.peer, p.remote_lease_expiry)
-        return self._eager or p.deadline is not None
-
-    @staticmethod
-    def _deadline_from_expiry(peer: _Peer, expiry: float) -> float | None:
-        """Monotonic deadline for a source-clock expiry, or None if too uncertain or too close."""
-        if peer.clock_error > EXPIRY_MAX_CLOCK_ERROR:
-            return None
-        left = expiry - peer.clock_offset - time.time() - peer.clock_error - EXPIRY_SAFETY_MARGIN
-        return time.monotonic() + left if left > 0 else None
-
-    def _post(self, p: _Pull, now: float) -> None:
+    def _post(self, p: _Pull) -> None:
+        """Post the pull's READs (contiguous block runs coalesced), each with its completion notification."""
         peer = p.peer
         assert peer is not None and not p.handles
-        if lease_verdict(now, p.deadline) == "expired":
-            self._stats["expired_leases"] += 1
-            self._fail(p, "the source's lease on the blocks expired before the read was posted")
-            return
         t0 = time.perf_counter()
-        p.posted_at = time.monotonic()  # UCX may copy inside the post call (cma): count it as transfer too
+        posted_at = time.monotonic()  # UCX may copy inside the post call (cma): count it as transfer too
         agent, name = self._agent, peer.agent_name
         prepped = bool(peer.lists)
         if prepped:
@@ -664,6 +643,7 @@ class KVSink:
             sizes = [int(loc[:, 1].sum()) for _, _, loc, _ in reads]
         t1 = time.perf_counter()
         self._stats["post_desc_seconds"] += t1 - t0
+        nbytes = 0
         try:
             for j, read in enumerate(reads):
                 notif = wire.encode_notif(wire.Notif(p.request_id, peer.plan.readers, peer.plan.reader_index,
@@ -680,172 +660,40 @@ class KVSink:
                 self._stats["post_create_seconds"] += t2 - t1
                 self._stats["post_submit_seconds"] += time.perf_counter() - t2
                 p.states.append("PROC")
-                p.nbytes += sizes[j]
+                nbytes += sizes[j]
                 self._stats["descriptors"] += counts[j]
                 p.descriptors += counts[j]
         except NixlError as exc:
-            self._drop_peer(p.endpoint, f"READ failed: {exc}")
-            self._fail(p, f"NIXL READ from {peer.agent_name} failed: {exc}")
+            self._step(p, ps.PostFailed(time.monotonic(), str(exc), any_posted=bool(p.handles)))
             return
         self._stats["prepped_transfers"] += prepped
         self._stats["post_seconds"] += time.perf_counter() - t0
-        if not p.acked and p.hb is None:
-            # Overlap the lease confirmation with the READ: ask now, not after a retry delay.
-            p.hb_retry = False
-            self._heartbeat(p, time.monotonic())
+        self._step(p, ps.Posted(posted_at, time.monotonic(), nbytes))
 
-    def _take_heartbeat(self, p: _Pull) -> str | None:
-        """Fold a finished heartbeat into the pull; returns a failure reason or None."""
-        fut = p.hb
-        if fut is None or not fut.done():
-            return None
-        p.hb = None
-        try:
-            reply = fut.result()
-        except Exception as exc:
-            now = time.monotonic()
-            if p.hb_failing_since is None:
-                p.hb_failing_since = now
-            decision = heartbeat_retry(self._hb_policy, now=now, deadline=self._retry_horizon(p),
-                                       failing_since=p.hb_failing_since, retries=p.hb_retries)
-            if decision.retry:  # the lease has time: keep the blocks, ask again after a backoff
-                p.hb_retries += 1
-                p.hb_retry = True
-                p.hb_not_before = now + decision.delay
-                self._stats["heartbeat_retries"] += 1
-                return None
-            return f"lease heartbeat to {p.endpoint[0]}:{p.endpoint[1]} failed: {exc}; {decision.why}"
-        p.hb_failing_since, p.hb_retries = None, 0
-        if isinstance(reply, wire.ErrorReply):
-            return f"lease heartbeat refused: {reply.reason}"
-        if not isinstance(reply, wire.HeartbeatReply):
-            return f"unexpected heartbeat reply {type(reply).__name__}"
-        p.ack_instance = reply.instance_id
-        stale = p.peer is not None and reply.instance_id != p.peer.instance_id
-        if stale:
-            # A new process answers at this address: its agent replaces the cached one.
-            self._drop_peer(p.endpoint, "heartbeat answered by another instance")
-        if p.remote_instance_id is not None and reply.instance_id != p.remote_instance_id:
-            return (f"the source at {p.endpoint[0]}:{p.endpoint[1]} restarted (instance {reply.instance_id},"
-                    f" the request was held by {p.remote_instance_id}): its blocks are gone")
-        if stale and p.handles:
-            return "the source restarted while the read was in flight"
-        left = reply.remaining.get(p.request_id)
-        if left is None:
-            if p.request_id in reply.released_by_you and p.handles:
-                # Our own completion notification released it. NIXL sends that notification
-                # when the READ is complete, so the READ ran while the blocks were held; only
-                # the first ack was late (the pull overtook the hold).
-                p.completed_at = p.completed_at or time.monotonic()
-                p.released_by_us = True
-                p.acked = True
-                return None
-            if p.request_id in reply.gone:
-                self._stats["expired_leases"] += 1
-                return "the source no longer holds the request's blocks (lease expired or already released)"
-            # Unknown: the source may not have processed its hold yet (the prefill response
-            # can overtake it); ask again for a short while.
-            if time.monotonic() - p.started < self._unknown_grace:
-                p.hb_retry = True
-                return None
-            return (f"the source does not know request {p.request_id!r} (never held, or held"
-                    f" longer ago than it remembers) after {self._unknown_grace:.3g}s")
-        p.deadline = p.hb_sent + float(left)
-        p.acked = True
-        p.hb_interval = max(0.05, float(left) / 3)
-        if p.peer is not None:
-            p.verified = True
-        return None
+    def _check_reads(self, p: _Pull, now: float) -> None:
+        for i, h in enumerate(p.handles):
+            if p.states[i] != "DONE":
+                p.states[i] = self._agent.state(h)
+        self._step(p, ps.ReadStates(now, time.monotonic(), done=all(s == "DONE" for s in p.states),
+                                    error="ERR" in p.states))
 
-    @staticmethod
-    def _retry_horizon(p: _Pull) -> float | None:
-        """How long heartbeats may be retried (monotonic): the lease deadline, or before the first ack
-        the advertised expiry on our clock, its offset's error bound taken off. Only for retrying:
-        a pull still completes only once an ack confirmed the lease."""
-        if p.deadline is not None:
-            return p.deadline
-        peer = p.peer
-        if p.remote_lease_expiry is None or peer is None or not math.isfinite(peer.clock_error):
-            return None
-        return time.monotonic() + (p.remote_lease_expiry - peer.clock_offset - time.time() - peer.clock_error)
-
-    def _advance(self, p: _Pull, now: float) -> None:
-        if p.failure is not None:
-            self._fail(p, p.failure)  # retry releasing its handles
-            return
-        reason = self._take_heartbeat(p)
-        if reason:
-            self._fail(p, reason)
-            return
-        if p.completed_at is None or not p.acked:
-            # Waiting (handshake, ack or transfer): keep the lease alive, give up once it ran out.
-            # A READ may complete before the first ack (posted on the advertised expiry): the
-            # heartbeat retries and the expiry bound must go on until the lease is confirmed,
-            # or the pull would wait for an ack that nobody asks for any more.
-            if lease_verdict(now, p.deadline) == "expired":
-                self._stats["expired_leases"] += 1
-                where = "while the read was in flight" if p.handles else "before the read was posted"
-                self._fail(p, f"the source's lease on the blocks expired {where}")
-                return
-            if p.hb is None and now >= p.hb_not_before:
-                if p.hb_retry and now - p.hb_sent > UNKNOWN_RETRY_SECONDS:
-                    p.hb_retry = False
-                    self._heartbeat(p, now)
-                elif p.deadline is not None and now - p.hb_sent > p.hb_interval:
-                    self._heartbeat(p, now)
-        if p.peer is None:
-            return  # waiting for the handshake
-        if not p.handles:
-            if self._may_post(p):
-                self._post(p, now)
-            return
-        if p.completed_at is None:
-            for i, h in enumerate(p.handles):
-                if p.states[i] != "DONE":
-                    p.states[i] = self._agent.state(h)
-            if "ERR" in p.states:
-                self._drop_peer(p.endpoint, "a READ failed")
-                self._fail(p, f"NIXL READ from {p.peer.agent_name} failed (transfer state ERR)")
-                return
-            bound = read_deadline_seconds(p.nbytes, self._read_bw, self._read_floor)
-            if not all(s == "DONE" for s in p.states) and now - (p.posted_at or now) > bound:
-                self._stats["reads_timed_out"] += 1
-                p.release_remote = True
-                self._fail(p, f"the READ of {p.nbytes} bytes from {p.peer.agent_name} did not complete within"
-                              f" {bound:.3g}s ({self._read_floor:g}s + its bytes at {self._read_bw / 1e6:g} MB/s):"
-                              " cancelled")
-                return
-            if all(s == "DONE" for s in p.states):
-                p.completed_at = time.monotonic()  # observed now, so no earlier than the real end
-                if not p.acked and p.hb is None:
-                    # The READ is done (its completion notification is on its way to the
-                    # source): ask for the lease at once instead of after the retry delay.
-                    p.hb_retry = False
-                    self._heartbeat(p, p.completed_at)
-        if p.completed_at is not None:
-            if not p.released_by_us:
-                verdict = lease_verdict(p.completed_at, p.deadline)
-                if verdict == "unknown" or not p.acked:
-                    return  # the first lease ack is still on its way
-                if verdict == "expired":
-                    self._stats["expired_leases"] += 1
-                    self._fail(p, "the read completed after the source's lease expired: the blocks may"
-                                  " have been reused, data discarded")
-                    return
-            for h in p.handles:
-                self._agent.release(h)
-            p.handles = []
-            del self._pulls[p.request_id]
-            seconds = p.completed_at - (p.posted_at or p.completed_at)
-            self._stats["bytes"] += p.nbytes
-            self._stats["transfers"] += 1
-            self._stats["transfer_seconds"] += seconds
-            self._stats["ack_wait_seconds"] += max(0.0, time.monotonic() - p.completed_at)
-            if p.peer is not None and p.peer.agent_name not in self._reported_peers:
-                self._reported_peers.add(p.peer.agent_name)
-                log.info(
-                    "KV sink %s: first pull from %s: layout %s, %d descriptor(s), %d bytes, %.3g GB/s",
-                    self.engine_id, p.peer.engine_id, p.peer.layout.kv_cache_layout, p.descriptors,
-                    p.nbytes, p.nbytes / seconds / 1e9 if seconds > 0 else float("inf"),
-                )
-            self._done.append(p.request_id)
+    def _complete(self, p: _Pull) -> None:
+        for h in p.handles:
+            self._agent.release(h)
+        p.handles = []
+        del self._pulls[p.request_id]
+        st = p.state
+        assert st.completed_at is not None
+        seconds = st.completed_at - (st.posted_at or st.completed_at)
+        self._stats["bytes"] += st.nbytes
+        self._stats["transfers"] += 1
+        self._stats["transfer_seconds"] += seconds
+        self._stats["ack_wait_seconds"] += max(0.0, time.monotonic() - st.completed_at)
+        if p.peer is not None and p.peer.agent_name not in self._reported_peers:
+            self._reported_peers.add(p.peer.agent_name)
+            log.info(
+                "KV sink %s: first pull from %s: layout %s, %d descriptor(s), %d bytes, %.3g GB/s",
+                self.engine_id, p.peer.engine_id, p.peer.layout.kv_cache_layout, p.descriptors,
+                st.nbytes, st.nbytes / seconds / 1e9 if seconds > 0 else float("inf"),
+            )
+        self._done.append(p.request_id)

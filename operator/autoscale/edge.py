@@ -8,8 +8,8 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
 from pdfleet.operator.plan.kinds import STATEFULSET
-from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
-from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.kube.observed import ChildRef, ObservedChild
+from pdfleet.operator.kube.client import ApiFailure, KubeClient
 
 logger = logging.getLogger("pdfleet.operator")
 STS_KIND = STATEFULSET
@@ -61,7 +61,7 @@ class ScalingEdge:
         assert plan.result is not None
         errors = []
         for c in children:
-            if (c.ref.kind != "StatefulSet" or c.revision != serving or c.deleting or c.role not in plan.autoscaled
+            if (c.ref.kind != STS_KIND.kind or c.revision != serving or c.deleting or c.role not in plan.autoscaled
                     or c.replicas == plan.result.replicas[c.role]):
                 continue
             url = STS_KIND.path(namespace, c.ref.name)

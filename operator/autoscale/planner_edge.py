@@ -25,8 +25,8 @@ from pdfleet.operator.autoscale.planner import PlannerConfig, PlannerState, deci
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
 from pdfleet.operator.autoscale.signals import MetricsError, RouterSample, interval_signals, parse_router_metrics
 from pdfleet.operator.plan import naming
-from pdfleet.operator.reconcile.children import ObservedPod
-from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.kube.observed import ObservedPod
+from pdfleet.operator.kube.client import ApiFailure, KubeClient
 
 logger = logging.getLogger("pdfleet.operator")
 SCRAPE_TIMEOUT_S = 3.0

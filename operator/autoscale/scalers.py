@@ -21,8 +21,8 @@ from pdfleet.operator.autoscale.clamp import Bounds, Clamped, Ratio, clamp
 from pdfleet.operator.plan import naming
 from pdfleet.contract.labels import FLEET as FLEET_LABEL
 from pdfleet.contract.labels import ROLE as ROLE_LABEL
-from pdfleet.operator.plan.kinds import Kind
-from pdfleet.operator.reconcile.children import ObservedChild
+from pdfleet.operator.plan.kinds import STATEFULSET, Kind
+from pdfleet.operator.kube.observed import ObservedChild
 
 ROLES = ("prefill", "decode")
 SCALER_KIND = Kind(scaler_api.API_VERSION, scaler_api.KIND, scaler_api.PLURAL)
@@ -116,7 +116,7 @@ class ScalingPlan:
 
 def _current_size(children: Iterable[ObservedChild], role: str, revision: str) -> Optional[int]:
     """A StatefulSet's replicas for this role: the target revision's, else any revision's."""
-    sizes = {c.revision: c.replicas for c in children if c.ref.kind == "StatefulSet" and c.role == role and not c.deleting}
+    sizes = {c.revision: c.replicas for c in children if c.ref.kind == STATEFULSET.kind and c.role == role and not c.deleting}
     if revision in sizes:
         return sizes[revision]
     return max(sizes.values()) if sizes else None

@@ -47,10 +47,11 @@ NETWORKPOLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 # Multi-node roles (issue 12): LeaderWorkerSets are watched like StatefulSets.
 LWS = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
 # A gang provider's PodGroups, only when the operator is told the provider is installed (the
-# chart's values grant RBAC for exactly those), see handlers.OperatorOptions.gang_providers.
+# chart's values grant RBAC for exactly those), see plan/gang.py and
+# ReconcileOptions.gang_providers.
 VOLCANO_PODGROUP = Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups")
 COSCHEDULING_PODGROUP = Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups")
-GANG_KINDS: dict[str, Kind] = {"volcano": VOLCANO_PODGROUP, "coscheduling": COSCHEDULING_PODGROUP}
+POD_GROUP_KINDS = (VOLCANO_PODGROUP, COSCHEDULING_PODGROUP)  # which provider writes which: plan/gang.py
 # Not owned: read or written beside the children.
 POD = Kind("v1", "Pod", "pods")
 SECRET = Kind("v1", "Secret", "secrets")
@@ -62,3 +63,4 @@ OWNED_KINDS: tuple[Kind, ...] = (
     STATEFULSET, DEPLOYMENT, SERVICE, CONFIGMAP, SERVICEACCOUNT, PDB, ROLE, ROLEBINDING, NETWORKPOLICY, LWS,
 )
 WORKLOAD_KINDS = (STATEFULSET.kind, DEPLOYMENT.kind, LWS.kind)
+ENGINE_WORKLOAD_KINDS = (STATEFULSET.kind, LWS.kind)  # what runs engines (the router is a Deployment)

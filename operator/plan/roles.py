@@ -26,8 +26,7 @@ def _decorate(ctx: Context, spec: DisaggregatedInferenceSpec, role: str, workloa
         placement.apply(template["spec"], spec, ctx.fleet, role, ctx.revision)
         fabric.apply(template["spec"], spec, role)
         gang.decorate_pod(template, spec, role, group)
-    if spec.scheduling.gang.provider == "kueue":
-        workload["metadata"]["labels"][gang.KUEUE_QUEUE_LABEL] = spec.scheduling.queue_name or ""
+    gang.decorate_workload(workload, spec)
 
 
 def workloads(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> list[dict[str, Any]]:

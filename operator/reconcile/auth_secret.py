@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.auth import KEY_BYTES, generated_secret, generated_secret_name, needs_generated_secret
 from pdfleet.operator.plan import kinds
-from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.ownership import ownership
 
 SECRET = kinds.SECRET

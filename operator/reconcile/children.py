@@ -1,5 +1,5 @@
-"""Child objects: what kinds the operator owns, how it fingerprints what it applied,
-what it observed, and which writes bring the observed set to the desired one (pure).
+"""Child objects: how the operator fingerprints what it applies, and which writes bring the
+observed set to the desired one (pure). What a watch observed is parsed in kube/observed.py.
 
 Level-based comparison without reading the API: every applied child carries the
 annotation `pdfleet.io/applied-hash`, the hash of the manifest the operator sent.
@@ -11,52 +11,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from pdfleet.contract import labels as label_keys
+from pdfleet.operator.kube.observed import (
+    HASH_ANNOTATION, LWS_WORKER_INDEX_LABEL, REVISION_LABEL, ROLE_LABEL, SERVING_LABEL, SERVING_TRUE, ChildRef,
+    ObservedChild, ObservedPod, kind_of, observe_child, observe_pod,
+)
 from pdfleet.operator.plan import kinds
-from pdfleet.operator.plan.kinds import GANG_KINDS, LWS, OWNED_KINDS, POD, Kind
-from pdfleet.operator.reconcile.kvtransport import PodTransport, from_pod_status
+from pdfleet.operator.plan.gang import GANG_KINDS
+from pdfleet.operator.plan.kinds import LWS, OWNED_KINDS, POD, Kind
 
 FLEET_LABEL = label_keys.FLEET
-ROLE_LABEL = label_keys.ROLE
-REVISION_LABEL = label_keys.REVISION
-HASH_ANNOTATION = label_keys.APPLIED_HASH
-SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
-LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-FIELD_MANAGER = "pdfleet"
-
-
 WORKLOAD_KINDS = kinds.WORKLOAD_KINDS
-# The kinds live in plan/kinds.py; these names stay importable from here for the reconciler.
+# The kinds (plan/kinds.py) and the observed records (kube/observed.py) stay importable from
+# here: the reconciler's modules read them as `ch.*`.
 __all__ = ["GANG_KINDS", "LWS", "OWNED_KINDS", "POD", "WORKLOAD_KINDS", "Kind", "ChildRef", "ObservedChild",
            "ObservedPod", "Actions", "diff", "kind_of", "observe_child", "observe_pod", "owner_reference", "stamp",
-           "manifest_hash"]
-_BY_KIND = {(k.api_version, k.kind): k for k in (*OWNED_KINDS, *GANG_KINDS.values())}
-
-
-def kind_of(obj: Mapping[str, Any]) -> Kind:
-    try:
-        return _BY_KIND[(obj["apiVersion"], obj["kind"])]
-    except KeyError:
-        raise ValueError(f"the operator does not manage {obj.get('apiVersion')}/{obj.get('kind')}") from None
-
-
-@dataclass(frozen=True, order=True)
-class ChildRef:
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any], namespace: Optional[str] = None) -> "ChildRef":
-        meta = obj.get("metadata") or {}
-        return cls(obj["apiVersion"], obj["kind"], meta.get("namespace") or namespace or "", meta["name"])
-
-    def __str__(self) -> str:
-        return f"{self.kind}/{self.name}"
+           "manifest_hash", "FLEET_LABEL", "ROLE_LABEL", "REVISION_LABEL", "HASH_ANNOTATION", "SERVING_LABEL",
+           "SERVING_TRUE", "LWS_WORKER_INDEX_LABEL"]
 
 
 def manifest_hash(obj: Mapping[str, Any]) -> str:
@@ -93,104 +67,6 @@ def stamp(obj: Mapping[str, Any], owner: Mapping[str, Any], namespace: str) -> d
     meta["annotations"] = annotations
     annotations[HASH_ANNOTATION] = manifest_hash(out)
     return out
-
-
-@dataclass(frozen=True)
-class ObservedChild:
-    """What the watch said about one child: enough to diff and to compute status."""
-
-    ref: ChildRef
-    uid: str = ""
-    applied_hash: Optional[str] = None
-    owner_uids: tuple[str, ...] = ()
-    role: Optional[str] = None
-    revision: Optional[str] = None
-    deleting: bool = False
-    generation: int = 0
-    replicas: int = 0              # spec.replicas (workloads)
-    observed_generation: int = 0   # status.observedGeneration (workloads)
-    status_replicas: int = 0
-    ready_replicas: int = 0
-    updated_replicas: int = 0
-    ports: tuple[tuple[str, int], ...] = ()   # named container ports of a workload's pod template
-    serving: bool = False          # labelled as the serving revision's (engine Services)
-
-
-@dataclass(frozen=True)
-class ObservedPod:
-    namespace: str
-    name: str
-    role: Optional[str]
-    revision: Optional[str]
-    ip: Optional[str]
-    ready: bool
-    deleting: bool
-    ports: tuple[tuple[str, int], ...] = ()
-    worker: bool = False                           # a LeaderWorkerSet worker: no API, no side channel of record
-    kv_transport: Optional[PodTransport] = None    # the fabric preflight's verdict
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _template_ports(spec: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
-    ports = []
-    for container in spec.get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") and port.get("containerPort"):
-                ports.append((str(port["name"]), _int(port["containerPort"])))
-    return tuple(ports)
-
-
-def observe_child(body: Mapping[str, Any]) -> ObservedChild:
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    template_spec = ((spec.get("template") or {}).get("spec") or {}) if isinstance(spec, Mapping) else {}
-    if isinstance(spec, Mapping) and "leaderWorkerTemplate" in spec:  # a LeaderWorkerSet: the leader serves
-        template_spec = ((spec["leaderWorkerTemplate"] or {}).get("leaderTemplate") or {}).get("spec") or {}
-    return ObservedChild(
-        ref=ChildRef.of(body),
-        uid=meta.get("uid") or "",
-        applied_hash=(meta.get("annotations") or {}).get(HASH_ANNOTATION),
-        owner_uids=tuple(r.get("uid", "") for r in meta.get("ownerReferences") or []),
-        role=labels.get(ROLE_LABEL),
-        revision=labels.get(REVISION_LABEL),
-        deleting=bool(meta.get("deletionTimestamp")),
-        generation=_int(meta.get("generation")),
-        replicas=_int(spec.get("replicas", 1))
-        if isinstance(spec, Mapping) and ("template" in spec or "leaderWorkerTemplate" in spec) else 0,
-        observed_generation=_int(status.get("observedGeneration")),
-        status_replicas=_int(status.get("replicas")),
-        ready_replicas=_int(status.get("readyReplicas")),
-        updated_replicas=_int(status.get("updatedReplicas")),
-        ports=_template_ports(template_spec),
-        serving=labels.get(SERVING_LABEL) == SERVING_TRUE,
-    )
-
-
-def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
-    meta = body.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    status = body.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    return ObservedPod(
-        namespace=meta.get("namespace") or "",
-        name=meta.get("name") or "",
-        role=labels.get(ROLE_LABEL),
-        revision=labels.get(REVISION_LABEL),
-        ip=status.get("podIP") or None,
-        ready=ready and status.get("phase", "Running") == "Running",
-        deleting=bool(meta.get("deletionTimestamp")),
-        ports=_template_ports(body.get("spec") or {}),
-        worker=labels.get(LWS_WORKER_INDEX_LABEL, "0") != "0",
-        kv_transport=from_pod_status(status),
-    )
 
 
 @dataclass(frozen=True)

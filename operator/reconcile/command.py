@@ -18,6 +18,7 @@ import sys
 
 from pdfleet.operator.plan import DEFAULT_IMAGE
 from pdfleet.operator.plan.drain import rollout_drain_seconds
+from pdfleet.operator.plan.gang import GANG_KINDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the old prefill/decode pair this long after the router switched; default "
                              "%(default)s, from the router's timeouts (connects + prefill leg + margin)")
     parser.add_argument("--workers", type=int, default=4, help="fleets reconciled at the same time")
-    parser.add_argument("--gang-provider", action="append", default=[], choices=("volcano", "coscheduling"),
+    parser.add_argument("--gang-provider", action="append", default=[], choices=tuple(GANG_KINDS),
                         help="a gang scheduler whose PodGroups the operator may create (repeatable; kueue needs none)")
     parser.add_argument("--log-format", choices=("plain", "json"), default="plain",
                         help="json: one object per line with namespace and name of the fleet")

@@ -26,7 +26,7 @@ import kopf
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, observe_scaler
 from pdfleet.operator.reconcile import children as ch
-from pdfleet.operator.reconcile.kube import KubeClient, RetryPolicy
+from pdfleet.operator.kube.client import KubeClient, RetryPolicy
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 from pdfleet.operator.reconcile.reconciler import Reconciler, ReconcileOptions
 
@@ -110,12 +110,14 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
             return children, list(pod_index.get(key, ()))
 
         metrics = OperatorMetrics()
-        client = KubeClient(settings, policy=options.retry, on_request=metrics.record_request)
+        client = KubeClient(lambda: options.connection or login(settings=settings, logger=logger),
+                            timeout=options.request_timeout, policy=options.retry,
+                            on_request=metrics.record_request)
         reconciler = Reconciler(client, metrics, options.reconcile, snapshot,
                                 scalers=lambda key: list(scaler_index.get(key, ())),
                                 autoscalers=lambda key: list(hpa_index.get(key, ())))
         reconciler.queue.start()
-        runtime.update(reconciler=reconciler, metrics=metrics, settings=settings)
+        runtime.update(reconciler=reconciler, metrics=metrics, settings=settings, client=client)
         if options.metrics_port is not None:
             runtime["metrics_port"] = await metrics.serve(options.metrics_port, options.metrics_host)
 
@@ -127,6 +129,9 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
         metrics: Optional[OperatorMetrics] = runtime.get("metrics")
         if metrics is not None:
             await metrics.close()
+        client: Optional[KubeClient] = runtime.get("client")
+        if client is not None:
+            await client.close()
 
     @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
     async def _fleet_event(event: dict[str, Any], **_: Any) -> None:

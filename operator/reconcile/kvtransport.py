@@ -13,38 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from pdfleet.contract.fabric import CONDITION_TYPE, CONTAINER_NAME, VERIFIED, parse_verdict
+from pdfleet.contract.fabric import CONDITION_TYPE, VERIFIED
+# A pod's own verdict is parsed where its status is observed; the roll-up to a condition is here.
+from pdfleet.operator.kube.observed import PREFLIGHT_CONTAINER, PodTransport, from_pod_status
 
-PREFLIGHT_CONTAINER = CONTAINER_NAME
 PENDING = "Pending"
 __all__ = ["CONDITION_TYPE", "PodTransport", "RoleTransport", "fleet_transport", "from_pod_status", "role_transport"]
-
-
-@dataclass(frozen=True)
-class PodTransport:
-    """One pod's verdict."""
-
-    status: str          # "True" | "False"
-    reason: str
-    message: str
-    transport: Optional[str] = None
-    gbps: Optional[float] = None
-
-
-def from_pod_status(status: Mapping[str, Any]) -> Optional[PodTransport]:
-    """The verdict the pod's preflight wrote, or None (not run yet, disabled, or unreadable)."""
-    for cs in status.get("initContainerStatuses") or []:
-        if cs.get("name") != PREFLIGHT_CONTAINER:
-            continue
-        terminated = ((cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-                      or {})
-        message = terminated.get("message")
-        verdict = parse_verdict(message if isinstance(message, str) else None)
-        if verdict is None:
-            return None
-        return PodTransport("True" if verdict.status else "False", verdict.reason, verdict.message,
-                            verdict.transport, verdict.gbps)
-    return None
 
 
 @dataclass(frozen=True)

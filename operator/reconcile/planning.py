@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
+from pdfleet.operator.plan.kinds import ENGINE_WORKLOAD_KINDS, STATEFULSET
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.plan import PlanOptions, plan, revision_of
 from pdfleet.operator.plan.engines import HTTP_PORT_NAME, KV_EVENTS_PORT_NAME, SIDE_CHANNEL_PORT_NAME
-from pdfleet.operator.reconcile.children import ObservedChild
+from pdfleet.operator.kube.observed import ObservedChild
 
 
 def target_revision(cr: DisaggregatedInference, image: str) -> str:
@@ -26,7 +27,7 @@ def revision_ports(children: Iterable[ObservedChild], cr: DisaggregatedInference
     so that the endpoints of an older revision keep that revision's ports."""
     out: dict[str, tuple[int, int]] = {}
     for c in children:
-        if c.ref.kind not in ("StatefulSet", "LeaderWorkerSet") or c.role != "prefill" or not c.revision:
+        if c.ref.kind not in ENGINE_WORKLOAD_KINDS or c.role != "prefill" or not c.revision:
             continue
         ports = dict(c.ports)
         side = ports.get(SIDE_CHANNEL_PORT_NAME, cr.spec.kv_transfer.side_channel_port)
@@ -39,7 +40,7 @@ def revision_kv_events_ports(children: Iterable[ObservedChild]) -> dict[str, int
     """revision -> the engines' KV event port, read from each prefill StatefulSet's pod template."""
     out: dict[str, int] = {}
     for c in children:
-        if c.ref.kind == "StatefulSet" and c.role == "prefill" and c.revision:
+        if c.ref.kind == STATEFULSET.kind and c.role == "prefill" and c.revision:
             port = dict(c.ports).get(KV_EVENTS_PORT_NAME)
             if port is not None:
                 out[c.revision] = port

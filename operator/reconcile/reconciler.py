@@ -24,7 +24,7 @@ from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
-from pdfleet.operator.reconcile.kube import ApiFailure, KubeClient
+from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
 from pdfleet.operator.reconcile.ownership import REASON as NOT_OWNED, not_owned_message, ownership
@@ -184,7 +184,7 @@ class Reconciler:
         owned = [c for c in observed if uid in c.owner_uids]
         pods = [p for p in pods if p.namespace == namespace]
         present = {c.revision for c in owned
-                   if c.revision and c.ref.kind in ("StatefulSet", "LeaderWorkerSet") and not c.deleting}
+                   if c.revision and c.ref.kind in kinds.ENGINE_WORKLOAD_KINDS and not c.deleting}
         roll = previous.get("rollout") or {}
         state = rollout.RolloutState(serving=previous.get("revision"), previous=roll.get("previousRevision"),
                                      switched_at=roll.get("switchedAt"))

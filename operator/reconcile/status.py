@@ -12,7 +12,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from pdfleet.operator.reconcile.children import ObservedChild, ObservedPod
+from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
+from pdfleet.operator.kube.observed import ObservedChild, ObservedPod
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
 from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
 
@@ -77,7 +78,7 @@ def role_counts(children: Iterable[ObservedChild], role: str, revision: Optional
     replicas = ready = updated = desired = 0
     settled = True
     for c in children:
-        if c.role != role or c.ref.kind not in ("StatefulSet", "Deployment", "LeaderWorkerSet") or c.deleting:
+        if c.role != role or c.ref.kind not in WORKLOAD_KINDS or c.deleting:
             continue
         if revision is not None and c.revision not in (None, revision):
             continue

@@ -28,7 +28,7 @@ from operator_scenarios import CR_RESOURCE, IMAGE  # noqa: E402
 from pdfleet.operator import api  # noqa: E402
 from pdfleet.operator.reconcile.embedded import EmbeddedOperator  # noqa: E402
 from pdfleet.operator.reconcile.handlers import OperatorOptions  # noqa: E402
-from pdfleet.operator.reconcile.kube import RetryPolicy  # noqa: E402
+from pdfleet.operator.kube.client import RetryPolicy  # noqa: E402
 from pdfleet.operator.reconcile.reconciler import ReconcileOptions  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent

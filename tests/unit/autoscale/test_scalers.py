@@ -7,7 +7,7 @@ from typing import Any, Optional
 from pdfleet.operator.api import parse
 from pdfleet.operator.autoscale.edge import scaling_condition
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
-from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
+from pdfleet.operator.kube.observed import ChildRef, ObservedChild
 
 OWNER = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", "name": "llama", "uid": "u1",
          "controller": True, "blockOwnerDeletion": True}

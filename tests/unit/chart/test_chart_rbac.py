@@ -30,7 +30,7 @@ NOT_RECORDABLE: dict[Triple, str] = {
     **{(g, r, "create"): "server-side apply of a new object is also checked against create" for g, r in _APPLIED},
     # KubeClient.delete prunes children the plan drops. The recording tests that prune run
     # against an in-process driver, not the HTTP server, so no DELETE reaches the recording.
-    **{(g, r, "delete"): "pruning (operator/reconcile/kube.py KubeClient.delete); not yet recorded"
+    **{(g, r, "delete"): "pruning (operator/kube/client.py KubeClient.delete); not yet recorded"
        for g, r in _APPLIED},
     # No request: the OwnerReferencesPermissionEnforcement admission plugin checks it when a child's
     # ownerReference sets blockOwnerDeletion=true.

@@ -1,11 +1,9 @@
 """The operator's writes to the Kubernetes API, and the one place they are retried.
 
-Requests go through kopf's own authenticated aiohttp session (`kopf._cogs.clients.api`),
-so they use the credentials kopf logged in with (kubeconfig or the in-cluster service
-account), re-login on 401, and share kopf's connection pool. That module is private to
-kopf, hence kopf is pinned exactly (kopf==1.45.2) and only this file touches it. kopf's
-own retries are switched off for these calls (`backoffs=()`): the retry policy lives in
-`KubeClient._call` only.
+Requests go through one aiohttp session of this client, built from the `kopf.ConnectionInfo`
+that kopf's public login functions return (kubeconfig or the in-cluster service account; the
+same `login` the operator's `@kopf.on.login` handler uses). A 401 logs in again once (a rotated
+service-account token) and repeats the request. No kopf internals are used.
 
 Retried with exponential backoff (bounded): 409 Conflict, 422 (a webhook or the server
 refused a version it may accept shortly), 429 (Retry-After honoured), 5xx, connection
@@ -22,14 +20,16 @@ import random
 from typing import Any, Awaitable, Callable, Mapping, Optional
 
 import aiohttp
-from kopf._cogs.clients import api as kopf_api
-from kopf._cogs.clients import errors as kopf_errors
+import kopf
 
-from pdfleet.operator.reconcile.children import FIELD_MANAGER, ChildRef, Kind, kind_of
+from pdfleet.operator.kube.observed import ChildRef, kind_of
+from pdfleet.operator.plan.kinds import Kind
 
 logger = logging.getLogger("pdfleet.operator")
 
 RETRIABLE_STATUSES = (409, 422, 429)
+FIELD_MANAGER = "pdfleet"
+USER_AGENT = "pdfleet-operator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +52,25 @@ class ApiFailure(Exception):
         super().__init__(f"{what}: {status or 'connection error'} {message}".strip())
 
 
+class _StatusError(Exception):
+    """An answer of 400 or more: its status, headers and the Status object's message and details."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: str):
+        self.status, self.headers = status, dict(headers)
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        payload = payload if isinstance(payload, dict) else {}
+        details = payload.get("details")
+        self.details: dict[str, Any] = details if isinstance(details, dict) else {}
+        self.message = str(payload.get("message") or body[:256] or "")  # a non-JSON body: its head only
+        super().__init__(self.message)
+
+
 def _retry_after(exc: BaseException) -> Optional[float]:
-    if isinstance(exc, kopf_errors.APIError):
-        value = (exc.headers or {}).get("Retry-After") or (exc.details or {}).get("retryAfterSeconds")
+    if isinstance(exc, _StatusError):
+        value = exc.headers.get("Retry-After") or exc.details.get("retryAfterSeconds")
         try:
             return float(value) if value is not None else None
         except (TypeError, ValueError):
@@ -63,21 +79,63 @@ def _retry_after(exc: BaseException) -> Optional[float]:
 
 
 def _retriable(exc: BaseException) -> bool:
-    if isinstance(exc, kopf_errors.APIError):
+    if isinstance(exc, _StatusError):
         return exc.status in RETRIABLE_STATUSES or exc.status >= 500
     return isinstance(exc, (aiohttp.ClientConnectionError, asyncio.TimeoutError, TimeoutError))
 
 
-class KubeClient:
-    """Server-side apply, delete and status patches for the reconciler."""
+Login = Callable[[], Optional[kopf.ConnectionInfo]]
 
-    def __init__(self, settings: Any, *, policy: RetryPolicy = RetryPolicy(),
+
+class KubeClient:
+    """Server-side apply, delete and status patches for the reconciler.
+
+    `login` returns the credentials (a kopf login function with its arguments bound); it is
+    called at the first request and again after a 401."""
+
+    def __init__(self, login: Login, *, timeout: float = 30.0, policy: RetryPolicy = RetryPolicy(),
                  on_request: Callable[[str, str, int], None] = lambda verb, kind, status: None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
-        self._settings = settings
+        self._login = login
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._policy = policy
         self._on_request = on_request
         self._sleep = sleep
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._server = ""
+
+    async def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            info = await asyncio.to_thread(self._login)  # reads files; the kubernetes client may refresh a token
+            if info is None:
+                raise ApiFailure("login", None, "no credentials: neither a kubeconfig nor a service account")
+            self._server = info.server.rstrip("/")
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=info.as_ssl_context()),
+                headers={"User-Agent": USER_AGENT, **info.as_http_headers()},  # basic auth too
+                proxy=info.proxy_url, trust_env=info.trust_env,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _send(self, method: str, url: str, payload: Any, headers: Optional[dict[str, str]]) -> Any:
+        relogged = False
+        while True:
+            session = await self._open()
+            async with session.request(method, self._server + url, json=payload, headers=headers,
+                                       timeout=self._timeout) as response:
+                text = await response.text()
+                if response.status == 401 and not relogged:
+                    relogged = True  # the token may have rotated: log in again, once
+                    await self.close()
+                    continue
+                if response.status >= 400:
+                    raise _StatusError(response.status, response.headers, text)
+                return response.status, (json.loads(text) if text else None)
 
     async def _call(self, verb: str, kind: str, method: str, url: str, *, payload: Any = None,
                     headers: Optional[dict[str, str]] = None, final_statuses: tuple[int, ...] = ()) -> Any:
@@ -85,16 +143,11 @@ class KubeClient:
         what = f"{method.upper()} {url}"
         for attempt in range(1, self._policy.attempts + 1):
             try:
-                response = await kopf_api.request(
-                    method, url, payload=payload, headers=headers, settings=self._settings,
-                    logger=logger, backoffs=(),
-                )
-                async with response:
-                    self._on_request(verb, kind, response.status)
-                    text = await response.text()
-                    return json.loads(text) if text else None
-            except (kopf_errors.APIError, aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-                status = exc.status if isinstance(exc, kopf_errors.APIError) else None
+                status, body = await self._send(method, url, payload, headers)
+                self._on_request(verb, kind, status)
+                return body
+            except (_StatusError, aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
+                status = exc.status if isinstance(exc, _StatusError) else None
                 self._on_request(verb, kind, status or 0)
                 message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
                 if not _retriable(exc) or status in final_statuses or attempt == self._policy.attempts:

@@ -1,0 +1,66 @@
+"""The operator's import arrows point one way, and no product code reaches into kopf's internals.
+
+plan (pure) <- kube (observed records, the client) <- autoscale, reconcile; reconcile may call
+autoscale, autoscale never imports reconcile. Read from the source with `ast`, so a lazy import
+inside a function counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("operator", "connector", "contract")
+
+# package folder -> module prefixes it must never import
+FORBIDDEN = {
+    "operator/plan": ("pdfleet.operator.reconcile", "pdfleet.operator.autoscale", "pdfleet.operator.kube"),
+    "operator/kube": ("pdfleet.operator.reconcile", "pdfleet.operator.autoscale"),
+    "operator/autoscale": ("pdfleet.operator.reconcile",),
+}
+
+
+def imported_modules(source: str) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return out
+
+
+def violations(source: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [m for m in imported_modules(source) if any(m == f or m.startswith(f + ".") for f in forbidden)]
+
+
+def private_kopf(source: str) -> list[str]:
+    return [m for m in imported_modules(source) if m.startswith("kopf.") and m.split(".")[1].startswith("_")]
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN))
+def test_import_arrows_point_one_way(folder: str) -> None:
+    found = {str(p.relative_to(ROOT)): bad for p in sorted((ROOT / folder).rglob("*.py"))
+             if (bad := violations(p.read_text(), FORBIDDEN[folder]))}
+    assert not found, f"{folder} must not import {FORBIDDEN[folder]}: {found}"
+
+
+def test_no_kopf_private_api_in_product_code() -> None:
+    found = {str(p.relative_to(ROOT)): bad for top in PRODUCT for p in sorted((ROOT / top).rglob("*.py"))
+             if (bad := private_kopf(p.read_text()))}
+    assert not found, f"kopf's private modules are used: {found}"
+
+
+def test_the_checks_catch_what_they_look_for() -> None:
+    """Negative control: the same checks flag an arrow back and a private kopf import, lazy ones too."""
+    back = "def f():\n    from pdfleet.operator.reconcile.children import ChildRef\n"
+    assert violations(back, FORBIDDEN["operator/autoscale"]) == [
+        "pdfleet.operator.reconcile.children", "pdfleet.operator.reconcile.children.ChildRef"]
+    assert violations("from pdfleet.operator import reconcile\n", FORBIDDEN["operator/autoscale"]) == [
+        "pdfleet.operator.reconcile"]
+    assert violations("from pdfleet.operator.kube.observed import ChildRef\n", FORBIDDEN["operator/autoscale"]) == []
+    assert private_kopf("from kopf._cogs.clients import api\n") == ["kopf._cogs.clients", "kopf._cogs.clients.api"]
+    assert private_kopf("import kopf\nkopf.ConnectionInfo\n") == []
