@@ -55,6 +55,7 @@ from pdfleet.connector.router.abandon import Abandoned, one_token_body, release_
 from pdfleet.contract.kv_params import remote_decode_request
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+from pdfleet.connector.router.endpoint_labels import EndpointLabels
 from pdfleet.connector.router.endpoints import (
     DECODE,
     PREFILL,
@@ -125,7 +126,8 @@ class Router:
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         self._session: aiohttp.ClientSession | None = None
         self.abandoned = Abandoned()
-        self.prefix = PrefixRouting(config, self.metrics)  # KV-cache-aware choice (prefixAware legs)
+        self.labels = EndpointLabels()  # what endpoints are called in metrics (never their URL: a pod IP)
+        self.prefix = PrefixRouting(config, self.metrics, labels=self.labels)  # KV-cache-aware choice
         self.flow = FlowGate(config.flow_control, self.metrics.registry)  # flow control; open when disabled
         self._prefill_timeout = aiohttp.ClientTimeout(
             total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s
@@ -146,8 +148,15 @@ class Router:
         new = self.selection.revision
         if (new.revision if new else None) != old:
             log.info("serving revision %s (%s)", new.revision if new else None, self.selection.reason)
-        self._forget_gone_endpoints()
+        known: dict[str, str] = {}
+        for g in self._groups.values():
+            for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode)):
+                for e in eps:
+                    known.setdefault(e.url, role)
+        # Series of endpoints that left go first, under their old names (which may then be reused).
+        self._forget_gone_endpoints(known)
         self.prefix.set_endpoints(self._groups.values())
+        self.labels.update(known, keep=self.outstanding.counts.keys())
         self.flow.set_ready_decodes(len(new.ready(DECODE)) if new is not None else 0)
         self.metrics.revision.clear()
         self.metrics.endpoints.clear()
@@ -158,14 +167,12 @@ class Router:
                 self.metrics.endpoints.labels(role, "true").set(ready)
                 self.metrics.endpoints.labels(role, "false").set(len(eps) - ready)
 
-    def _forget_gone_endpoints(self) -> None:
-        """Drop the in-flight series of endpoints that left every revision (pod IPs churn)."""
-        known = {(role, e.url) for g in self._groups.values()
-                 for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode)) for e in eps}
-        for key in list(self._in_flight):
-            if key not in known and not self.outstanding.counts.get(key[1]):
-                del self._in_flight[key]
-                self.metrics.in_flight.remove(*key)
+    def _forget_gone_endpoints(self, known: dict[str, str]) -> None:
+        """Drop the in-flight series of endpoints that left every revision (pods churn)."""
+        for role, url in list(self._in_flight):
+            if url not in known and not self.outstanding.counts.get(url):
+                del self._in_flight[(role, url)]
+                self.metrics.in_flight.remove(role, self.labels(url))
 
     @property
     def groups(self) -> dict[str, RevisionEndpoints]:
@@ -193,7 +200,7 @@ class Router:
         timing.leg_started(role)
         gauge = self._in_flight.get((role, url))
         if gauge is None:
-            gauge = self._in_flight[(role, url)] = self.metrics.in_flight.labels(role, url)
+            gauge = self._in_flight[(role, url)] = self.metrics.in_flight.labels(role, self.labels(url))
         gauge.inc()
 
     def _release(self, role: str, url: str) -> None:

@@ -29,6 +29,7 @@ import msgspec
 
 from pdfleet.connector.router import kv_events as ke
 from pdfleet.connector.router.chat_prompt import content_format, plain_conversation
+from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
 from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
 from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
@@ -43,7 +44,7 @@ from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, com
 
 log = logging.getLogger("pdfleet.router.prefix")
 
-UNKNOWN_ENDPOINT = "unknown"
+UNKNOWN_ENDPOINT = UNKNOWN
 EVENTS = "events"
 ROUTED = "routed"
 MIXED = "mixed"
@@ -141,12 +142,13 @@ def prompt_text(body: Mapping[str, Any], chat: bool) -> str | None:
 
 
 class _MetricCounters(Counters):
-    def __init__(self, metrics: Any, known: Callable[[str], bool]) -> None:
+    def __init__(self, metrics: Any, known: Callable[[str], bool], names: Callable[[str], str]) -> None:
         self.m = metrics
         self.known = known
+        self.names = names  # the endpoint's name in metrics (endpoint_labels.py), never its URL
 
     def _label(self, url: str) -> str:
-        return url if self.known(url) else UNKNOWN_ENDPOINT
+        return self.names(url) if self.known(url) else UNKNOWN_ENDPOINT
 
     def received(self, url: str) -> None:
         self.m.kv_events_received.labels(self._label(url)).inc()
@@ -164,8 +166,12 @@ class _MetricCounters(Counters):
 class PrefixRouting:
     """Per-router state of KV-aware routing (one event loop owns it)."""
 
-    def __init__(self, config: Any, metrics: Any, *, tokenize: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(self, config: Any, metrics: Any, *, tokenize: Callable[[str], list[int]] | None = None,
+                 labels: EndpointLabels | None = None) -> None:
         self.config = config
+        # The router's endpoint names (it updates them); standalone, this names its own endpoints.
+        self._own_labels = labels is None
+        self.labels = labels if labels is not None else EndpointLabels()
         self.metrics = metrics
         self.policies = {PREFILL: config.prefill_policy, DECODE: config.decode_policy}
         self.hasher = BlockHasher(HashConfig(config.block_size, config.hash_algo, config.hash_seed))
@@ -183,7 +189,7 @@ class PrefixRouting:
         self._sources: dict[str, EventSource] = {}
         self._ctx = None
         self._running = False
-        self.counters = _MetricCounters(metrics, lambda u: u in self.states)
+        self.counters = _MetricCounters(metrics, lambda u: u in self.states, self.labels)
         self._keys: OrderedDict[int, tuple[Any, PromptKeys]] = OrderedDict()
 
     def enabled(self, role: str) -> bool:
@@ -207,6 +213,9 @@ class PrefixRouting:
         for url, src in sources.items():
             if url not in self.states:
                 self.states[url] = EndpointState(src, ke.BlockIndex(self.config.kv_index_max_blocks))
+        if self._own_labels:
+            self.labels.update({e.url: role for g in groups for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode))
+                                for e in eps})
         if self._running:
             self._start_missing()
 
@@ -217,7 +226,7 @@ class PrefixRouting:
         self.states.pop(url, None)
         for metric in (self.metrics.kv_index_blocks, self.metrics.kv_events_received):
             try:
-                metric.remove(url)
+                metric.remove(self.labels(url))
             except KeyError:
                 pass
 

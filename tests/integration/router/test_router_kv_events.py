@@ -187,11 +187,11 @@ async def test_lost_message_is_replayed_and_restart_resets(fleet, zctx):
     pubs[1].publish(batch(stored(KEYS[4:6])))
     await until(lambda: len(index(router, p1)) == 6)  # the gap was filled from the replay buffer
     assert 1 in pubs[1].replay_requests
-    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=p1, reason="gap") == 0
+    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=router.labels(p1), reason="gap") == 0
     pubs[1].restart()  # the engine started over: what it cached is gone
     pubs[1].publish(batch(stored(KEYS[:1])))
     await until(lambda: len(index(router, p1)) == 1)
-    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=p1, reason="restart") == 1
+    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=router.labels(p1), reason="restart") == 1
 
 
 async def test_endpoint_gone_drops_its_index(fleet, zctx):
@@ -246,7 +246,7 @@ async def test_fuzzed_event_messages_are_dropped_counted_and_change_no_route(fle
         reason = decode_message(frames)
         assert reason in ("too_deep", "malformed"), reason
     pubs[0].raw(frames)  # the bad message claims p0 holds everything
-    await until(lambda: counter(router, "pdfleet_router_kv_events_dropped_total", endpoint=p0, reason=reason) == 1)
+    await until(lambda: counter(router, "pdfleet_router_kv_events_dropped_total", endpoint=router.labels(p0), reason=reason) == 1)
     assert len(index(router, p0)) == 0 and len(index(router, p1)) == 3
     assert await served_by(fleet, url, PROMPT) == ["p1"]  # routing as before the bad message
     # the stream goes on: the next good message of p0 applies
