@@ -70,6 +70,7 @@ from pdfleet.connector.router.endpoints import (
 from pdfleet.connector.router.errors import error_body, error_response
 from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
 from pdfleet.connector.router.flow.gate import FlowGate
+from pdfleet.connector.router import lease_release
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
@@ -107,6 +108,15 @@ class _BrokeBeforeFirstByte(Exception):
 class _PrefillResult:
     kv_transfer_params: dict[str, Any] | None = None
     client_error: web.Response | None = None  # a 4xx from prefill, relayed as is
+    url: str | None = None  # the prefill that holds the lease
+
+
+@dataclass
+class _Lease:
+    """A prefill's lease on its way to decode (released at the prefill when no decode will read it)."""
+
+    url: str
+    params: dict[str, Any]
 
 
 class Router:
@@ -126,6 +136,7 @@ class Router:
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         self._session: aiohttp.ClientSession | None = None
         self.abandoned = Abandoned()
+        self.releases = lease_release.Background()
         self.labels = EndpointLabels()  # what endpoints are called in metrics (never their URL: a pod IP)
         self.prefix = PrefixRouting(config, self.metrics, labels=self.labels)  # KV-cache-aware choice
         self.flow = FlowGate(config.flow_control, self.metrics.registry)  # flow control; open when disabled
@@ -219,6 +230,7 @@ class Router:
 
     async def close(self) -> None:
         await self.abandoned.close()
+        await self.releases.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -300,7 +312,7 @@ class Router:
         if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
             self.metrics.fallbacks.labels(FAN_OUT).inc()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
-            return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers, None)
+            return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers, None, None)
         leg = asyncio.ensure_future(self._prefill_leg(group, path, body, upstream_headers, chat=chat))
         try:
             # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
@@ -315,8 +327,9 @@ class Router:
         if prefill.kv_transfer_params is None:
             self.metrics.fallbacks.labels("prefill_failed").inc()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+        lease = _Lease(prefill.url, prefill.kv_transfer_params) if prefill.kv_transfer_params and prefill.url else None
         return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers,
-                                      prefill.kv_transfer_params)
+                                      prefill.kv_transfer_params, lease)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -352,6 +365,7 @@ class Router:
                 self.metrics.retries.labels(PREFILL).inc()
             reason = await self._one_prefill(url, path, payload, headers)
             if isinstance(reason, _PrefillResult):
+                reason.url = url
                 return reason
             self.metrics.leg_failures.labels(PREFILL, reason).inc()
             self._eject(url)
@@ -409,7 +423,41 @@ class Router:
 
     async def _decode_leg(self, request: web.Request, group: RevisionEndpoints, path: str,
                           body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
-                          kv_params: dict[str, Any] | None) -> web.StreamResponse:
+                          kv_params: dict[str, Any] | None, lease: _Lease | None) -> web.StreamResponse:
+        """Decode with prefill's kv_params; ``lease`` (until a decode takes the request) is released at
+        the prefill on every path where no decode will read it (lease_release.py)."""
+        try:
+            return await self._decode_attempts(request, group, path, body, headers, reply_headers, kv_params,
+                                               lease)
+        except asyncio.CancelledError:
+            if lease is not None and lease.params:  # the client left before a decode took the request
+                self._release_unread(lease, body, headers, lease_release.CLIENT_GONE)
+            raise
+
+    def _release_unread(self, lease: _Lease, body: dict[str, Any], headers: dict[str, str], reason: str) -> None:
+        params, lease.params = lease.params, {}  # once per request
+        if not self.releases.start(functools.partial(self._send_release, lease.url, body, headers, params, reason)):
+            self.metrics.kv_releases.labels(reason, lease_release.SKIPPED).inc()
+
+    async def _send_release(self, url: str, body: dict[str, Any], headers: dict[str, str], params: dict[str, Any],
+                            reason: str) -> None:
+        status, data = None, b""
+        try:
+            async with self.session.post(_target(url, "/v1/completions"), headers=headers,
+                                         data=_json_encode(lease_release.release_body(body, params)),
+                                         timeout=self._prefill_timeout) as resp:
+                status, data = resp.status, await resp.read()
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            log.info("releasing an unread lease at %s failed: %r", url, exc)
+        outcome = lease_release.release_outcome(status, data)
+        self.metrics.kv_releases.labels(reason, outcome).inc()
+        if outcome != lease_release.ACCEPTED:
+            log.info("lease release (%s) at the prefill: %s, request %s", reason, outcome,
+                     headers.get(REQUEST_ID_HEADER))
+
+    async def _decode_attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
+                               body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
+                               kv_params: dict[str, Any] | None, lease: _Lease | None) -> web.StreamResponse:
         candidates = group.ready(DECODE)
         tried: set[str] = set()
         cfg = self.config
@@ -422,6 +470,8 @@ class Router:
                 self.metrics.retries.labels(DECODE).inc()
                 if kv_params is not None and not lease_allows_reuse(kv_params, time.time(), cfg.lease_margin_s):
                     kv_params = None
+                    if lease is not None and lease.params:
+                        self._release_unread(lease, body, headers, lease_release.LEASE_EXPIRED)
                     self.metrics.fallbacks.labels("lease_expired").inc()
                     reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
             decode_body = dict(body)
@@ -444,10 +494,18 @@ class Router:
                     self._latency["decode_first_byte"].observe(time.perf_counter() - started)
                     timing.first_byte()
                     if resp.status < 500 and resp.status not in _RETRYABLE_4XX:
+                        taken = None
+                        if lease is not None and lease.params and kv_params is not None:
+                            if resp.status >= 400:  # refused before its engine ran: it reads nothing
+                                self._release_unread(lease, body, headers, lease_release.DECODE_REFUSED)
+                            else:  # this decode reads the blocks (or releases them itself)
+                                taken, lease.params = lease.params, {}
                         try:
                             return await self._relay(request, resp, reply_headers)
                         except _BrokeBeforeFirstByte:
                             reason = "broken_answer"  # nothing reached the client: another decode may serve
+                            if taken is not None:
+                                lease.params = taken  # the next decode may read them
                     else:
                         reason = f"http_{resp.status}"
                 self.metrics.leg_failures.labels(DECODE, reason).inc()
@@ -458,6 +516,8 @@ class Router:
                     resp.release()
                 self._release(DECODE, url)
                 self._latency[DECODE].observe(time.perf_counter() - started)
+        if lease is not None and lease.params:
+            self._release_unread(lease, body, headers, lease_release.DECODE_FAILED)
         self.metrics.errors.labels("decode_failed").inc()
         return error_response(502, f"decode failed on {len(tried)} endpoint(s) of revision {group.revision}",
                               headers=reply_headers)
