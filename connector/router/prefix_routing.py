@@ -31,7 +31,7 @@ from pdfleet.connector.router import kv_events as ke
 from pdfleet.connector.router.chat_prompt import content_format, plain_conversation
 from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
-from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
+from pdfleet.connector.router.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
 from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
 from pdfleet.connector.router.prefix_scoring import (
     LEAST_OUTSTANDING,
@@ -187,6 +187,9 @@ class PrefixRouting:
         self.states: dict[str, EndpointState] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._sources: dict[str, EventSource] = {}
+        self.budget = self._plan(0)  # each publisher's share of the KV-event memory (kv_subscriber.plan_budget)
+        self._budgets: dict[str, Budget] = {}  # what each running subscriber was started with
+        self._resume: set[str] = set()  # subscribers to start again on their kept state
         self._ctx = None
         self._running = False
         self.counters = _MetricCounters(metrics, lambda u: u in self.states, self.labels)
@@ -210,16 +213,31 @@ class PrefixRouting:
         for url in list(self.routed._keys):
             if not any(url in (e.url for e in (*g.prefill, *g.decode)) for g in groups):
                 self.routed.forget(url)
+        self.budget = budget = self._plan(len(sources))
         for url, src in sources.items():
             if url not in self.states:
-                self.states[url] = EndpointState(src, ke.BlockIndex(self.config.kv_index_max_blocks))
+                self.states[url] = EndpointState(src, ke.BlockIndex(budget.index_blocks))
+            else:
+                self.states[url].index.max_blocks = budget.index_blocks  # applied with the next batch
+        for url, started in list(self._budgets.items()):
+            if url in self._tasks and (started.depth > budget.depth or started.max_bytes > budget.max_bytes):
+                self._tasks.pop(url).cancel()  # its queues outgrew its share: started again (resuming) below
+                self._budgets.pop(url)
+                self._resume.add(url)
         if self._own_labels:
             self.labels.update({e.url: role for g in groups for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode))
                                 for e in eps})
         if self._running:
             self._start_missing()
 
+    def _plan(self, publishers: int) -> Budget:
+        c = self.config
+        return plan_budget(publishers, total_bytes=c.kv_events_max_total_bytes,
+                           max_bytes=c.kv_events_max_message_bytes, index_max_blocks=c.kv_index_max_blocks)
+
     def _drop(self, url: str) -> None:
+        self._budgets.pop(url, None)
+        self._resume.discard(url)
         task = self._tasks.pop(url, None)
         if task is not None:
             task.cancel()
@@ -237,7 +255,10 @@ class PrefixRouting:
             self._ctx = zmq.asyncio.Context()
         for url, state in self.states.items():
             if url not in self._tasks:
-                sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.config.kv_events_max_message_bytes)
+                sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.budget.max_bytes,
+                                 depth=self.budget.depth, resume=url in self._resume)
+                self._resume.discard(url)
+                self._budgets[url] = self.budget
                 self._tasks[url] = asyncio.create_task(sub.run_forever(), name=f"kv-events {url}")
 
     async def start(self) -> None:
@@ -274,6 +295,7 @@ class PrefixRouting:
             self._tokenizer_task.cancel()
         tasks = list(self._tasks.values())
         self._tasks.clear()
+        self._budgets.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
