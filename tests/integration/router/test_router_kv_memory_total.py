@@ -23,7 +23,7 @@ import zmq
 from pdfleet.connector.router import kv_subscriber as ks
 from pdfleet.connector.router.kv_events import MAX_MESSAGE_BYTES
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 PUBLISHERS = 6
 MiB = 2**20
@@ -82,7 +82,7 @@ async def flood_growth(total_bytes: int, message_bytes: int) -> float:
     data = batch(message_bytes)
     try:
         async with aiohttp.ClientSession() as session:
-            for _ in range(300):
+            for _ in range(600):
                 await asyncio.sleep(0.1)
                 assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
                 try:
@@ -91,6 +91,8 @@ async def flood_growth(total_bytes: int, message_bytes: int) -> float:
                             break
                 except aiohttp.ClientError:
                     continue
+            else:
+                raise AssertionError("the router never subscribed to every publisher")
             await asyncio.sleep(1.5)  # the SUB sockets connect
             baseline = peak_rss_mib(proc.pid)
             stop = threading.Event()
@@ -129,4 +131,4 @@ async def test_the_total_budget_bounds_the_queues_of_all_publishers_together():
           f"(messages of {cap / MiB:.2f} MiB), +{unbounded:.0f} MiB with per-publisher bounds only (8 MiB messages)")
     # the queue half of the budget, plus one decoded batch and the index share in Python objects
     assert bounded < small / 2 / MiB + 48, bounded
-    assert unbounded > 2 * (small / 2 / MiB + 48), unbounded  # negative control: the flood fills the queues
+    assert unbounded > small / MiB, unbounded  # negative control: the flood fills the queues past the whole total
