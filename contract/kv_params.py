@@ -36,6 +36,10 @@ VERSION_KEY = "pdfleet_params_version"
 VERSION = (1, 2)
 SIG_KEY = "pdfleet_signature"  # the prefill's signature (1.2), see SIGNED_FIELDS
 ERROR_KEY = "pdfleet_error"  # why a prefill returned no usable params
+# A request key, not a produced one (no version change): the router sends a prefill's params back to
+# that prefill with this key true when no decode will read them; the prefill's reply carries it true
+# when it queued the release of its own lease (see ``release_request``).
+RELEASE_KEY = "pdfleet_release"
 
 DO_REMOTE_PREFILL = "do_remote_prefill"
 DO_REMOTE_DECODE = "do_remote_decode"
@@ -91,6 +95,26 @@ def version_of(params: Mapping[str, Any]) -> tuple[int, int]:
 def remote_decode_request() -> dict[str, Any]:
     """What the router sends with the prefill leg: keep the blocks for a remote decode."""
     return {DO_REMOTE_DECODE: True}
+
+
+def release_request(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The kv_transfer_params of the small request the router sends to the prefill that returned
+    ``params`` when no decode will read them (decode refused the request, none was reached, or the
+    client left): the params as the prefill signed them, plus ``RELEASE_KEY``. The prefill checks
+    its own signature and frees the lease unless a reader has claimed it (connector/adapter)."""
+    out = dict(params)
+    out[RELEASE_KEY] = True
+    return out
+
+
+def wants_release(params: Any) -> bool:
+    return isinstance(params, Mapping) and params.get(RELEASE_KEY) is True
+
+
+def release_reply() -> dict[str, Any]:
+    """What a prefill returns for a release request it accepted (the lease is freed in its next step
+    unless a reader claimed it meanwhile)."""
+    return {RELEASE_KEY: True}
 
 
 def error_params(reason: str) -> dict[str, Any]:

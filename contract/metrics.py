@@ -7,3 +7,6 @@ ROUTER_ITL = "pdfleet_router_itl_seconds"  # histogram: inter-token latency
 ROUTER_LEGS_WAITING = "pdfleet_router_legs_waiting"  # gauge, label LEG: legs waiting for an engine
 ROUTER_STREAMS = "pdfleet_router_streams"  # gauge: decode streams being relayed
 LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
+# counter, labels reason and outcome: releases of prefill leases that no decode will read, sent by the
+# router to the prefill that holds them (connector/router/lease_release.py)
+ROUTER_KV_RELEASES = "pdfleet_router_kv_releases"

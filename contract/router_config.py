@@ -71,6 +71,9 @@ class RouterConfig:
     prefix_max_imbalance: int = 4  # in-flight requests above the least loaded a cached prefix may cost
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
     kv_index_max_blocks: int = 1_000_000  # per endpoint
+    # The router's KV-event memory across all publishers: half ZMQ queues, half block indexes
+    # (connector/router/kv_subscriber.py: plan_budget).
+    kv_events_max_total_bytes: int = 512 * 1024 * 1024
     prompt_cache_max_bytes: int = 32 * 1024 * 1024  # prompt_tokens.PromptTokenCache, in bytes (LRU)
 
     # spec.router.flowControl (flow/): disabled, no gate and no queue; rendered as one --flow-control JSON
@@ -115,6 +118,8 @@ class RouterConfig:
             problems.append(f"hash_algo: the router reproduces {PREFIX_HASH_ALGO} only, got {self.hash_algo!r}")
         if self.prompt_cache_max_bytes < 1024:
             problems.append(f"prompt_cache_max_bytes: must be >= 1024, got {self.prompt_cache_max_bytes}")
+        if self.kv_events_max_total_bytes < 16 * 1024 * 1024:
+            problems.append(f"kv_events_max_total_bytes: must be >= 16 MiB (16777216), got {self.kv_events_max_total_bytes}")
         if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
             problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
         if problems:
@@ -172,7 +177,8 @@ _LIMITS = (
 )
 _ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_fleet_uid", "kubernetes_namespace", "kubeconfig",
           "port_name", "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",
-          "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", *(name for name, _ in _LIMITS))
+          "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
+          *(name for name, _ in _LIMITS))
 
 
 def _default(f: Any) -> Any:
@@ -225,6 +231,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
                     help="the engines' PYTHONHASHSEED, if set; default vLLM's %(default)s")
     kv.add_argument("--prompt-cache-max-bytes", type=int, default=d["prompt_cache_max_bytes"].default,
                     help="memory for prompt prefixes already tokenized (LRU), in bytes; default %(default)s")
+    kv.add_argument("--kv-events-max-total-bytes", type=int, default=d["kv_events_max_total_bytes"].default,
+                    help="the router's memory for KV events across all engines (queues and block indexes), in "
+                         "bytes; default %(default)s")
     kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
                     help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
     lim = parser.add_argument_group("limits and timeouts")
@@ -251,7 +260,8 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
         kv_events.append((url, endpoints))
     scalars = {name: getattr(args, name) for name in (
         "host", "port", "kubeconfig", "port_name", "prefill_policy", "decode_policy", "tokenizer", "block_size",
-        "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", *(n for n, _ in _LIMITS))}
+        "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
+        *(n for n, _ in _LIMITS))}
     flow_control = FlowControlConfig.from_arg(args.flow_control) if args.flow_control else FlowControlConfig()
     return RouterConfig(
         prefill=tuple(args.prefill), decode=tuple(args.decode), kv_events=tuple(kv_events),

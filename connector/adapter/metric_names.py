@@ -28,6 +28,12 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "leases_completed": ("leases_completed", "Leases ended by every reader's completion notification (prefill side)"),
     "leases_released": ("leases_released", "Leases ended early by decode's release notice: aborted before the pull, "
                         "or nothing to pull (prefill side)"),
+    "leases_released_unread": ("leases_released_unread",
+                               "Leases ended at the router's request because no decode will read them (decode refused "
+                               "or was not reached, or the client left), before any reader claimed them (prefill side)"),
+    "unread_releases_refused": ("unread_releases_refused",
+                                "Router release requests not acted on because a reader had claimed the lease "
+                                "(it may be reading: the lease runs its course) (prefill side)"),
     "releases": ("releases_sent", "Release notices sent to prefill (decode side)"),
     "stale_agents_dropped": ("stale_agents_dropped",
                              "Cached NIXL peers dropped because the prefill instance changed or a read failed"),

@@ -46,6 +46,7 @@ __all__ = [
     "sign_params",
     "verify_params",
     "release_target",
+    "own_lease_to_release",
     "MAX_ID_LEN",
     "SIGNATURE_KEY",
     "SIGNED_FIELDS",
@@ -381,3 +382,31 @@ def release_target(params: Any, ring: Optional[auth.KeyRing]) -> Optional[tuple[
         return _host(params), _int(params, K.REMOTE_PORT, 1, 65535), tp, request_id, _hosts(params, tp)
     except InvalidTransferParams:
         return None
+
+
+def own_lease_to_release(params: Any, *, engine_id: str, ring: Optional[auth.KeyRing]) -> str:
+    """The request id of this prefill's own lease that a release request (``RELEASE_KEY``, sent by the
+    router when no decode will read it) names; raise ``InvalidTransferParams`` naming the field.
+
+    Only the engine that produced the params acts on them (``remote_engine_id`` is its own), and with
+    a fleet key only on params it signed itself, so a client can release nothing it was not handed.
+    What the release may free is bounded further by the lease table: only a lease no reader claimed."""
+    if not isinstance(params, Mapping):
+        raise InvalidTransferParams("(root)", f"must be a JSON object, got {type(params).__name__}")
+    try:
+        K.version_of(params)
+    except K.UnsupportedVersion as exc:
+        raise InvalidTransferParams(exc.field, exc.problem) from None
+    engine = _str(params, K.REMOTE_ENGINE_ID)
+    if engine != engine_id:
+        raise InvalidTransferParams(K.REMOTE_ENGINE_ID, f"names engine {engine!r}, not this prefill ({engine_id!r}):"
+                                                        " a prefill releases only its own leases")
+    request_id = _str(params, K.REMOTE_REQUEST_ID)
+    assert request_id is not None
+    if ring is not None:
+        raw = params.get(K.REMOTE_BLOCK_IDS)
+        if not isinstance(raw, (list, tuple)) or len(raw) > MAX_RELEASE_BLOCK_IDS or sum(
+                len(g) for g in raw if isinstance(g, (list, tuple))) > MAX_RELEASE_BLOCK_IDS:
+            raise InvalidTransferParams(K.REMOTE_BLOCK_IDS, "must be the list this prefill returned")
+        verify_params(params, ring)
+    return request_id

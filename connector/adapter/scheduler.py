@@ -28,6 +28,7 @@ from pdfleet.connector.adapter.params import (
     InvalidTransferParams,
     RemotePrefill,
     num_tokens_to_pull,
+    own_lease_to_release,
     parse_remote_prefill,
     producer_params,
     release_target,
@@ -35,7 +36,7 @@ from pdfleet.connector.adapter.params import (
     wants_remote_decode,
     wants_remote_prefill,
 )
-from pdfleet.contract.kv_params import DO_REMOTE_PREFILL, error_params
+from pdfleet.contract.kv_params import DO_REMOTE_PREFILL, RELEASE_KEY, error_params, release_reply, wants_release
 
 __all__ = ["KeepAlive", "PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
 
@@ -76,6 +77,8 @@ class PdfleetConnectorMetadata(KVConnectorMetadata):
     # Remote prefills this decode will never read (aborted before their pull, or nothing
     # to pull): the prefill frees their blocks at once instead of at lease expiry.
     releases: tuple[KeepAlive, ...] = ()
+    # This prefill's own leases that the router says no decode will read: freed unless claimed.
+    local_releases: tuple[str, ...] = ()
     params_rejected: int = 0
 
 
@@ -115,6 +118,8 @@ class SchedulerSide:
         self._last_keep_alive = 0.0
         self._releases: list[RemotePrefill] = []
         self._refused_releases: list[KeepAlive] = []  # signed params this decode refused: free their blocks
+        self._local_releases: list[str] = []  # own leases the router released (no decode will read them)
+        self._release_replies: dict[str, dict[str, Any]] = {}  # release request id -> its reply params
         # The fleet key: prefill signs the params it returns, decode accepts only signed ones.
         self._ring = key_ring(cfg)
         self._drops = DropLog(10.0)
@@ -145,6 +150,9 @@ class SchedulerSide:
             # beyond the remote_lease_expiry in the params.
             return self._queued[rid]
         params = request.kv_transfer_params
+        if wants_release(params):
+            self._release(rid, params)
+            return None
         try:
             if not wants_remote_prefill(params):
                 return None
@@ -161,6 +169,22 @@ class SchedulerSide:
         except InvalidTransferParams as exc:
             self._reject(rid, exc, params)
             return None
+
+    def _release(self, rid: str, params: Any) -> None:
+        """A release request from the router: free our own lease that no decode will read. The request
+        itself is computed like any other (the router sends a one-token prompt)."""
+        if rid in self._release_replies:
+            return
+        try:
+            if not self.is_producer:
+                raise InvalidTransferParams(RELEASE_KEY, "this server holds no leases (it is not a KV producer)")
+            self._local_releases.append(own_lease_to_release(params, engine_id=self.engine_id, ring=self._ring))
+            self._release_replies[rid] = release_reply()
+        except InvalidTransferParams as exc:
+            held = self._drops.note(RELEASE_KEY, time.monotonic())
+            if held is not None:
+                log.warning("request %s: lease release refused: %s", rid, exc)
+            self._release_replies[rid] = error_params(str(exc))
 
     def on_new_request(self, request: Any) -> None:
         """Track a queued remote prefill so its lease is kept alive until its pull starts."""
@@ -230,10 +254,10 @@ class SchedulerSide:
         meta = PdfleetConnectorMetadata(
             pulls=self._pulls, holds=self._holds, keep_alive=self._keep_alive(),
             releases=self._group(self._releases) + tuple(self._refused_releases),
-            params_rejected=self._rejected_since_meta,
+            local_releases=tuple(self._local_releases), params_rejected=self._rejected_since_meta,
         )
         self._pulls, self._holds, self._rejected_since_meta, self._releases = {}, {}, 0, []
-        self._refused_releases = []
+        self._refused_releases, self._local_releases = [], []
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -244,6 +268,9 @@ class SchedulerSide:
             # Finished (aborted) before its pull was decided: this decode never reads it.
             self._releases.append(queued or waiting.remote)
         self._handled.discard(rid)
+        release = self._release_replies.pop(rid, None)
+        if release is not None:
+            return False, release
         reason = self._rejected.pop(rid, None)
         if reason is not None:
             return False, error_params(reason)

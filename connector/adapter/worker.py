@@ -210,6 +210,12 @@ class WorkerSide:
                 self.source.hold(rid, list(ids))
             except Exception:  # never let one request take the engine down; the lease is lost
                 log.exception("hold of %s failed", rid)
+        local = getattr(meta, "local_releases", ())
+        if local and self.source is not None:  # after the holds: a release may follow its hold in one step
+            try:
+                self.source.release_unread(list(local))
+            except Exception:  # best effort: the lease then runs its course
+                log.exception("releasing %d unread lease(s) failed", len(local))
         for rid, spec in meta.pulls.items():
             self._start_pull(rid, spec)
         if self.sink is not None:

@@ -27,9 +27,12 @@ log = logging.getLogger("pdfleet.router.kv_events")
 # ZMQ drops a peer that sends a frame above max_bytes + this (decode_message counts those
 # between max_bytes and it as "oversized").
 _FRAME_SLACK = 64 * 1024
-# Bytes of live batches ZMQ may queue per publisher; the depth in messages follows from max_bytes.
+# Bytes of batches ZMQ may queue per socket (a publisher has two: live SUB, replay DEALER); the depth
+# in messages follows from the message cap.
 LIVE_QUEUE_BYTES = 64 * 1024 * 1024
 _MIN_RCVHWM, _MAX_RCVHWM = 4, 10_000
+MIN_MESSAGE_BYTES = 64 * 1024  # the cap a tight budget may shrink a publisher's messages to
+INDEX_BYTES_PER_BLOCK = 64  # a block hash in an endpoint's index (Python set of ints), measured
 REPLAY_TIMEOUT_S = 2.0
 _MAX_REPLAYED = 20_000  # batches taken from one replay (vLLM buffers 10,000 by default)
 RETRY_S = 2.0
@@ -125,6 +128,44 @@ def live_queue_depth(max_bytes: int, queue_bytes: int = LIVE_QUEUE_BYTES) -> int
     return max(_MIN_RCVHWM, min(_MAX_RCVHWM, queue_bytes // max(1, max_bytes)))
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What one publisher may hold: ``depth`` messages of at most ``max_bytes`` queued on each of its two
+    sockets (plus one being received), and ``index_blocks`` block hashes in its index."""
+
+    depth: int
+    max_bytes: int
+    index_blocks: int
+
+    @property
+    def queue_bytes(self) -> int:
+        return 2 * (self.depth + 1) * (self.max_bytes + _FRAME_SLACK)
+
+
+def plan_budget(publishers: int, *, total_bytes: int, max_bytes: int, index_max_blocks: int,
+                socket_bytes: int = LIVE_QUEUE_BYTES) -> Budget:
+    """Each publisher's share of the router's KV-event memory (pure).
+
+    ``total_bytes`` bounds the router's KV-event memory across all publishers: half for ZMQ's
+    queues, half for the block indexes. A publisher's queues get at most ``socket_bytes`` a
+    socket, less when there are more publishers than half the total allows: the depth goes
+    down to 1, and the message cap (bigger batches are dropped as oversized, counted) down to
+    MIN_MESSAGE_BYTES. Its index gets at most ``index_max_blocks`` blocks, less when the other
+    half divided among the publishers is smaller. Below MIN_MESSAGE_BYTES a publisher the bound
+    cannot hold (more than total / 0.5 MiB publishers); it then takes the smallest queues.
+    """
+    n = max(1, publishers)
+    per_socket = min(socket_bytes, total_bytes // (4 * n))
+    depth, cap = 1, MIN_MESSAGE_BYTES
+    for d in range(min(_MAX_RCVHWM, max(_MIN_RCVHWM, per_socket // (max_bytes + _FRAME_SLACK) - 1)), 0, -1):
+        c = min(max_bytes, per_socket // (d + 1) - _FRAME_SLACK)
+        if c >= min(max_bytes, MIN_MESSAGE_BYTES):
+            depth, cap = d, c
+            break
+    blocks = max(1, min(index_max_blocks, total_bytes // (2 * n * INDEX_BYTES_PER_BLOCK)))
+    return Budget(depth, cap, blocks)
+
+
 def restart_delay(failures: int) -> float:
     """Backoff before a subscriber that failed ``failures`` times in a row runs again."""
     return min(RESTART_MAX_S, RESTART_BASE_S * 2 ** max(0, failures - 1))
@@ -137,20 +178,24 @@ class _ReplayFailed(Exception):
 class Subscriber:
     """The task that keeps one EndpointState current until cancelled.
 
-    Memory: the ZMQ receive queue holds at most ``live_queue_depth`` messages of
-    ``max_bytes`` (LIVE_QUEUE_BYTES per publisher), replayed batches are applied one
-    by one as they arrive (never held as a list), and the index is bounded by
-    ``kv_index_max_blocks``. A subscriber that fails for any reason is restarted
+    Memory: each of its two ZMQ sockets queues at most ``depth`` messages of ``max_bytes``
+    (``plan_budget``: a publisher's share of the router's total), replayed batches are
+    applied one by one as they arrive (never held as a list), and the index is bounded by
+    its share of blocks. A subscriber that fails for any reason is restarted
     (``run_forever``) with its index cleared and marked unsynced until a replay or a
     batch brings it back.
     """
 
     def __init__(self, state: EndpointState, counters: Counters, ctx: zmq.asyncio.Context, *,
-                 max_bytes: int = ke.MAX_MESSAGE_BYTES) -> None:
+                 max_bytes: int = ke.MAX_MESSAGE_BYTES, depth: int | None = None, resume: bool = False) -> None:
         self.state = state
         self.counters = counters
         self.ctx = ctx
         self.max_bytes = max_bytes
+        self.depth = live_queue_depth(max_bytes) if depth is None else depth
+        # resume: the state is kept from a subscriber this one replaces (a smaller budget); a synced
+        # state needs no initial replay, a gap in between is filled like any other
+        self.resume = resume
         self.restarts = 0
 
     async def run_forever(self) -> None:
@@ -177,12 +222,14 @@ class Subscriber:
     async def run(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, live_queue_depth(self.max_bytes))
+        sub.setsockopt(zmq.RCVHWM, self.depth)
         sub.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + _FRAME_SLACK)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.state.source.endpoint)
         try:
-            await self._initial_replay()
+            if not (self.resume and self.state.synced):
+                await self._initial_replay()
+            self.resume = False  # a restart after a failure starts over
             while True:
                 if not self.state.synced and self.state.source.replay:
                     # Until the stream is known to be reachable, ask again now and then.
@@ -262,7 +309,7 @@ class Subscriber:
             raise _ReplayFailed("no replay endpoint")
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, live_queue_depth(self.max_bytes))
+        dealer.setsockopt(zmq.RCVHWM, self.depth)
         dealer.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + _FRAME_SLACK)
         dealer.connect(self.state.source.replay)
         loop = asyncio.get_running_loop()

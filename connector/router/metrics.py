@@ -83,6 +83,11 @@ class RouterMetrics:
             names.ROUTER_STREAMS, "Decode legs answering (first byte seen, not finished)", ["revision"],
             registry=r,
         )
+        self.kv_releases = Counter(
+            names.ROUTER_KV_RELEASES, "Prefill leases that no decode will read, released at the prefill that holds "
+            "them, by reason (decode_failed, decode_refused, lease_expired, client_gone) and outcome (accepted, "
+            "refused, unsupported, failed, skipped)", ["reason", "outcome"], registry=r,
+        )
         # KV-cache-aware routing (prefix_routing.py)
         self.prefix_decisions = Counter(
             "pdfleet_router_prefix_decisions", f"{PREFIX_AWARE} choices, by leg and what scored them "

@@ -11,7 +11,8 @@ For each leg under ``prefixAware`` the router
 3. lets prefix_scoring.choose_endpoint pick under the load bound.
 
 Subscribers (kv_subscriber.py) run for every endpoint that advertises a KV
-event endpoint, in the router's event loop.
+event endpoint, in the router's event loop. The keys are prefix_keys.py's, the
+tokenizer tokenizer.py's.
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from itertools import islice
 from typing import Any
 
-import msgspec
-
 from pdfleet.connector.router import kv_events as ke
-from pdfleet.connector.router.chat_prompt import content_format, plain_conversation
+from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
-from pdfleet.connector.router.kv_subscriber import Counters, EndpointState, EventSource, Subscriber
+from pdfleet.connector.router.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
 from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
+from pdfleet.connector.router.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
 from pdfleet.connector.router.prefix_scoring import (
     LEAST_OUTSTANDING,
     PREFIX_AWARE,
@@ -39,114 +37,28 @@ from pdfleet.connector.router.prefix_scoring import (
     RoutedIndex,
     choose_endpoint,
 )
-from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, composes, next_safe_cut
+from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
+from pdfleet.connector.router.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("pdfleet.router.prefix")
 
-UNKNOWN_ENDPOINT = "unknown"
+UNKNOWN_ENDPOINT = UNKNOWN
 EVENTS = "events"
 ROUTED = "routed"
 MIXED = "mixed"
 _CHARS_PER_TOKEN = 4  # for the routed index's token estimate only
 _PIECE_CHARS = 384  # tokenized at a time past the prompt token cache (about 6 blocks of 16)
 _MAX_REMEMBERING = 16  # prompts queued for remembering; past this new prompts are not remembered
-_json = msgspec.json.Encoder()
-
-
-class LazyKeys:
-    """The leading keys of an iterator, taken only as far as asked and kept (both legs and
-    retries share them); ``ready`` of them are taken already and cost nothing more."""
-
-    def __init__(self, source: Iterable[int], known: Iterable[int] = ()) -> None:
-        self._source = iter(source)
-        self._taken = list(known)
-
-    @property
-    def ready(self) -> int:
-        return len(self._taken)
-
-    def first(self, n: int) -> list[int]:
-        """The first n keys (fewer at the end)."""
-        if len(self._taken) < n:
-            self._taken.extend(islice(self._source, n - len(self._taken)))
-        return self._taken[:n]
-
-
-@dataclass
-class PromptKeys:
-    tokens: list[int] | None  # None: the router cannot tokenize this request (unless `source` is given)
-    cache_salt: str | None
-    text: list[int]
-    source: Iterator[int] | None = None  # block keys past `known`, tokenizing lazily
-    known: list[int] | None = None  # the first block keys, from the prompt token cache
-    _lazy: LazyKeys | None = None
-
-    @property
-    def has_exact(self) -> bool:
-        return self.tokens is not None or self.source is not None
-
-    def lazy(self, hasher: BlockHasher) -> LazyKeys:
-        """The block keys, computed as far as asked."""
-        if self._lazy is None:
-            source = self.source if self.source is not None else hasher.iter_keys(self.tokens or (), self.cache_salt)
-            self._lazy = LazyKeys(source, self.known or ())
-        return self._lazy
-
-    def exact(self, hasher: BlockHasher) -> Iterable[int]:
-        """Every block key, lazily."""
-        keys, n, step = self.lazy(hasher), 0, 8
-        while batch := keys.first(n + step)[n:]:
-            yield from batch
-            n, step = n + len(batch), min(2 * step, 1024)
-
-
-def match_lengths(keys: Iterable[int] | LazyKeys, holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
-    """Leading keys held by each endpoint. Keys already taken are matched at once, the others
-    taken in doubling batches, so at most about twice the blocks any endpoint matches are
-    computed (hashed, or tokenized then hashed)."""
-    lazy = keys if isinstance(keys, LazyKeys) else LazyKeys(keys)
-    lengths = {u: 0 for u in holds}
-    live = list(holds.items())
-    n, step = 0, 8
-    while live:
-        want = lazy.ready if lazy.ready > n else n + step
-        grows = want > lazy.ready
-        batch = lazy.first(want)[n:]
-        if not batch:
-            break
-        still = []
-        for u, has in live:  # every live endpoint holds all n keys before this batch
-            m = 0
-            for k in batch:
-                if not has(k):
-                    break
-                m += 1
-            lengths[u] = n + m
-            if m == len(batch):
-                still.append((u, has))
-        live, n, step = still, n + len(batch), step * 2 if grows else step
-    return lengths
-
-
-def prompt_text(body: Mapping[str, Any], chat: bool) -> str | None:
-    if chat:
-        messages = body.get("messages")
-        return _json.encode(messages).decode() if isinstance(messages, list) else None
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return _json.encode(prompt).decode()
-    return None
 
 
 class _MetricCounters(Counters):
-    def __init__(self, metrics: Any, known: Callable[[str], bool]) -> None:
+    def __init__(self, metrics: Any, known: Callable[[str], bool], names: Callable[[str], str]) -> None:
         self.m = metrics
         self.known = known
+        self.names = names  # the endpoint's name in metrics (endpoint_labels.py), never its URL
 
     def _label(self, url: str) -> str:
-        return url if self.known(url) else UNKNOWN_ENDPOINT
+        return self.names(url) if self.known(url) else UNKNOWN_ENDPOINT
 
     def received(self, url: str) -> None:
         self.m.kv_events_received.labels(self._label(url)).inc()
@@ -164,8 +76,12 @@ class _MetricCounters(Counters):
 class PrefixRouting:
     """Per-router state of KV-aware routing (one event loop owns it)."""
 
-    def __init__(self, config: Any, metrics: Any, *, tokenize: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(self, config: Any, metrics: Any, *, tokenize: Callable[[str], list[int]] | None = None,
+                 labels: EndpointLabels | None = None) -> None:
         self.config = config
+        # The router's endpoint names (it updates them); standalone, this names its own endpoints.
+        self._own_labels = labels is None
+        self.labels = labels if labels is not None else EndpointLabels()
         self.metrics = metrics
         self.policies = {PREFILL: config.prefill_policy, DECODE: config.decode_policy}
         self.hasher = BlockHasher(HashConfig(config.block_size, config.hash_algo, config.hash_seed))
@@ -181,9 +97,12 @@ class PrefixRouting:
         self.states: dict[str, EndpointState] = {}
         self._tasks: dict[str, asyncio.Task] = {}
         self._sources: dict[str, EventSource] = {}
+        self.budget = self._plan(0)  # each publisher's share of the KV-event memory (kv_subscriber.plan_budget)
+        self._budgets: dict[str, Budget] = {}  # what each running subscriber was started with
+        self._resume: set[str] = set()  # subscribers to start again on their kept state
         self._ctx = None
         self._running = False
-        self.counters = _MetricCounters(metrics, lambda u: u in self.states)
+        self.counters = _MetricCounters(metrics, lambda u: u in self.states, self.labels)
         self._keys: OrderedDict[int, tuple[Any, PromptKeys]] = OrderedDict()
 
     def enabled(self, role: str) -> bool:
@@ -204,20 +123,38 @@ class PrefixRouting:
         for url in list(self.routed._keys):
             if not any(url in (e.url for e in (*g.prefill, *g.decode)) for g in groups):
                 self.routed.forget(url)
+        self.budget = budget = self._plan(len(sources))
         for url, src in sources.items():
             if url not in self.states:
-                self.states[url] = EndpointState(src, ke.BlockIndex(self.config.kv_index_max_blocks))
+                self.states[url] = EndpointState(src, ke.BlockIndex(budget.index_blocks))
+            else:
+                self.states[url].index.max_blocks = budget.index_blocks  # applied with the next batch
+        for url, started in list(self._budgets.items()):
+            if url in self._tasks and (started.depth > budget.depth or started.max_bytes > budget.max_bytes):
+                self._tasks.pop(url).cancel()  # its queues outgrew its share: started again (resuming) below
+                self._budgets.pop(url)
+                self._resume.add(url)
+        if self._own_labels:
+            self.labels.update({e.url: role for g in groups for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode))
+                                for e in eps})
         if self._running:
             self._start_missing()
 
+    def _plan(self, publishers: int) -> Budget:
+        c = self.config
+        return plan_budget(publishers, total_bytes=c.kv_events_max_total_bytes,
+                           max_bytes=c.kv_events_max_message_bytes, index_max_blocks=c.kv_index_max_blocks)
+
     def _drop(self, url: str) -> None:
+        self._budgets.pop(url, None)
+        self._resume.discard(url)
         task = self._tasks.pop(url, None)
         if task is not None:
             task.cancel()
         self.states.pop(url, None)
         for metric in (self.metrics.kv_index_blocks, self.metrics.kv_events_received):
             try:
-                metric.remove(url)
+                metric.remove(self.labels(url))
             except KeyError:
                 pass
 
@@ -228,7 +165,10 @@ class PrefixRouting:
             self._ctx = zmq.asyncio.Context()
         for url, state in self.states.items():
             if url not in self._tasks:
-                sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.config.kv_events_max_message_bytes)
+                sub = Subscriber(state, self.counters, self._ctx, max_bytes=self.budget.max_bytes,
+                                 depth=self.budget.depth, resume=url in self._resume)
+                self._resume.discard(url)
+                self._budgets[url] = self.budget
                 self._tasks[url] = asyncio.create_task(sub.run_forever(), name=f"kv-events {url}")
 
     async def start(self) -> None:
@@ -265,6 +205,7 @@ class PrefixRouting:
             self._tokenizer_task.cancel()
         tasks = list(self._tasks.values())
         self._tasks.clear()
+        self._budgets.clear()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -420,77 +361,5 @@ class PrefixRouting:
             m.prefix_cached_tokens.labels(role, "available", source).inc(choice.best_tokens)
 
 
-class Tokenizer:
-    """A fast (Rust) tokenizer as vLLM applies it to a completion prompt: ``tok(text)`` gives ids;
-    ``encode`` gives offsets too, for the prompt token cache; ``render_chat`` gives the prompt
-    text of a plain chat request (chat_prompt.py), when the model has a chat template."""
-
-    def __init__(self, backend: Any, chat: Any = None) -> None:
-        self._encode, self._encode_batch = backend.encode, backend.encode_batch
-        self.composes = composes(self.encode, _COMPOSE_SAMPLE)
-        self._chat, self.chat_format = chat, None
-        if chat is not None and getattr(chat, "chat_template", None):
-            try:
-                self.chat_format = content_format(*(self._render([{"role": "user", "content": c}])
-                                                    for c in ("PDFLEET-MARK", [{"type": "text", "text": "PDFLEET-MARK"}])),
-                                                  "PDFLEET-MARK")
-            except Exception as exc:  # a template that cannot render a plain message: no chat scoring
-                log.warning("the chat template does not render a plain message (%r): chat requests are "
-                            "scored by text", exc)
-
-    def _render(self, conversation: list[dict[str, Any]]) -> str:
-        return self._chat.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-
-    def render_chat(self, body: Mapping[str, Any]) -> str | None:
-        if self.chat_format is None:
-            return None
-        conversation = plain_conversation(body, self.chat_format)
-        return self._render(conversation) if conversation is not None else None
-
-    def __call__(self, text: str) -> list[int]:
-        return self._encode(text, add_special_tokens=True).ids
-
-    def encode(self, text: str, special: bool) -> _RustEncoding:
-        return _RustEncoding(self._encode(text, add_special_tokens=special))
-
-    def encode_unlocked(self, text: str, special: bool) -> _RustEncoding:
-        """``encode`` for a worker thread: encode_batch releases the GIL while it tokenizes."""
-        return _RustEncoding(self._encode_batch([text], add_special_tokens=special)[0])
-
-
-class _RustEncoding:
-    """A tokenizers.Encoding as prompt_tokens.Encoding, without copying its offsets into Python."""
-
-    __slots__ = ("ids", "_enc")
-
-    def __init__(self, enc: Any) -> None:
-        self._enc = enc
-        self.ids = enc.ids
-
-    def token_starting_at(self, char: int) -> int | None:
-        i = self._enc.char_to_token(char)
-        return i if i is not None and self._enc.token_to_chars(i)[0] == char else None
-
-
-_COMPOSE_SAMPLE = ("You are a careful assistant.  Answer in JSON, please: {\"a\": [1, 2, 12345]}\n\n"
-                   "User: what's the time in Zürich? It's 10:30 -- isn't it?\tThanks!  Bye.")
-
-
-def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
-    """The served model's tokenizer as vLLM applies it to a completion prompt, or None."""
-    if not name:
-        return None
-    try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(name)
-    except Exception as exc:  # no transformers, no files, no network: route without exact hashes
-        log.warning("no tokenizer for %s (%r): prefix routing uses what the router routed itself", name, exc)
-        return None
-    backend = getattr(tok, "_tokenizer", None) if getattr(tok, "is_fast", False) else None
-    if backend is not None:
-        return Tokenizer(backend, chat=tok)
-    return lambda text: tok(text, add_special_tokens=True)["input_ids"]
-
-
-__all__ = ["PrefixRouting", "PromptKeys", "LazyKeys", "match_lengths", "load_tokenizer", "LEAST_OUTSTANDING", "PREFIX_AWARE"]
+__all__ = ["PrefixRouting", "PromptKeys", "LazyKeys", "match_lengths", "prompt_text", "load_tokenizer", "Tokenizer",
+           "LEAST_OUTSTANDING", "PREFIX_AWARE"]

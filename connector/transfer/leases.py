@@ -64,6 +64,8 @@ class LeaseTable:
         self.released = 0  # ended by the reader's release notice (abort, nothing to pull)
         self.refused = 0  # extensions, releases and completions from agents the lease is not bound to
         self.early_releases_ignored = 0
+        self.released_unread = 0  # ended because no decode will read them (router's word), unclaimed
+        self.unread_refused = 0  # such releases of a lease a reader had claimed (it may be reading)
 
     def hold(self, request_id: str, block_ids: list[int], now: float) -> float:
         with self._lock:
@@ -135,6 +137,26 @@ class LeaseTable:
                 self._forget(rid)
                 self._released.append(rid)
                 self.released += 1
+                out.append(rid)
+        return out
+
+    def release_unclaimed(self, request_ids: list[str]) -> list[str]:
+        """End leases no reader has claimed (nobody will read them: the router gave up on decode);
+        returns the ids released. A claimed lease runs its course: its reader may be reading, and
+        only a reader's completion or its own release ends it early. Ids not held are ignored."""
+        out: list[str] = []
+        with self._lock:
+            for rid in request_ids:
+                lease = self._leases.get(rid)
+                if lease is None:
+                    continue
+                if lease.claimants or lease.done:
+                    self.unread_refused += 1
+                    continue
+                del self._leases[rid]
+                self._forget(rid)
+                self._released.append(rid)
+                self.released_unread += 1
                 out.append(rid)
         return out
 

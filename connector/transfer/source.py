@@ -211,6 +211,10 @@ class KVSource:
         self._leases.hold(request_id, block_ids, time.monotonic())
         return now_wall + self._leases.lease_seconds
 
+    def release_unread(self, request_ids: list[str]) -> list[str]:
+        """End leases that no decode will read (the router says so), unless a reader claimed them."""
+        return self._leases.release_unclaimed(request_ids)
+
     def poll_released(self) -> list[str]:
         return self._leases.collect(time.monotonic())
 
@@ -227,6 +231,8 @@ class KVSource:
         out["leases_completed"] = float(self._leases.completed)
         out["leases_expired"] = float(self._leases.expired)
         out["leases_released"] = float(self._leases.released)
+        out["leases_released_unread"] = float(self._leases.released_unread)
+        out["unread_releases_refused"] = float(self._leases.unread_refused)
         out["lease_actions_refused"] = float(self._leases.refused)  # from agents a lease was not handed to
         out["leases_active"] = float(len(self._leases))
         out["messages_rejected"] = float(self._server.rejected)

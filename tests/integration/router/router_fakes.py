@@ -15,7 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pdfleet.connector.adapter.params import producer_params
+from pdfleet.connector.adapter.params import InvalidTransferParams, own_lease_to_release, producer_params
+from pdfleet.contract.kv_params import error_params, release_reply, wants_release
 from pdfleet.contract.ports import SIDE_CHANNEL
 
 
@@ -38,6 +39,8 @@ class FakeEngine:
     eof_delay_s: float = 0.0
     delay_s: float = 0.0  # answer every request this much later (a busy engine)
     received: list[Received] = field(default_factory=list)
+    # prefill: remote request ids of its own leases that release requests named (as its connector checks them)
+    released: list[str] = field(default_factory=list)
     # streaming control: when set, the fake waits on `release` before each chunk after the first
     gated: bool = False
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -88,6 +91,13 @@ class FakeEngine:
 
     def _prefill_answer(self, request: web.Request, body: dict) -> web.Response:
         answer: dict[str, Any] = {"id": "cmpl-p", "choices": [{"index": 0, "text": "x"}], "served_by": self.name}
+        if wants_release(body.get("kv_transfer_params")):  # the router says no decode will read this lease
+            try:
+                self.released.append(own_lease_to_release(body["kv_transfer_params"], engine_id=self.name, ring=None))
+                answer["kv_transfer_params"] = release_reply()
+            except InvalidTransferParams as exc:
+                answer["kv_transfer_params"] = error_params(str(exc))
+            return web.json_response(answer)
         if self.mode != "no_kv":
             # Through the connector's own producer: the router reads what pdfleet's engines write.
             answer["kv_transfer_params"] = producer_params(

@@ -187,11 +187,11 @@ async def test_lost_message_is_replayed_and_restart_resets(fleet, zctx):
     pubs[1].publish(batch(stored(KEYS[4:6])))
     await until(lambda: len(index(router, p1)) == 6)  # the gap was filled from the replay buffer
     assert 1 in pubs[1].replay_requests
-    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=p1, reason="gap") == 0
+    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=router.labels(p1), reason="gap") == 0
     pubs[1].restart()  # the engine started over: what it cached is gone
     pubs[1].publish(batch(stored(KEYS[:1])))
     await until(lambda: len(index(router, p1)) == 1)
-    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=p1, reason="restart") == 1
+    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=router.labels(p1), reason="restart") == 1
 
 
 async def test_endpoint_gone_drops_its_index(fleet, zctx):
@@ -246,7 +246,7 @@ async def test_fuzzed_event_messages_are_dropped_counted_and_change_no_route(fle
         reason = decode_message(frames)
         assert reason in ("too_deep", "malformed"), reason
     pubs[0].raw(frames)  # the bad message claims p0 holds everything
-    await until(lambda: counter(router, "pdfleet_router_kv_events_dropped_total", endpoint=p0, reason=reason) == 1)
+    await until(lambda: counter(router, "pdfleet_router_kv_events_dropped_total", endpoint=router.labels(p0), reason=reason) == 1)
     assert len(index(router, p0)) == 0 and len(index(router, p1)) == 3
     assert await served_by(fleet, url, PROMPT) == ["p1"]  # routing as before the bad message
     # the stream goes on: the next good message of p0 applies
@@ -303,3 +303,33 @@ async def test_a_replay_socket_that_never_answers_does_not_stall_the_stream(flee
     pubs[1].publish(batch(stored(KEYS[2:4])))
     await until(lambda: len(index(router, prefill[1].url)) == 4, timeout=10)
     assert router.prefix.states[prefill[1].url].synced
+
+
+async def test_more_publishers_shrink_every_share_and_keep_what_the_router_knows(fleet, zctx):
+    """Issue 20 (total bound): a new publisher makes every publisher's share smaller; running subscribers
+    start again with the smaller queues, resuming on the index they had (no reset, no replay from 0)."""
+    ctx, pubs = zctx
+    pubs += [Publisher(ctx), Publisher(ctx)]
+    url, router, prefill = await start(fleet, pubs[:1], kv_events_max_total_bytes=16 * 2**20)
+    p0 = prefill[0].url
+    pubs[0].publish(batch(stored(KEYS[:3])))
+    await until(lambda: len(index(router, p0)) == 3)
+    before = router.prefix.budget
+    replays = len(pubs[0].replay_requests)
+    old_task = router.prefix._tasks[p0]
+    p1 = await fleet.engine("p1", "prefill")
+    groups = list(router.groups.values())
+    g = groups[0]
+    router.set_endpoints([RevisionEndpoints(g.revision, (*g.prefill, Endpoint(p1.url, kv_events=pubs[1].endpoints.split(",")[0],
+                                                                           kv_events_replay=pubs[1].endpoints.split(",")[1])),
+                                            g.decode)])
+    after = router.prefix.budget
+    assert after.max_bytes < before.max_bytes and after.index_blocks < before.index_blocks
+    assert old_task.cancelled() or old_task.done() or router.prefix._tasks[p0] is not old_task
+    assert router.prefix._budgets[p0] == after and router.prefix.states[p0].index.max_blocks == after.index_blocks
+    await asyncio.sleep(0.5)  # the new SUB socket connects (a batch before that is lost: then a gap, replayed)
+    pubs[0].publish(batch(stored(KEYS[3:5])))  # the resumed subscriber goes on from seq 1
+    pubs[0].publish(batch(stored(KEYS[5:6])))
+    await until(lambda: len(index(router, p0)) == 6)
+    assert counter(router, "pdfleet_router_kv_index_resets_total", endpoint=router.labels(p0)) == 0
+    assert 0 not in pubs[0].replay_requests[replays:]  # resumed: never replayed from the start

@@ -156,4 +156,4 @@ async def test_client_closing_mid_stream_is_a_499_and_cancels_decode(fleet, rout
     assert requests(c, route, 499) == 1
     assert requests(c, route, 200) == 0
     assert disconnects(c) == 1
-    assert c[("pdfleet_router_in_flight", frozenset({("role", "decode"), ("endpoint", d.url)}))] == 0
+    assert c[("pdfleet_router_in_flight", frozenset({("role", "decode"), ("endpoint", "decode-0")}))] == 0

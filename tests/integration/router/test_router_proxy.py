@@ -254,7 +254,7 @@ async def test_client_disconnect_mid_stream_cancels_decode(fleet):
     await asyncio.wait_for(d.cancelled.wait(), 5)
     text = await metrics(fleet, url)
     assert metric_value(text, "pdfleet_router_client_disconnects_total") >= 1
-    assert metric_value(text, 'pdfleet_router_in_flight{endpoint="%s",role="decode"}' % d.url) == 0
+    assert metric_value(text, 'pdfleet_router_in_flight{endpoint="decode-0",role="decode"}') == 0
 
 
 async def test_client_disconnect_during_prefill_cancels_prefill(fleet):
@@ -373,7 +373,7 @@ async def test_metrics_exposed(fleet):
     assert metric_value(text, 'pdfleet_router_leg_latency_seconds_count{leg="decode"}') == 4
     assert metric_value(text, 'pdfleet_router_leg_latency_seconds_count{leg="decode_first_byte"}') == 4
     assert metric_value(text, "pdfleet_router_client_kv_transfer_params_dropped_total") == 1
-    assert metric_value(text, 'pdfleet_router_in_flight{endpoint="%s",role="prefill"}' % p.url) == 0
+    assert metric_value(text, 'pdfleet_router_in_flight{endpoint="prefill-0",role="prefill"}') == 0
     assert metric_value(text, 'pdfleet_router_endpoints{ready="true",role="decode"}') == 1
     assert metric_value(text, 'pdfleet_router_serving_revision{revision="static"}') == 1
 
@@ -387,11 +387,13 @@ async def test_in_flight_series_of_vanished_endpoints_are_dropped(fleet):
     url = await fleet.router([p], [d])
     assert (await post(fleet, url, COMPLETION))[0] == 200
     router = fleet.runners[-1].app[ROUTER_KEY]
-    assert 'endpoint="%s"' % p.url in await metrics(fleet, url)
+    assert 'pdfleet_router_in_flight{endpoint="prefill-0",role="prefill"}' in await metrics(fleet, url)
     router.set_endpoints([RevisionEndpoints("r2", (Endpoint("http://127.0.0.1:1"),), (Endpoint(d.url),))])
     text = await metrics(fleet, url)
-    assert 'endpoint="%s"' % p.url not in text  # gone from every revision: series dropped
-    assert 'endpoint="%s"' % d.url in text  # still known: kept
+    assert 'pdfleet_router_in_flight{endpoint="prefill-0",role="prefill"}' not in text  # gone: series dropped
+    assert 'pdfleet_router_in_flight{endpoint="decode-0",role="decode"}' in text  # still known: kept
+    # the newcomer took the freed name, and its legs count there
+    assert router.labels("http://127.0.0.1:1") == "prefill-0" and router.labels(p.url) == "unknown"
 
 
 @pytest.mark.parametrize("method, path, code, needle", [

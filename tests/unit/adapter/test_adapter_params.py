@@ -266,3 +266,39 @@ def test_release_target_only_for_params_a_fleet_key_signed():
     huge[SIGNATURE_KEY] = sign_params(huge, b"k" * 32)
     assert release_target(huge, ring) is None  # too many ids to be worth an HMAC
     assert release_target(["not", "a", "mapping"], ring) is None
+
+
+def _own_release(params, ring, engine_id="prefill-0"):
+    from pdfleet.connector.adapter.params import own_lease_to_release
+
+    try:
+        return own_lease_to_release(params, engine_id=engine_id, ring=ring)
+    except InvalidTransferParams as exc:
+        return exc.field
+
+
+def _resigned(params):
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+
+    out = {k: v for k, v in params.items() if k != SIGNATURE_KEY}
+    out[SIGNATURE_KEY] = sign_params(out, b"k" * 32)
+    return out
+
+
+@pytest.mark.parametrize("make, keyed, expected", [
+    (lambda: _signed(), True, "cmpl-1"),  # its own params, as it signed them
+    (lambda: good(), False, "cmpl-1"),  # a fleet without a key: the engine id and request id must match
+    (lambda: {**_signed(), "remote_request_id": "cmpl-2"}, True, "pdfleet_signature"),  # another request's lease
+    (lambda: {k: v for k, v in _signed().items() if k != "pdfleet_signature"}, True, "pdfleet_signature"),
+    (lambda: _resigned({**good(), "remote_engine_id": "prefill-1"}), True, "remote_engine_id"),  # another prefill's
+    (lambda: good(remote_engine_id="prefill-1"), False, "remote_engine_id"),
+    (lambda: good(remote_request_id="x" * 300), False, "remote_request_id"),
+    (lambda: {k: v for k, v in good().items() if k != "remote_request_id"}, False, "remote_request_id"),
+    (lambda: good(pdfleet_params_version="9.0"), False, "pdfleet_params_version"),
+    (lambda: _resigned({**good(), "remote_block_ids": [list(range(100_000))]}), True, "remote_block_ids"),
+    (lambda: ["not", "a", "mapping"], True, "(root)"),
+])
+def test_a_prefill_releases_only_its_own_lease(make, keyed, expected):
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    assert _own_release(make(), KeyRing(b"k" * 32) if keyed else None) == expected

@@ -30,7 +30,9 @@ def test_restart_delay(failures, delay):
 
 def test_safe_decode_turns_any_decoder_error_into_malformed():
     nested = b"\x93" + msgspec.msgpack.encode(1.0) + b"\x91" * 1000 + b"\xc0\x00"  # 1 KB
-    assert ks.safe_decode([b"", (1).to_bytes(8, "big"), nested], max_bytes=ke.MAX_MESSAGE_BYTES) == "malformed"
+    # too_deep, or malformed where the process raised its recursion limit (msgspec follows it)
+    assert ks.safe_decode([b"", (1).to_bytes(8, "big"), nested], max_bytes=ke.MAX_MESSAGE_BYTES) in (
+        "too_deep", "malformed")
     good = msgspec.msgpack.encode([1.0, [], 0])
     assert isinstance(ks.safe_decode([b"", (1).to_bytes(8, "big"), good], max_bytes=1024), ke.Message)
 
@@ -73,3 +75,31 @@ async def test_a_failed_subscriber_is_restarted_unsynced_with_its_index_cleared(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         ctx.term()
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("publishers, total, budget", [
+    (1, 512 * MiB, ks.Budget(6, 8 * MiB, 1_000_000)),  # one engine: its full per-socket queue and index
+    (2, 512 * MiB, ks.Budget(6, 8 * MiB, 1_000_000)),
+    (8, 512 * MiB, ks.Budget(4, 16 * MiB // 5 - 64 * 1024, 524_288)),  # the cap shrinks before the depth
+    (64, 512 * MiB, ks.Budget(4, 2 * MiB // 5 - 64 * 1024, 65_536)),
+    (1000, 512 * MiB, ks.Budget(1, ks.MIN_MESSAGE_BYTES, 4_194)),  # past what the bound can hold: the smallest
+    (0, 16 * MiB, ks.Budget(4, 4 * MiB // 5 - 64 * 1024, 131_072)),
+])
+def test_plan_budget(publishers, total, budget):
+    assert ks.plan_budget(publishers, total_bytes=total, max_bytes=8 * MiB, index_max_blocks=1_000_000) == budget
+
+
+@pytest.mark.parametrize("total", [16 * MiB, 64 * MiB, 512 * MiB, 4096 * MiB])
+def test_every_publisher_together_stays_within_the_total(total):
+    limit = total // 2 // (2 * 2 * (ks.MIN_MESSAGE_BYTES + 64 * 1024))  # publishers the bound can hold
+    for n in [*range(1, min(limit, 130)), limit]:
+        b = ks.plan_budget(n, total_bytes=total, max_bytes=8 * MiB, index_max_blocks=1_000_000)
+        assert n * b.queue_bytes <= total // 2, (n, b)
+        assert n * b.index_blocks * ks.INDEX_BYTES_PER_BLOCK <= total // 2, (n, b)
+        assert b.depth >= 1 and ks.MIN_MESSAGE_BYTES <= b.max_bytes <= 8 * MiB
+    # negative control: bounds per publisher only (as before) overrun the total with a few publishers
+    old_queue = 2 * ks.live_queue_depth(8 * MiB) * 8 * MiB
+    assert 8 * old_queue > total // 2 or total > 1024 * MiB

@@ -240,3 +240,22 @@ def test_only_the_agents_a_lease_is_bound_to_extend_release_or_complete_it():
     assert "tp2" in t.extend(["tp2"], now=3.0, agent="rank0", readers=2)[0]
     assert "tp2" in t.extend(["tp2"], now=3.0, agent="rank1", readers=2)[0]
     assert "tp2" not in t.extend(["tp2"], now=3.0, agent="rank2", readers=2)[0]
+
+
+@pytest.mark.parametrize("touch, released", [
+    (None, True),  # no reader touched it: nobody will read it, freed now
+    (lambda t: t.extend(["a"], now=1.0, agent="decode-agent"), False),  # claimed by a heartbeat
+    (lambda t: t.complete("a", readers=2, reader_index=0, parts=1, part=0, agent="decode-agent"), False),  # half read
+])
+def test_release_unclaimed_frees_only_a_lease_no_reader_claimed(touch, released):
+    t = LeaseTable(10.0)
+    t.hold("a", [1, 2], now=0.0)
+    if touch is not None:
+        touch(t)
+    assert t.release_unclaimed(["a", "never-held"]) == (["a"] if released else [])
+    assert t.collect(now=2.0) == (["a"] if released else [])
+    assert (t.released_unread, t.unread_refused) == ((1, 0) if released else (0, 1))
+    if released:  # gone, and a late heartbeat hears so (the reader's pull fails and recomputes)
+        assert t.extend(["a"], now=3.0, agent="decode-agent") == ({}, ["a"], [])
+    else:  # the reader goes on holding it
+        assert t.extend(["a"], now=3.0, agent="decode-agent")[0] == {"a": 10.0}

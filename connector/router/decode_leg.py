@@ -1,0 +1,213 @@
+"""The decode leg: prefill's kv_transfer_params to a decode, retried on another while nothing reached
+the client (with the params while their lease lasts), the answer relayed chunk by chunk; and the
+release of a lease no decode will read (lease_release.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pdfleet.connector.router import lease_release, timing
+from pdfleet.connector.router.endpoints import DECODE, RevisionEndpoints, lease_allows_reuse
+from pdfleet.connector.router.errors import error_response
+from pdfleet.connector.router.outcome import StreamEnd
+from pdfleet.connector.router.upstream import (
+    CLIENT_LEFT,
+    DELIVERED,
+    REQUEST_ID_HEADER,
+    RETRYABLE_4XX,
+    WHOLE_BODY_MAX,
+    json_encode,
+    target,
+)
+from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER
+
+log = logging.getLogger("pdfleet.router")
+
+
+class BrokeBeforeFirstByte(Exception):
+    """Decode's answer broke while the router still held all of it back."""
+
+
+@dataclass
+class Lease:
+    """A prefill's lease on its way to decode (released at the prefill when no decode will read it)."""
+
+    url: str
+    params: dict[str, Any]
+
+
+class DecodeLeg:
+    """Mixin of app.Router."""
+
+    async def _decode_leg(self, request: web.Request, group: RevisionEndpoints, path: str,
+                          body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
+                          kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
+        """Decode with prefill's kv_params; ``lease`` (until a decode takes the request) is released at
+        the prefill on every path where no decode will read it (lease_release.py)."""
+        try:
+            return await self._decode_attempts(request, group, path, body, headers, reply_headers, kv_params,
+                                               lease)
+        except asyncio.CancelledError:
+            if lease is not None and lease.params:  # the client left before a decode took the request
+                self._release_unread(lease, body, headers, lease_release.CLIENT_GONE)
+            raise
+
+    def _release_unread(self, lease: Lease, body: dict[str, Any], headers: dict[str, str], reason: str) -> None:
+        params, lease.params = lease.params, {}  # once per request
+        if not self.releases.start(functools.partial(self._send_release, lease.url, body, headers, params, reason)):
+            self.metrics.kv_releases.labels(reason, lease_release.SKIPPED).inc()
+
+    async def _send_release(self, url: str, body: dict[str, Any], headers: dict[str, str], params: dict[str, Any],
+                            reason: str) -> None:
+        status, data = None, b""
+        try:
+            async with self.session.post(target(url, "/v1/completions"), headers=headers,
+                                         data=json_encode(lease_release.release_body(body, params)),
+                                         timeout=self._prefill_timeout) as resp:
+                status, data = resp.status, await resp.read()
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            log.info("releasing an unread lease at %s failed: %r", url, exc)
+        outcome = lease_release.release_outcome(status, data)
+        self.metrics.kv_releases.labels(reason, outcome).inc()
+        if outcome != lease_release.ACCEPTED:
+            log.info("lease release (%s) at the prefill: %s, request %s", reason, outcome,
+                     headers.get(REQUEST_ID_HEADER))
+
+    async def _decode_attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
+                               body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
+                               kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
+        candidates = group.ready(DECODE)
+        tried: set[str] = set()
+        cfg = self.config
+        for attempt in range(cfg.decode_attempts):
+            url = self._pick(DECODE, candidates, tried, body, path.endswith("chat/completions"))
+            if url is None:
+                break
+            tried.add(url)
+            if attempt:
+                self.metrics.retries.labels(DECODE).inc()
+                if kv_params is not None and not lease_allows_reuse(kv_params, time.time(), cfg.lease_margin_s):
+                    kv_params = None
+                    if lease is not None and lease.params:
+                        self._release_unread(lease, body, headers, lease_release.LEASE_EXPIRED)
+                    self.metrics.fallbacks.labels("lease_expired").inc()
+                    reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+            decode_body = dict(body)
+            if kv_params is not None:
+                decode_body["kv_transfer_params"] = kv_params
+            started = time.perf_counter()
+            self._acquire(DECODE, url)
+            resp = None
+            try:
+                try:
+                    async with asyncio.timeout(cfg.decode_first_byte_timeout_s):
+                        resp = await self.session.post(target(url, path), data=json_encode(decode_body), headers=headers)
+                except asyncio.TimeoutError:
+                    reason = "timeout"
+                except aiohttp.ClientConnectionError:
+                    reason = "connect"
+                except aiohttp.ClientError:
+                    reason = "protocol"
+                else:
+                    self._latency["decode_first_byte"].observe(time.perf_counter() - started)
+                    timing.first_byte()
+                    if resp.status < 500 and resp.status not in RETRYABLE_4XX:
+                        taken = None
+                        if lease is not None and lease.params and kv_params is not None:
+                            if resp.status >= 400:  # refused before its engine ran: it reads nothing
+                                self._release_unread(lease, body, headers, lease_release.DECODE_REFUSED)
+                            else:  # this decode reads the blocks (or releases them itself)
+                                taken, lease.params = lease.params, {}
+                        try:
+                            return await self._relay(request, resp, reply_headers)
+                        except BrokeBeforeFirstByte:
+                            reason = "broken_answer"  # nothing reached the client: another decode may serve
+                            if taken is not None:
+                                lease.params = taken  # the next decode may read them
+                    else:
+                        reason = f"http_{resp.status}"
+                self.metrics.leg_failures.labels(DECODE, reason).inc()
+                self._eject(url)
+                log.warning("decode leg to %s failed (%s), request %s", url, reason, headers[REQUEST_ID_HEADER])
+            finally:
+                if resp is not None:
+                    resp.release()
+                self._release(DECODE, url)
+                self._latency[DECODE].observe(time.perf_counter() - started)
+        if lease is not None and lease.params:
+            self._release_unread(lease, body, headers, lease_release.DECODE_FAILED)
+        self.metrics.errors.labels("decode_failed").inc()
+        return error_response(502, f"decode failed on {len(tried)} endpoint(s) of revision {group.revision}",
+                              headers=reply_headers)
+
+    async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse,
+                     reply_headers: dict[str, str]) -> web.StreamResponse:
+        headers = dict(reply_headers)
+        for name in ("Content-Type", "Content-Encoding", "Cache-Control"):
+            value = resp.headers.get(name)
+            if value is not None:
+                headers[name] = value
+        length = resp.content_length
+        if length is not None and length <= WHOLE_BODY_MAX and not resp.content_type.endswith("event-stream"):
+            # A sized, non-streamed answer arrives in one piece anyway: relay it as one write.
+            try:
+                async with asyncio.timeout(self.config.decode_idle_timeout_s):
+                    data = await resp.read()
+            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                raise BrokeBeforeFirstByte from exc
+            timing.chunk(data)
+            return web.Response(status=resp.status, body=data, headers=headers)
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        if length is not None:
+            out.content_length = length
+        try:
+            await out.prepare(request)
+        except ConnectionError:
+            return self._client_gone(request, resp, out)
+        idle = self.config.decode_idle_timeout_s
+        end = StreamEnd() if resp.content_type.endswith("event-stream") else None
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    chunk = await resp.content.readany()
+            except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                # Headers are gone already: cut the client's connection so that
+                # it cannot take a truncated answer for a complete one.
+                self.metrics.errors.labels("decode_midstream").inc()
+                log.warning("decode stream broke after the first byte: %r", exc)
+                resp.close()
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            if not chunk:
+                break
+            try:
+                await out.write(chunk)
+                timing.chunk(chunk)
+            except ConnectionError:
+                return self._client_gone(request, resp, out)
+            if end is not None and end.feed(chunk):  # [DONE] relayed: the client may close now
+                request[DELIVERED] = resp.status
+        request[DELIVERED] = resp.status  # decode's whole answer was written
+        try:
+            await out.write_eof()
+        except ConnectionError:
+            return self._client_gone(request, resp, out)
+        return out
+
+    def _client_gone(self, request: web.Request, resp: aiohttp.ClientResponse,
+                     out: web.StreamResponse) -> web.StreamResponse:
+        # Dropping the upstream connection makes decode abort the request.
+        if DELIVERED not in request:
+            self.metrics.client_disconnects.inc()
+            request[CLIENT_LEFT] = True
+        resp.close()
+        return out

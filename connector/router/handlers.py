@@ -1,0 +1,180 @@
+"""The router's HTTP handlers: a generate request end to end (body, revision, both legs), and
+/v1/models, /health, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import aiohttp
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pdfleet.connector.router import timing
+from pdfleet.connector.router.decode_leg import Lease
+from pdfleet.connector.router.endpoints import DECODE, PREFILL
+from pdfleet.connector.router.errors import error_response
+from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
+from pdfleet.connector.router.outcome import CLIENT_CLOSED, recorded_status
+from pdfleet.connector.router.request_id import upstream_request_id
+from pdfleet.connector.router.upstream import (
+    CLIENT_LEFT,
+    DELIVERED,
+    REQUEST_ID_HEADER,
+    auth_only,
+    json_decode,
+    json_encode,
+)
+from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Handlers:
+    """Mixin of app.Router: what each route answers."""
+
+    async def handle_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle_generate(request, "/v1/completions", chat=False)
+
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle_generate(request, "/v1/chat/completions", chat=True)
+
+    async def _handle_generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await self.flow.guard(request.headers,
+                                             functools.partial(self._generate, request, path, chat=chat))
+            status = recorded_status(response.status, delivered=DELIVERED in request,
+                                     client_left=request.get(CLIENT_LEFT, False))
+            return response
+        except asyncio.CancelledError:
+            # The client closed its connection; after the whole answer (e.g. right
+            # after `data: [DONE]`, as the openai client does) that is no disconnect.
+            status = recorded_status(request.get(DELIVERED), delivered=DELIVERED in request, client_left=True)
+            if status == CLIENT_CLOSED:
+                self.metrics.client_disconnects.inc()
+            raise
+        finally:
+            counter = self._requests.get((path, status))
+            if counter is None:
+                counter = self._requests[(path, status)] = self.metrics.requests.labels(path, str(status))
+            counter.inc()
+            self.metrics.request_latency.labels(path).observe(time.perf_counter() - started)
+
+    async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+        request_id = upstream_request_id(request.headers.get(REQUEST_ID_HEADER))
+        reply_headers = {REQUEST_ID_HEADER: request_id}
+        try:
+            raw = await self._read_body(request)
+        except _TooLarge:
+            self.metrics.errors.labels("client_too_large").inc()
+            return error_response(
+                413, f"request body exceeds the router's limit of {self.config.max_body_bytes} bytes",
+                headers=reply_headers,
+            )
+        try:
+            body = json_decode(raw)
+        except msgspec.DecodeError as exc:
+            self.metrics.errors.labels("client_invalid_json").inc()
+            return error_response(400, f"request body is not valid JSON: {exc}", headers=reply_headers)
+        if not isinstance(body, dict):
+            self.metrics.errors.labels("client_not_object").inc()
+            return error_response(
+                400, f"request body must be a JSON object, got {type(body).__name__}", headers=reply_headers
+            )
+        if body.pop("kv_transfer_params", None) is not None:
+            self.metrics.client_kv_params_dropped.inc()
+
+        group = self.selection.revision
+        if group is None:
+            self.metrics.errors.labels("no_endpoints").inc()
+            return error_response(503, f"no endpoints to serve: {self.selection.reason}", headers=reply_headers)
+        reply_headers[REVISION_HEADER] = group.revision
+        timing.begin(self.metrics, group.revision)
+
+        upstream_headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
+                            "Accept-Encoding": "identity"}
+        for name in self.config.forward_headers:
+            value = request.headers.get(name)
+            if value is not None:
+                upstream_headers[name] = value
+
+        if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
+            self.metrics.fallbacks.labels(FAN_OUT).inc()
+            reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+            return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers, None, None)
+        leg = asyncio.ensure_future(self._prefill_leg(group, path, body, upstream_headers, chat=chat))
+        try:
+            # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
+            prefill = await asyncio.shield(leg)
+        except asyncio.CancelledError:
+            self.abandoned.hand_back(leg, functools.partial(self._hand_back, group, path, body, upstream_headers,
+                                                            chat=chat))
+            raise
+        if prefill.client_error is not None:
+            prefill.client_error.headers.update(reply_headers)
+            return prefill.client_error
+        if prefill.kv_transfer_params is None:
+            self.metrics.fallbacks.labels("prefill_failed").inc()
+            reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+        lease = Lease(prefill.url, prefill.kv_transfer_params) if prefill.kv_transfer_params and prefill.url else None
+        return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers,
+                                      prefill.kv_transfer_params, lease)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _TooLarge
+        chunks = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        group = self.selection.revision
+        if group is None:
+            return error_response(503, f"no endpoints to serve: {self.selection.reason}")
+        tried: set[str] = set()
+        for _ in range(self.config.decode_attempts):
+            url = self._pick(DECODE, group.ready(DECODE), tried)
+            if url is None:
+                break
+            tried.add(url)
+            try:
+                async with self.session.get(url + "/v1/models", timeout=self._models_timeout,
+                                            headers=auth_only(request)) as resp:
+                    data = await resp.read()
+                    if resp.status < 500:
+                        return web.Response(status=resp.status, body=data,
+                                            content_type=resp.content_type or "application/json")
+            except (asyncio.TimeoutError, aiohttp.ClientError):
+                pass
+            self._eject(url)
+        return error_response(502, "no decode endpoint answered /v1/models")
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        group = self.selection.revision
+        body = {
+            "status": "ok" if group is not None else "unavailable",
+            "revision": group.revision if group else None,
+            "reason": self.selection.reason,
+            "prefill_ready": len(group.ready(PREFILL)) if group else 0,
+            "decode_ready": len(group.ready(DECODE)) if group else 0,
+            "revisions": sorted(self._groups),
+            "prefix_routing": self.prefix.status(),
+        }
+        return web.Response(status=200 if group else 503, body=json_encode(body), content_type="application/json")
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(self.metrics.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp

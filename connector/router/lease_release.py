@@ -1,0 +1,99 @@
+"""Releasing a prefill's lease that no decode will read (issue 20 row 6).
+
+After prefill answered with kv_transfer_params the router may still give up on decode:
+every decode attempt failed or none was ready (``decode_failed``), decode answered 4xx
+before its engine ran (``decode_refused``), the lease ran short and the retry goes
+decode-only (``lease_expired``), or the client left before decode answered
+(``client_gone``). Decode's connector releases what it refuses or aborts, but only for
+requests that reached its engine; for the others the prefill would hold the blocks for
+the whole lease.
+
+The router holds no fleet key, so it cannot speak the side channel. It sends the params
+back over the HTTP it already uses, to the prefill that produced them: a one-token
+completion whose kv_transfer_params are the params as signed plus ``RELEASE_KEY``
+(pdfleet.contract.kv_params). That prefill's connector checks its own signature and that
+the lease is its own, and frees it unless a reader has claimed it, so a decode that may
+be reading is never cut off. Cost: one one-token prefill step, against blocks held for a
+whole lease.
+
+Pure: the body and the outcome. I/O edge: ``Background``, bounded fire-and-forget sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from pdfleet.contract.kv_params import ERROR_KEY, RELEASE_KEY, release_request
+
+log = logging.getLogger("pdfleet.router")
+
+DECODE_FAILED = "decode_failed"
+DECODE_REFUSED = "decode_refused"
+LEASE_EXPIRED = "lease_expired"
+CLIENT_GONE = "client_gone"
+REASONS = (DECODE_FAILED, DECODE_REFUSED, LEASE_EXPIRED, CLIENT_GONE)
+
+ACCEPTED = "accepted"  # the prefill queued the release (it frees the lease unless a reader claimed it)
+REFUSED = "refused"  # the prefill refused it, with a reason (not its lease, bad signature, ...)
+UNSUPPORTED = "unsupported"  # the prefill answered without a verdict (a connector without releases)
+FAILED = "failed"  # no answer, or an HTTP error
+SKIPPED = "skipped"  # too many releases in flight: the lease runs its course
+OUTCOMES = (ACCEPTED, REFUSED, UNSUPPORTED, FAILED, SKIPPED)
+
+MAX_IN_FLIGHT = 64
+_decode = msgspec.json.Decoder().decode
+
+
+def release_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The release request (a /v1/completions body): the client's model, a one-token prompt, one token."""
+    out: dict[str, Any] = {"prompt": [0], "max_tokens": 1, "stream": False,
+                           "kv_transfer_params": release_request(kv_transfer_params)}
+    if "model" in body:
+        out["model"] = body["model"]
+    return out
+
+
+def release_outcome(status: int | None, data: bytes) -> str:
+    """What the prefill's answer to a release request says (``status`` None: no answer)."""
+    if status is None or status != 200:
+        return FAILED
+    try:
+        params = _decode(data).get("kv_transfer_params")
+    except (msgspec.DecodeError, AttributeError):
+        return FAILED
+    if not isinstance(params, dict):
+        return UNSUPPORTED
+    if params.get(RELEASE_KEY) is True:
+        return ACCEPTED
+    return REFUSED if ERROR_KEY in params else UNSUPPORTED
+
+
+class Background:
+    """Fire-and-forget coroutines, at most ``limit`` at once (beyond that they are not started)."""
+
+    def __init__(self, limit: int = MAX_IN_FLIGHT) -> None:
+        self.limit = limit
+        self._tasks: set[asyncio.Task] = set()
+
+    def start(self, work: Callable[[], Awaitable[None]]) -> bool:
+        if len(self._tasks) >= self.limit:
+            return False
+        task = asyncio.get_running_loop().create_task(work())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def settle(self) -> None:
+        """Until the sends started so far are done (tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

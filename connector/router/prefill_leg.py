@@ -1,0 +1,105 @@
+"""The prefill leg: one token, not streamed, KV kept for a remote decode; retried on another
+prefill endpoint; and the hand-back of a leg whose client left (abandon.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from pdfleet.connector.router.abandon import one_token_body, release_body
+from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
+from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, RETRYABLE_4XX, json_decode, json_encode, target
+from pdfleet.contract.kv_params import remote_decode_request
+
+log = logging.getLogger("pdfleet.router")
+
+
+@dataclass
+class PrefillResult:
+    kv_transfer_params: dict[str, Any] | None = None
+    client_error: web.Response | None = None  # a 4xx from prefill, relayed as is
+    url: str | None = None  # the prefill that holds the lease
+
+
+class PrefillLeg:
+    """Mixin of app.Router."""
+
+    @staticmethod
+    def prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
+        """The prefill leg's body: one token, not streamed, KV kept for a remote decode."""
+        return one_token_body(body, remote_decode_request(), chat=chat)
+
+    async def _prefill_leg(self, group: RevisionEndpoints, path: str, body: dict[str, Any],
+                           headers: dict[str, str], *, chat: bool) -> PrefillResult:
+        payload = json_encode(self.prefill_body(body, chat=chat))
+        candidates = group.ready(PREFILL)
+        tried: set[str] = set()
+        for attempt in range(self.config.prefill_attempts):
+            url = self._pick(PREFILL, candidates, tried, body, chat)
+            if url is None:
+                break
+            tried.add(url)
+            if attempt:
+                self.metrics.retries.labels(PREFILL).inc()
+            reason = await self._one_prefill(url, path, payload, headers)
+            if isinstance(reason, PrefillResult):
+                reason.url = url
+                return reason
+            self.metrics.leg_failures.labels(PREFILL, reason).inc()
+            self._eject(url)
+            log.warning("prefill leg to %s failed (%s), request %s", url, reason, headers[REQUEST_ID_HEADER])
+        return PrefillResult()
+
+    async def _one_prefill(self, url: str, path: str, payload: bytes,
+                           headers: dict[str, str]) -> PrefillResult | str:
+        """One prefill attempt: a result, or the reason it failed."""
+        started = time.perf_counter()
+        self._acquire(PREFILL, url)
+        try:
+            async with self.session.post(target(url, path), data=payload, headers=headers,
+                                         timeout=self._prefill_timeout) as resp:
+                data = await resp.read()
+                if resp.status >= 500 or resp.status in RETRYABLE_4XX:
+                    return f"http_{resp.status}"
+                if resp.status >= 400:
+                    return PrefillResult(client_error=web.Response(
+                        status=resp.status, body=data,
+                        content_type=resp.content_type or "application/json"))
+        except asyncio.TimeoutError:
+            return "timeout"
+        except aiohttp.ClientConnectionError:
+            return "connect"
+        except aiohttp.ClientError:
+            return "protocol"
+        finally:
+            self._release(PREFILL, url)
+            self._latency[PREFILL].observe(time.perf_counter() - started)
+        try:
+            params = json_decode(data).get("kv_transfer_params")
+        except (msgspec.DecodeError, AttributeError):
+            return "invalid_json"
+        if not isinstance(params, dict):
+            return "no_kv_transfer_params"
+        return PrefillResult(kv_transfer_params=params)
+
+    async def _hand_back(self, group: RevisionEndpoints, path: str, body: dict[str, Any], headers: dict[str, str],
+                         kv_params: dict[str, Any], *, chat: bool) -> None:
+        """One-token decode leg whose only purpose is to consume (and so release) prefill's blocks."""
+        url = self._pick(DECODE, group.ready(DECODE), set())
+        if url is None:
+            return
+        self._acquire(DECODE, url)
+        try:
+            async with self.session.post(target(url, path), headers=headers,
+                                         data=json_encode(release_body(body, kv_params, chat=chat)),
+                                         timeout=self._prefill_timeout) as resp:
+                await resp.read()
+        finally:
+            self._release(DECODE, url)
