@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 from local_fleet import TINY_CR, Answer, ask, completion, local_fleet, metric_sum, model_dir, reference_server  # noqa: E402
 
 from pdfleet.connector.transfer import wire  # noqa: E402
+from pdfleet.contract.env import VLLM_SHM_SPIN_MS as SHM_SPIN_ENV  # noqa: E402
 from pdfleet.contract.routing import LEAST_OUTSTANDING  # noqa: E402
 from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelError  # noqa: E402
 from pdfleet.operator.local.tiny_model import build_corpus  # noqa: E402
@@ -155,8 +156,11 @@ def prompt_tokens(decode_urls: list[str]) -> tuple[float, float]:
     return local, pulled
 
 
-def run_fleet(work: Path, prefill: int, reqs: list, rounds: int) -> dict:
+def run_fleet(work: Path, prefill: int, reqs: list, rounds: int, engine_env: dict | None = None) -> dict:
     cr = yaml.safe_load(TINY_CR.read_text())
+    if engine_env:
+        engine = cr["spec"].setdefault("engine", {})
+        engine["env"] = [*engine.get("env", []), *({"name": k, "value": v} for k, v in engine_env.items())]
     cr["spec"]["prefill"]["replicas"] = prefill
     cr["spec"]["decode"]["replicas"] = 1
     cr["spec"]["router"] = {"prefillPolicy": LEAST_OUTSTANDING, "decodePolicy": LEAST_OUTSTANDING}
@@ -192,6 +196,9 @@ def main() -> int:
     parser.add_argument("--fleets", type=int, default=1, help="fresh 2 + 1 fleets to start (each measured)")
     parser.add_argument("--skip-plain", action="store_true")
     parser.add_argument("--skip-1p1d", action="store_true")
+    parser.add_argument("--spin-baseline", action="store_true",
+                        help="after each 2 + 1 fleet, a fresh one whose engines spin as vLLM does (1 s after a read:"
+                             f" {SHM_SPIN_ENV}=1000), the baseline for the spin cap `pdfleet local` sets on shared CPUs")
     args = parser.parse_args()
 
     mdir = model_dir()
@@ -206,10 +213,14 @@ def main() -> int:
             with reference_server(work, mdir) as url:
                 for k in range(args.rounds):
                     print(fmt_round("plain server", k + 1, asyncio.run(one_round(url, reqs))), flush=True)
-        targets = ([] if args.skip_1p1d else [("1P+1D", 1)]) + [(f"2P+1D #{i + 1}", 2) for i in range(args.fleets)]
+        targets = [] if args.skip_1p1d else [("1P+1D", 1, None)]
+        for i in range(args.fleets):
+            targets.append((f"2P+1D #{i + 1}", 2, None))
+            if args.spin_baseline:
+                targets.append((f"2P+1D #{i + 1} 1s", 2, {SHM_SPIN_ENV: "1000"}))
         summaries = []
-        for i, (name, prefill) in enumerate(targets):
-            res = run_fleet(work / f"fleet-{i}", prefill, reqs, args.rounds)
+        for i, (name, prefill, env) in enumerate(targets):
+            res = run_fleet(work / f"fleet-{i}", prefill, reqs, args.rounds, env)
             for k, r in enumerate(res["rounds"]):
                 print(fmt_round(name, k + 1, r), flush=True)
             summaries.append((name, res))

@@ -16,3 +16,6 @@ POD_NAMESPACE = "POD_NAMESPACE"
 # Set by `pdfleet local` for its engines; pdfleet's connector then lowers vLLM's shared-memory
 # reader re-check interval to that many milliseconds (connector/adapter/vllm_workarounds.py).
 VLLM_SHM_RECHECK_MS = "PDFLEET_VLLM_SHM_RECHECK_MS"
+# Set by `pdfleet local` for engines that share a CPU with another engine: pdfleet's connector caps
+# how long vLLM's shared-memory readers spin (sched_yield) after a read before they park.
+VLLM_SHM_SPIN_MS = "PDFLEET_VLLM_SHM_SPIN_MS"

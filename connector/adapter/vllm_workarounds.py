@@ -13,6 +13,13 @@ With ``PDFLEET_VLLM_SHM_RECHECK_MS`` set (``pdfleet local`` sets it), the connec
 re-check interval in the process it is loaded in (engine core and workers alike), so a lost
 notification costs at most that many milliseconds. The interval is a module global read on every
 wait, so lowering it takes effect for waits that start afterwards. Unset: vLLM is left alone.
+
+The second cause is the spinning itself: after each read a reader spins on ``sched_yield`` for a
+second (``SpinCondition.busy_loop_s``) before it parks. An engine idle between requests thus burns
+its CPU for a second after every step, which on a shared CPU is taken from the other engine (and
+from its side channel, whose replies decode waits on). With ``PDFLEET_VLLM_SHM_SPIN_MS`` set
+(``pdfleet local`` sets it for engines that share a CPU), readers spin at most that long; the
+writer notifies after every write, so a parked reader wakes on the notification (or the re-check).
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import logging
 import os
 from typing import Mapping, Optional
 
-from pdfleet.contract.env import VLLM_SHM_RECHECK_MS as SHM_RECHECK_ENV
+from pdfleet.contract.env import VLLM_SHM_RECHECK_MS as SHM_RECHECK_ENV, VLLM_SHM_SPIN_MS as SHM_SPIN_ENV
 
-__all__ = ["SHM_RECHECK_ENV", "shm_recheck_ms", "apply_shm_recheck"]
+__all__ = ["SHM_RECHECK_ENV", "SHM_SPIN_ENV", "shm_recheck_ms", "shm_spin_ms", "apply_shm_recheck",
+           "apply_shm_spin"]
 
 log = logging.getLogger(__name__)
 
@@ -59,3 +67,53 @@ def apply_shm_recheck(env: Mapping[str, str] = os.environ) -> Optional[int]:
         shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = ms
         log.info("vLLM shared-memory readers re-check every %d ms (was %d ms): %s", ms, current, SHM_RECHECK_ENV)
     return min(ms, current)
+
+
+_MAX_SPIN_MS = 1000  # vLLM's own busy loop: never lengthen it
+_PATCHED = "_pdfleet_spin_cap_s"
+
+
+def shm_spin_ms(value: Optional[str]) -> Optional[int]:
+    """The spin cap a setting asks for (ms, 0 = park at once), or None when unset or not an integer in 0..1000."""
+    if value is None or not value.strip().isdigit():
+        return None
+    ms = int(value.strip())
+    return ms if 0 <= ms <= _MAX_SPIN_MS else None
+
+
+def apply_shm_spin(env: Mapping[str, str] = os.environ) -> Optional[int]:
+    """Cap how long vLLM's shared-memory readers spin after a read, as ``env`` asks; returns the cap in ms.
+
+    ``busy_loop_s`` is set per reader when vLLM builds its queues, before the connector loads, so the
+    cap is applied in ``SpinCondition.wait`` (looked up on every wait) to the reader that waits."""
+    raw = env.get(SHM_SPIN_ENV)
+    ms = shm_spin_ms(raw)
+    if ms is None:
+        if raw is not None:
+            log.warning("%s=%r ignored: an integer number of milliseconds in 0..%d is allowed",
+                        SHM_SPIN_ENV, raw, _MAX_SPIN_MS)
+        return None
+    try:
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    except ImportError:
+        return None
+    wait = getattr(SpinCondition, "wait", None)
+    if wait is None:
+        log.warning("%s ignored: this vLLM's shared-memory readers do not spin", SHM_SPIN_ENV)
+        return None
+    cap = ms / 1000
+    if hasattr(SpinCondition, _PATCHED):  # already capped in this process (both roles load the connector)
+        cap = min(cap, getattr(SpinCondition, _PATCHED))
+        setattr(SpinCondition, _PATCHED, cap)
+        return round(cap * 1000)
+
+    def capped_wait(self, timeout_ms=None):
+        limit = getattr(SpinCondition, _PATCHED)
+        if getattr(self, "busy_loop_s", 0) > limit:
+            self.busy_loop_s = limit
+        return wait(self, timeout_ms)
+
+    setattr(SpinCondition, _PATCHED, cap)
+    SpinCondition.wait = capped_wait
+    log.info("vLLM shared-memory readers spin at most %d ms after a read (was 1 s): %s", ms, SHM_SPIN_ENV)
+    return ms

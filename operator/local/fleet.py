@@ -21,6 +21,8 @@ LOOPBACK = "127.0.0.1"
 # Bound on vLLM's lost engine-core/worker wake-ups in local engines (connector/adapter/vllm_workarounds.py):
 # about 20 re-checks a second per parked reader, no measurable cost.
 LOCAL_SHM_RECHECK_MS = 50
+# How long vLLM's readers of an engine that shares a CPU may spin after a read (vllm_workarounds.py).
+LOCAL_SHARED_CPU_SPIN_MS = 5
 # KV cache per engine (GiB) unless the spec's env sets one: a local fleet shares one machine.
 DEFAULT_KVCACHE_GIB = "1"
 
@@ -93,6 +95,15 @@ def _split(cpus: Sequence[int], n: int) -> list[list[int]]:
         chunks.append(list(cpus[start:start + size]))
         start += size
     return chunks
+
+
+def shared_cpu_engines(pinning: Sequence[Sequence[Sequence[int]]]) -> set[int]:
+    """Indices of the engines (in ``assign_cpus`` order) that have a CPU some other engine has too."""
+    owners: dict[int, set[int]] = {}
+    for n, ranks in enumerate(pinning):
+        for cpu in {c for rank in ranks for c in rank}:
+            owners.setdefault(cpu, set()).add(n)
+    return {n for engines in owners.values() if len(engines) > 1 for n in engines}
 
 
 def assign_cpus(cpus: Sequence[int], ranks: Sequence[int],
@@ -186,8 +197,9 @@ def plan_local(
     order = [(role, i) for role in ROLES for i in range(spec.role(role).replicas)]
     pinning, warnings = assign_cpus(cpus, [spec.role(role).tensor_parallel_size for role, _ in order],
                                     [role for role, _ in order])
+    shared = shared_cpu_engines(pinning)
     engines = []
-    for (role, i), rank_cpus in zip(order, pinning):
+    for n, ((role, i), rank_cpus) in enumerate(zip(order, pinning)):
         p = ports[role][i]
         events = (p.kv_events, p.kv_events_replay) if p.kv_events else None
         args = vllm_args(spec, role, revision, model=model_path, host=LOOPBACK, port=p.http, secret_file=secret_file,
@@ -206,6 +218,8 @@ def plan_local(
         })
         # Engines on one machine starve vLLM's wake-up notifications (vllm_workarounds.py).
         env.setdefault(env_names.VLLM_SHM_RECHECK_MS, str(LOCAL_SHM_RECHECK_MS))
+        if n in shared:  # its readers' spinning would take the CPU from the engine beside it
+            env.setdefault(env_names.VLLM_SHM_SPIN_MS, str(LOCAL_SHARED_CPU_SPIN_MS))
         engines.append(EngineLaunch(
             name=f"{role}-{i}",
             role=role,

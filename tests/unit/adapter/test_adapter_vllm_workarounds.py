@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.adapter.vllm_workarounds import SHM_RECHECK_ENV, apply_shm_recheck, shm_recheck_ms
+from pdfleet.connector.adapter.vllm_workarounds import (
+    SHM_RECHECK_ENV, SHM_SPIN_ENV, apply_shm_recheck, apply_shm_spin, shm_recheck_ms, shm_spin_ms,
+)
 
 
 @pytest.mark.parametrize("value, ms", [
@@ -39,3 +41,58 @@ def test_never_raises_it_and_leaves_vllm_alone_when_unset_or_bad(shm_broadcast, 
     shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = 20
     assert apply_shm_recheck({SHM_RECHECK_ENV: "50"}) == 20
     assert shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == 20
+
+
+@pytest.mark.parametrize("value, ms", [
+    ("5", 5), ("0", 0), (" 7 ", 7), ("1000", 1000),
+    (None, None), ("", None), ("1001", None), ("-1", None), ("0.5", None), ("off", None),
+])
+def test_shm_spin_ms_table(value, ms):
+    assert shm_spin_ms(value) == ms
+
+
+@pytest.fixture
+def spin_condition(monkeypatch):
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    monkeypatch.setattr(SpinCondition, "wait", SpinCondition.wait)  # the patch is undone after the test
+    if hasattr(SpinCondition, "_pdfleet_spin_cap_s"):
+        monkeypatch.delattr(SpinCondition, "_pdfleet_spin_cap_s")
+    return SpinCondition
+
+
+def _reader(spin_condition):
+    """A real reader of vLLM's SpinCondition (a writer binds the notification address)."""
+    import zmq
+
+    ctx = zmq.Context()
+    addr = f"inproc://pdfleet-spin-{id(ctx)}"
+    writer = spin_condition(is_reader=False, context=ctx, notify_address=addr)
+    reader = spin_condition(is_reader=True, context=ctx, notify_address=addr)
+    return ctx, writer, reader
+
+
+def test_caps_the_spin_of_readers_built_before_it(spin_condition):
+    ctx, writer, reader = _reader(spin_condition)
+    try:
+        assert reader.busy_loop_s == 1  # vLLM's own: a second of sched_yield after every read
+        assert apply_shm_spin({SHM_SPIN_ENV: "5"}) == 5
+        reader.record_read()
+        reader.wait(timeout_ms=10)  # spins (returns at once) inside the cap, parks after it
+        assert reader.busy_loop_s == 0.005
+        assert apply_shm_spin({SHM_SPIN_ENV: "50"}) == 5  # a second load never lengthens it
+        reader.wait(timeout_ms=10)
+        assert reader.busy_loop_s == 0.005
+    finally:
+        for s in (writer.local_notify_socket, reader.local_notify_socket, reader.read_cancel_socket,
+                  reader.write_cancel_socket):
+            s.close(linger=0)
+        ctx.term()
+
+
+def test_spin_is_left_alone_when_unset_or_bad(spin_condition, caplog):
+    original = spin_condition.wait
+    assert apply_shm_spin({}) is None
+    assert apply_shm_spin({SHM_SPIN_ENV: "briefly"}) is None
+    assert SHM_SPIN_ENV in caplog.text and "0..1000" in caplog.text
+    assert spin_condition.wait is original

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from pdfleet.operator.api import parse
-from pdfleet.operator.local.fleet import EnginePorts, assign_cpus, local_errors, omp_bind, plan_local
+from pdfleet.operator.local.fleet import (
+    EnginePorts, assign_cpus, local_errors, omp_bind, plan_local, shared_cpu_engines,
+)
 from pdfleet.operator.plan.engine import ENGINE_MODULE, vllm_args
 
 
@@ -132,7 +134,27 @@ def test_replicas_beyond_the_cpus_warn_and_share():
     assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0", "0", "1"]
     # and every engine bounds vLLM's lost wake-ups (connector/adapter/vllm_workarounds.py)
     assert {e.env["PDFLEET_VLLM_SHM_RECHECK_MS"] for e in plan.engines} == {"50"}
+    # the two that share CPU 0 spin at most 5 ms after a read; decode, alone on CPU 1, as vLLM does
+    assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_MS") for e in plan.engines] == ["5", "5", None]
     assert plan.warnings and "share" in plan.warnings[0]
+
+
+def test_engines_with_their_own_cpus_spin_as_vllm_does():
+    spec = resource(prefill={"replicas": 1}, decode={"replicas": 1}).spec
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    assert all("PDFLEET_VLLM_SHM_SPIN_MS" not in e.env for e in plan.engines)
+
+
+@pytest.mark.parametrize("pinning, shared", [
+    ([[[0]], [[1]]], set()),
+    ([[[0]], [[0]], [[1]]], {0, 1}),
+    ([[[0], [1]], [[2]]], set()),  # one engine's two ranks on two CPUs share nothing with others
+    ([[[0], [0]], [[1]]], set()),  # its own ranks sharing a CPU is not another engine's
+    ([[[0, 1]], [[1, 2]], [[3]]], {0, 1}),
+    ([[[0]], [[0]], [[0]]], {0, 1, 2}),
+])
+def test_shared_cpu_engines_table(pinning, shared):
+    assert shared_cpu_engines(pinning) == shared
 
 
 def test_tensor_parallel_engine_gets_one_cpu_list_per_rank():
