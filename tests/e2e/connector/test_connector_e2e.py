@@ -9,12 +9,16 @@ clearly or be recomputed correctly, and the decode server keeps serving P/D.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from vllm_servers import BLOCK, Server, complete, pdfleet_kv, relay, start_all
+
+from pdfleet.connector.router.app import ROUTER_KEY, start_router
+from pdfleet.contract.router_config import RouterConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -148,3 +152,43 @@ def test_negative_control_corrupted_blocks_change_the_output(reference, fleet, c
         corrupt_flag.unlink()
     assert all(unchanged_short)
     assert sum(changed) >= len(changed) - 1, f"corrupted KV left outputs unchanged: {changed}"
+
+
+def _counter(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def test_router_releases_the_lease_when_no_decode_is_reachable(fleet):
+    """Issue 20 row 6: the real router in front of this module's prefill (lease 120 s) and a decode that
+    cannot be reached: the router releases the lease at the prefill, which frees it at once (counted on
+    the prefill's own /metrics; its expiries do not move)."""
+    prefill = fleet["prefill"]
+    released = "vllm:pdfleet_connector_leases_released_unread_total"
+    expired = "vllm:pdfleet_connector_leases_expired_total"
+    before = await asyncio.to_thread(_counter, prefill.url, released)
+    expired_before = await asyncio.to_thread(_counter, prefill.url, expired)
+    config = RouterConfig(prefill=(prefill.url,), decode=("http://127.0.0.1:9",), prefill_policy="leastOutstanding",
+                          decode_policy="leastOutstanding", connect_timeout_s=1.0)
+    runner, port = await start_router(config)
+    try:
+        router = runner.app[ROUTER_KEY]
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.post(f"http://127.0.0.1:{port}/v1/completions",
+                                  json={"model": "tiny", "prompt": prompt(100, 77), "max_tokens": 4})
+            assert r.status_code == 502
+            await router.releases.settle()
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            assert 'pdfleet_router_kv_releases_total{outcome="accepted",reason="decode_failed"} 1.0' in text, text
+            # the engine exports its connector counters with the outputs of later steps: give it some
+            started, value = time.monotonic(), before
+            while time.monotonic() - started < 30:
+                await client.post(f"{prefill.url}/v1/completions", json={"model": "tiny", "prompt": [5], "max_tokens": 1})
+                value = await asyncio.to_thread(_counter, prefill.url, released)
+                if value > before:
+                    break
+                await asyncio.sleep(0.5)
+            assert value == before + 1, prefill.tail()
+            assert await asyncio.to_thread(_counter, prefill.url, expired) == expired_before
+    finally:
+        await runner.cleanup()
