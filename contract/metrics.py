@@ -7,3 +7,8 @@ ROUTER_ITL = "pdfleet_router_itl_seconds"  # histogram: inter-token latency
 ROUTER_LEGS_WAITING = "pdfleet_router_legs_waiting"  # gauge, label LEG: legs waiting for an engine
 ROUTER_STREAMS = "pdfleet_router_streams"  # gauge: decode streams being relayed
 LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
+# counter, labels revision and REVISION_OUTCOME: generate requests per revision pair, read by the canary analysis
+ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
+REVISION_OUTCOME = "outcome"
+OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the pair's fault)
+OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair
