@@ -72,7 +72,7 @@ from pdfleet.connector.router.flow.gate import FlowGate
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
-from pdfleet.connector.router import timing
+from pdfleet.connector.router import canary, timing
 from pdfleet.connector.router.prefix_routing import PrefixRouting
 
 log = logging.getLogger("pdfleet.router")
@@ -250,6 +250,7 @@ class Router:
             if counter is None:
                 counter = self._requests[(path, status)] = self.metrics.requests.labels(path, str(status))
             counter.inc()
+            timing.finished(status)
             self.metrics.request_latency.labels(path).observe(time.perf_counter() - started)
 
     async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
@@ -276,7 +277,7 @@ class Router:
         if body.pop("kv_transfer_params", None) is not None:
             self.metrics.client_kv_params_dropped.inc()
 
-        group = self.selection.revision
+        group = canary.choose(self.selection, body, chat=chat, request_id=request_id)  # both legs on this pair
         if group is None:
             self.metrics.errors.labels("no_endpoints").inc()
             return error_response(503, f"no endpoints to serve: {self.selection.reason}", headers=reply_headers)
@@ -550,6 +551,7 @@ class Router:
             "prefill_ready": len(group.ready(PREFILL)) if group else 0,
             "decode_ready": len(group.ready(DECODE)) if group else 0,
             "revisions": sorted(self._groups),
+            "canary": {"revision": self.selection.canary.revision, "weight": self.selection.canary_weight} if self.selection.canary else None,
             "prefix_routing": self.prefix.status(),
         }
         return web.Response(status=200 if group else 503, body=_json_encode(body), content_type="application/json")
