@@ -464,6 +464,9 @@ class RolloutStatus(Model):
     step_started_at: Optional[str] = None
     weight: Optional[int] = Field(default=None, description="Percent of new requests the router sends to the canary.")
     last_analysis: Optional[str] = None
+    stale_override: Optional[str] = Field(
+        default=None, description="The pdfleet.io/rollout annotation's value when the canary started: ignored "
+        "until it is removed or changed (it was left from an earlier rollout).")
 
 
 class RoleScalingStatus(Model):

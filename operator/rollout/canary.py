@@ -120,3 +120,16 @@ def decide(state: State, steps: tuple[Step, ...], analysis: Analysis, signals: S
         return Decision(State(PROMOTED, state.step, now), 100, PROMOTE, f"last step passed: {verdict.reason}")
     nxt = State(PROGRESSING, state.step + 1, now)
     return Decision(nxt, steps[nxt.step].weight, "advance", f"step {state.step + 1} passed: {verdict.reason}")
+
+
+def effective_override(annotation: Optional[str], stale: Optional[str]) -> tuple[Override, Optional[str]]:
+    """The ``pdfleet.io/rollout`` annotation as an override, and the stale value to remember.
+
+    The operator does not write the resource's metadata (its RBAC is status only), so the annotation
+    stays after it was acted on. A value already there when a canary starts is left from an earlier
+    rollout (``stale``) and ignored until it is removed or changed; an unknown value is no override.
+    """
+    value = annotation if annotation in (PROMOTE, ABORT) else None
+    if stale is not None and value == stale:
+        return None, stale
+    return value, None
