@@ -13,7 +13,6 @@ time, is not restarted), so it never advances on figures it did not see.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
@@ -30,7 +29,6 @@ from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision
 from pdfleet.operator.rollout import canary
 from pdfleet.operator.rollout.signals import RevisionSample, parse_revision_sample, step_signals
 
-logger = logging.getLogger("pdfleet.operator")
 Key = tuple[str, str]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 Fetch = Callable[[str], Awaitable[str]]

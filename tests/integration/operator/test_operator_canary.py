@@ -10,11 +10,10 @@ counts per revision, the operator reads the router's /metrics and steps, promote
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import pathlib
 import sys
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -220,7 +219,7 @@ async def test_a_canary_walks_its_steps_and_promotes(kube: FakeKube, start_opera
     st = await wait_status(driver, "llama", record, "promoted", timeout=30)
     assert seen_weights[0] == 20 and 100 in seen_weights and seen_weights == sorted(seen_weights)
     assert "passed" in st["rollout"]["lastAnalysis"]
-    await eventually(lambda: (s := kube.get(CR_RESOURCE, NAMESPACE, "llama")["status"])["revision"] == new,
+    await eventually(lambda: kube.get(CR_RESOURCE, NAMESPACE, "llama")["status"]["revision"] == new,
                      what="the switch to T")
     (adv,) = events(kube, "CanaryStepAdvanced")
     assert "step 2 of 2: 50%" in adv["message"]
