@@ -289,3 +289,39 @@ async def test_an_operator_restart_mid_canary_converges(kube: FakeKube, start_op
     assert len(events(kube, "CanaryStarted")) == 1  # the new operator continued the canary, did not start over
     await eventually(lambda: kube.get(CR_RESOURCE, NAMESPACE, "llama")["status"]["revision"] == new, what="switch")
     assert router_template(kube) == template
+
+
+async def test_the_annotation_promotes_and_a_left_over_value_does_not_promote_the_next_canary(
+        kube: FakeKube, start_operator, cluster: Cluster):
+    driver = FakeDriver(kube)
+    driver.operator = await start_operator(reconcile=FAST)
+    steps = [{"weight": 10, "pauseSeconds": 3600}]  # would hold for an hour
+    old, new = await start_canary(driver, cluster, steps)
+    await wait_status(driver, "llama", lambda s: s["rollout"].get("phase") == "Progressing", "canary started")
+    await driver.patch_cr("llama", {"metadata": {"annotations": {labels.ROLLOUT: labels.ROLLOUT_PROMOTE}}})
+    st = await wait_status(driver, "llama", lambda s: s["rollout"].get("phase") == "Promoted", "promoted by hand")
+    assert "annotation" in st["rollout"]["lastAnalysis"]
+    (event,) = await eventually(lambda: events(kube, "CanaryPromoted"), what="CanaryPromoted")
+    assert labels.ROLLOUT in event["message"]
+    await wait_status(driver, "llama", lambda s: s["revision"] == new, "the switch")
+
+    # The annotation is still there (the operator does not write the resource): the next canary ignores it.
+    await driver.patch_cr("llama", {"spec": {"engine": {"extraArgs": ["--enforce-eager", "--disable-log-stats"]}}})
+    st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] not in (old, new), "a third")
+    third = st["rollout"]["targetRevision"]
+    await cluster.pair(third)
+    for role in ("prefill", "decode"):
+        await eventually(lambda: kube.get(STS, NAMESPACE, f"llama-{role}-{third}"), what=f"{role} of the third")
+        await kube.simulate_statefulset(NAMESPACE, f"llama-{role}-{third}", ip_prefix="10.3")
+    st = await wait_status(driver, "llama", lambda s: s["rollout"].get("canaryRevision") == third, "third canary")
+    assert st["rollout"]["staleOverride"] == labels.ROLLOUT_PROMOTE
+    await asyncio.sleep(1.0)
+    st = kube.get(CR_RESOURCE, NAMESPACE, "llama")["status"]
+    assert st["rollout"]["phase"] == "Progressing" and st["revision"] == new, st["rollout"]
+    # set again (changed to abort): honoured
+    await driver.patch_cr("llama", {"metadata": {"annotations": {labels.ROLLOUT: labels.ROLLOUT_ABORT}}})
+    st = await wait_status(driver, "llama", lambda s: s["rollout"].get("phase") == "Aborted", "aborted by hand")
+    assert st["revision"] == new and condition(st, "RolloutAborted")["status"] == "True"
+    # onAbort Keep (the default): the aborted pair stays, with weight 0 on its Services
+    assert kube.get(STS, NAMESPACE, f"llama-decode-{third}") is not None
+    await eventually(lambda: service_weights(kube, third) == {"0"}, what="weight 0 on the aborted pair")
