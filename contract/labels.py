@@ -12,11 +12,19 @@ GROUP = "pdfleet.io/group"  # replica index of a per-replica LeaderWorkerSet (ga
 # requests: the operator is its only publisher, the router's discovery reads it.
 SERVING = "pdfleet.io/serving"
 SERVING_TRUE = "true"
+# On the engine Services (so their EndpointSlices) of a canary revision (issue 22): the percent of new
+# requests (an integer 0..100) the router sends to that pair; the serving pair takes the rest. The
+# operator changes only this label between steps, so the router's pod template stays the same.
+CANARY_WEIGHT = "pdfleet.io/canary-weight"
 
 # Annotations
 APPLIED_HASH = "pdfleet.io/applied-hash"  # hash of the manifest the operator last applied
 GENERATED = "pdfleet.io/generated"  # on a Secret the operator generated (the fleet's side-channel key)
 REPORTING_COMPONENT = "pdfleet.io/operator"  # Events' reportingComponent
+# On the DisaggregatedInference: a person overrides a canary (the operator removes it once acted on).
+ROLLOUT = "pdfleet.io/rollout"
+ROLLOUT_PROMOTE = "promote"
+ROLLOUT_ABORT = "abort"
 
 ROLE_PREFILL = "prefill"
 ROLE_DECODE = "decode"

@@ -10,3 +10,8 @@ LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
 # counter, labels reason and outcome: releases of prefill leases that no decode will read, sent by the
 # router to the prefill that holds them (connector/router/lease_release.py)
 ROUTER_KV_RELEASES = "pdfleet_router_kv_releases"
+# counter, labels revision and REVISION_OUTCOME: generate requests per revision pair, read by the canary analysis
+ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
+REVISION_OUTCOME = "outcome"
+OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the pair's fault)
+OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair

@@ -10,13 +10,18 @@ stays warm; a request with no usable prefix uses its request id (uniformly rando
   each step keeps the caches the previous steps warmed;
 - the salt (e.g. the canary revision) reshuffles which keys go first from one rollout to the next.
 
-The edge decides once per request and uses that pair for both legs. Not wired into app.py yet.
+``choose`` is the edge's one call: app.py asks it once per request, after reading the body, and
+runs both legs on the pair it returns. Which revision is the canary, and its weight, come from the
+operator's ``pdfleet.io/canary-weight`` label on the canary's EndpointSlices (endpoints.py:
+``select_revision``); ``parse_weight`` reads that label.
 """
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any, Optional
+
+from pdfleet.connector.router.endpoints import RevisionEndpoints, Selection
 
 BUCKETS = 10_000  # weight resolution: 0.01 %
 _PREFIX_CHARS = 512  # what identifies a conversation: the start of its first turn(s)
@@ -55,3 +60,20 @@ def prefix_key(body: dict[str, Any], *, chat: bool) -> Optional[str]:
         prompt = body.get("prompt")
         text = prompt if isinstance(prompt, str) else None
     return text[:_PREFIX_CHARS] if text else None
+
+
+def parse_weight(value: Any) -> Optional[int]:
+    """The canary-weight label's value as a percent 0..100; None when absent or not a whole number
+    in range (a malformed label makes no canary: the serving pair keeps every request)."""
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 3:
+        return None
+    weight = int(value)
+    return weight if weight <= 100 else None
+
+
+def choose(selection: Selection, body: dict[str, Any], *, chat: bool, request_id: str) -> Optional[RevisionEndpoints]:
+    """The pair that serves this request: the canary for its share of conversations, else the serving one."""
+    if selection.canary is None or selection.revision is None:
+        return selection.revision
+    key = prefix_key(body, chat=chat) or request_id
+    return selection.canary if to_canary(key, selection.canary.revision, selection.canary_weight) else selection.revision

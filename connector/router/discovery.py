@@ -40,6 +40,7 @@ import msgspec
 from pdfleet.contract import labels as label_keys
 from pdfleet.contract import ports as ports_contract
 from pdfleet.contract.router_config import RouterConfig
+from pdfleet.connector.router.canary import parse_weight
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, RevisionEndpoints
 from pdfleet.connector.router.ownership import needs_service_refresh, owned_services, owned_slices
 
@@ -49,6 +50,7 @@ FLEET_LABEL = label_keys.FLEET
 ROLE_LABEL = label_keys.ROLE
 REVISION_LABEL = label_keys.REVISION
 SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
+CANARY_WEIGHT_LABEL = label_keys.CANARY_WEIGHT
 SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 SERVICES_PATH = "/api/v1/namespaces/{namespace}/services"
 SERVICE_REFRESH_S = 1.0  # Services are listed again at most this often (a new revision's, or one made again)
@@ -70,6 +72,7 @@ class SliceView:
     endpoints: tuple[Endpoint, ...]
     created: float
     serving: bool = False
+    canary_weight: int | None = None
 
 
 def _timestamp(value: Any) -> float:
@@ -134,7 +137,7 @@ def parse_slice(obj: Mapping[str, Any], fleet: str, port_name: str) -> SliceView
             kv_events_replay=f"tcp://{host}:{replay_port}" if events_port and replay_port else None,
         ))
     return SliceView(role, revision, tuple(endpoints), _timestamp(meta.get("creationTimestamp")),
-                     labels.get(SERVING_LABEL) == SERVING_TRUE)
+                     labels.get(SERVING_LABEL) == SERVING_TRUE, parse_weight(labels.get(CANARY_WEIGHT_LABEL)))
 
 
 def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_name: str) -> list[RevisionEndpoints]:
@@ -144,6 +147,7 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
     events: dict[str, tuple[str | None, str | None]] = {}
     created: dict[str, float] = {}
     serving: set[str] = set()
+    weights: dict[str, list[int | None]] = {}
     for obj in slices:
         view = parse_slice(obj, fleet, port_name)
         if isinstance(view, str):
@@ -155,6 +159,7 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
                 events[ep.url] = (ep.kv_events, ep.kv_events_replay)
         if view.serving:  # one labelled slice is enough: the operator labels both roles' Services
             serving.add(view.revision)
+        weights.setdefault(view.revision, []).append(view.canary_weight)
         seen = created.get(view.revision)
         created[view.revision] = view.created if seen is None else min(seen, view.created)
     return [
@@ -164,9 +169,19 @@ def groups_from_slices(slices: Iterable[Mapping[str, Any]], fleet: str, port_nam
             decode=tuple(Endpoint(u, r, *events.get(u, (None, None))) for u, r in sorted(by_role[DECODE].items())),
             created=created[rev],
             serving=rev in serving,
+            canary_weight=_canary_weight(weights.get(rev, [])),
         )
         for rev, by_role in sorted(roles.items())
     ]
+
+
+def _canary_weight(weights: list[int | None]) -> int | None:
+    """A revision's canary weight from its slices' labels: the smallest (the operator relabels the
+    prefill and decode Services one after the other; while they differ, the lower share holds),
+    and none unless every slice carries one."""
+    if not weights or any(w is None for w in weights):
+        return None
+    return min(w for w in weights if w is not None)
 
 
 # ---- I/O: API access, list and watch ------------------------------------------------

@@ -19,6 +19,12 @@ their EndpointSlices). The one rule, in ``select_revision``:
 
 Rule 2 is what a router did before the label existed, so an outage of the serving
 revision's pods during a drain still serves from the revision being drained.
+
+A canary (issue 22): the operator labels the engine Services of the new revision
+``pdfleet.io/canary-weight=<percent>``. Beside the revision chosen above, the newest other
+revision that is serviceable, not labelled serving and has a weight above 0 is the canary;
+canary.py decides per request which of the two takes it (both legs on that one). A canary
+without a ready prefill and a ready decode takes nothing: its share goes to the serving pair.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class RevisionEndpoints:
     decode: tuple[Endpoint, ...] = ()
     created: float = 0.0
     serving: bool = False  # labelled serving by the operator
+    canary_weight: int | None = None  # percent of new requests, when labelled a canary by the operator
 
     def ready(self, role: str) -> tuple[str, ...]:
         endpoints = self.prefill if role == PREFILL else self.decode
@@ -69,14 +76,28 @@ class Selection:
 
     revision: RevisionEndpoints | None
     reason: str
+    canary: RevisionEndpoints | None = None  # takes canary_weight percent of new requests
+    canary_weight: int = 0
 
 
 def select_revision(groups: Iterable[RevisionEndpoints]) -> Selection:
-    """Pick the revision that serves new requests (the rule in this module's docstring).
+    """Pick the revision that serves new requests and the canary beside it, if any (the rules
+    in this module's docstring). Ties on ``created`` break on the revision name so that every
+    router replica picks the same one."""
+    groups = list(groups)
+    chosen = _select_serving(groups)
+    if chosen.revision is None:
+        return chosen
+    canaries = [g for g in groups if g.serviceable and not g.serving and (g.canary_weight or 0) > 0
+                and g.revision != chosen.revision.revision]
+    if not canaries:
+        return chosen
+    canary = max(canaries, key=lambda g: (g.created, g.revision))
+    weight = min(100, canary.canary_weight or 0)
+    return Selection(chosen.revision, f"{chosen.reason}; canary {canary.revision} at {weight}%", canary, weight)
 
-    Ties on ``created`` break on the revision name so that every router replica
-    picks the same one.
-    """
+
+def _select_serving(groups: list[RevisionEndpoints]) -> Selection:
     groups = list(groups)
     candidates = [g for g in groups if g.serviceable]
     newest = lambda gs: max(gs, key=lambda g: (g.created, g.revision))  # noqa: E731

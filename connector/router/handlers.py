@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdfleet.connector.router import timing
+from pdfleet.connector.router import canary, timing
 from pdfleet.connector.router.decode_leg import Lease
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.errors import error_response
@@ -64,6 +64,7 @@ class Handlers:
             if counter is None:
                 counter = self._requests[(path, status)] = self.metrics.requests.labels(path, str(status))
             counter.inc()
+            timing.finished(status)
             self.metrics.request_latency.labels(path).observe(time.perf_counter() - started)
 
     async def _generate(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
@@ -90,7 +91,7 @@ class Handlers:
         if body.pop("kv_transfer_params", None) is not None:
             self.metrics.client_kv_params_dropped.inc()
 
-        group = self.selection.revision
+        group = canary.choose(self.selection, body, chat=chat, request_id=request_id)  # both legs on this pair
         if group is None:
             self.metrics.errors.labels("no_endpoints").inc()
             return error_response(503, f"no endpoints to serve: {self.selection.reason}", headers=reply_headers)
@@ -170,6 +171,8 @@ class Handlers:
             "prefill_ready": len(group.ready(PREFILL)) if group else 0,
             "decode_ready": len(group.ready(DECODE)) if group else 0,
             "revisions": sorted(self._groups),
+            "canary": ({"revision": self.selection.canary.revision, "weight": self.selection.canary_weight}
+                       if self.selection.canary else None),
             "prefix_routing": self.prefix.status(),
         }
         return web.Response(status=200 if group else 503, body=json_encode(body), content_type="application/json")

@@ -75,6 +75,11 @@ class RouterMetrics:
             names.ROUTER_ITL, "Inter-token latency on streamed answers (chunk gap per event)",
             ["revision"], buckets=_ITL_BUCKETS, registry=r,
         )
+        self.revision_requests = Counter(
+            names.ROUTER_REVISION_REQUESTS, "Generate requests per revision pair, by outcome (5xx: the router answered "
+            "5xx; answered: anything else), read by the canary analysis", ["revision", names.REVISION_OUTCOME],
+            registry=r,
+        )
         self.legs_waiting = Gauge(
             names.ROUTER_LEGS_WAITING, "Legs sent and not answered yet (decode: before its first byte)",
             [names.LEG, "revision"], registry=r,

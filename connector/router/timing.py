@@ -13,6 +13,7 @@ request (tests calling the router's parts directly) every hook does nothing.
 - waiting: prefill legs sent and not answered, decode legs sent and without their first
   byte yet: work queued in (or on its way to) an engine.
 - streams: decode legs between their first byte and their end: the decode work in progress.
+- requests per revision and outcome (5xx or answered): the canary analysis' error rate.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import contextvars
 import time
 from typing import Any, Optional
+
+from pdfleet.contract.metrics import OUTCOME_5XX, OUTCOME_ANSWERED
 
 _current: contextvars.ContextVar[Optional["RequestTiming"]] = contextvars.ContextVar("pdfleet_request_timing",
                                                                                       default=None)
@@ -90,3 +93,11 @@ def chunk(data: bytes) -> None:
         for _ in range(min(events, 64)):
             itl.observe(gap)
     t.last_chunk = now
+
+
+def finished(status: int) -> None:
+    """The request was answered (or given up) with this status: count it against its revision."""
+    t = _current.get()
+    if t is None:
+        return
+    t.metrics.revision_requests.labels(t.revision, OUTCOME_5XX if status >= 500 else OUTCOME_ANSWERED).inc()

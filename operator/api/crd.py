@@ -130,6 +130,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         col("Decode-Ready", ".status.decode.readyReplicas", "integer"),
         col("Decode", ".spec.decode.replicas", "integer"),
         col("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+        col("Canary", ".status.rollout.weight", "integer"),
         col("Revision", ".status.revision", priority=1),
         col("URL", ".status.url", priority=1),
         col("Age", ".metadata.creationTimestamp", "date"),

@@ -435,6 +435,48 @@ FLOW_CONTROL_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + FLOW_CONTROL_RULES
 
 
+# --- canary rollouts (issue 22) ---------------------------------------------------
+
+
+def _canary_has_steps(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.rollout.strategy != "Canary" or spec.rollout.canary is not None
+
+
+def _canary_has_router(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.rollout.strategy != "Canary" or spec.router.enabled
+
+
+def _canary_weights_increase(spec: DisaggregatedInferenceSpec) -> bool:
+    c = spec.rollout.canary
+    weights = [s.weight for s in c.steps] if c is not None else []
+    return all(a < b for a, b in zip(weights, weights[1:]))
+
+
+_CANARY = "self.rollout.canary"
+CANARY_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="rollout.canary",
+        message="is required with rollout.strategy 'Canary' (its steps say how the new pair's share grows)",
+        check=_canary_has_steps,
+        cel=f"self.rollout.strategy != 'Canary' || has({_CANARY})",
+    ),
+    Rule(
+        field="rollout.strategy",
+        message="'Canary' needs router.enabled: the router splits the requests and measures each pair",
+        check=_canary_has_router,
+        cel="self.rollout.strategy != 'Canary' || self.router.enabled",
+    ),
+    Rule(
+        field="rollout.canary.steps",
+        message="weights must strictly increase from one step to the next",
+        check=_canary_weights_increase,
+        cel=f"!has({_CANARY}) || ({_CANARY}.steps.map(s, s.weight).isSorted()"
+        f" && {_CANARY}.steps.all(s, {_CANARY}.steps.filter(t, t.weight == s.weight).size() == 1))",
+    ),
+)
+SPEC_RULES = SPEC_RULES + CANARY_RULES
+
+
 def vllm_flag_name(arg: str) -> Optional[str]:
     """The flag an argument sets as vLLM's parser reads it (FlexibleArgumentParser), or None for a value:
     ``--a_b=1`` and ``--a-b.c`` are ``--a-b`` (underscores become dashes, a dotted key sets a JSON field)."""

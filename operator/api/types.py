@@ -344,6 +344,53 @@ class ScalingSpec(Model):
     planner: Optional[PlannerSpec] = None
 
 
+class CanaryStep(Model):
+    weight: Annotated[int, Field(ge=1, le=100)] = Field(
+        description="Percent of new requests the router sends to the new prefill/decode pair during this step."
+    )
+    pause_seconds: Annotated[int, Field(ge=0, le=86_400)] = Field(
+        default=60, description="How long the step must pass the analysis before the next step (or promotion)."
+    )
+
+
+class CanaryAnalysis(Model):
+    """Limits on the new pair's figures over a step, from the router's per-revision signals; unset: not checked."""
+
+    ttft_ms: Optional[Annotated[int, Field(ge=1, le=3_600_000)]] = Field(
+        default=None, description="p90 time to first token the new pair must stay within."
+    )
+    itl_ms: Optional[Annotated[int, Field(ge=1, le=60_000)]] = Field(
+        default=None, description="p90 inter-token latency the new pair must stay within."
+    )
+    max_error_rate: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default=None, description="Largest share (0..1) of the new pair's requests answered 5xx."
+    )
+    min_requests: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        default=100, description="Requests the new pair must have served in a step before it is judged."
+    )
+
+
+class CanarySpec(Model):
+    steps: Annotated[list[CanaryStep], Field(min_length=1, max_length=20)] = Field(
+        description="Weights in increasing order; after the last step passes, the new pair takes every request."
+    )
+    analysis: CanaryAnalysis = Field(default_factory=CanaryAnalysis)
+    on_abort: Literal["Keep", "Delete"] = Field(
+        default="Keep", description="After an abort: keep the new pair (weight 0) for inspection, or delete it."
+    )
+
+
+class RolloutSpec(Model):
+    """How a new revision pair takes over from the serving one."""
+
+    strategy: Literal["Paired", "Canary"] = Field(
+        default="Paired",
+        description="Paired: the new pair takes every request once it is ready. Canary: it takes a growing share, "
+        "step by step, while the router's figures for it pass the analysis.",
+    )
+    canary: Optional[CanarySpec] = None
+
+
 class DisaggregatedInferenceSpec(Model):
     model: ModelSpec
     image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
@@ -359,6 +406,7 @@ class DisaggregatedInferenceSpec(Model):
     router: RouterSpec = Field(default_factory=RouterSpec)
     disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
 
@@ -409,11 +457,21 @@ class EndpointsStatus(Model):
 
 
 class RolloutStatus(Model):
-    """Paired-rollout state, persisted so that an operator restart mid-rollout converges."""
+    """Rollout state, persisted so that an operator restart mid-rollout converges."""
 
     target_revision: str
     previous_revision: Optional[str] = None
     switched_at: Optional[str] = None
+    strategy: Optional[Literal["Paired", "Canary"]] = None
+    canary_revision: Optional[str] = Field(default=None, description="The revision pair the canary below is about.")
+    phase: Optional[Literal["Progressing", "Promoted", "Aborted"]] = None
+    step: Optional[int] = Field(default=None, description="The canary's current step, from 1.")
+    step_started_at: Optional[str] = None
+    weight: Optional[int] = Field(default=None, description="Percent of new requests the router sends to the canary.")
+    last_analysis: Optional[str] = None
+    stale_override: Optional[str] = Field(
+        default=None, description="The pdfleet.io/rollout annotation's value when the canary started: ignored "
+        "until it is removed or changed (it was left from an earlier rollout).")
 
 
 class RoleScalingStatus(Model):

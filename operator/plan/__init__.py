@@ -28,6 +28,8 @@ class PlanOptions:
     namespace: Optional[str] = None  # overrides metadata.namespace
     owner: Optional[dict[str, Any]] = None  # controller owner reference put on every child
     serving_revision: Optional[str] = None  # revision that serves new requests; default: the current one
+    # A canary: percent of new requests the router sends to the current revision while another serves.
+    canary_weight: Optional[int] = None
 
 
 def image_of(resource: DisaggregatedInference, options: PlanOptions = PlanOptions()) -> str:
@@ -64,7 +66,9 @@ def plan(
     objects: list[dict[str, Any]] = [engines.kv_config_map(ctx, spec)]
     serving = (options.serving_revision or ctx.revision) == ctx.revision
     for role in ROLES:
-        objects += [roles.headless_service(ctx, spec, role, serving=serving), *roles.workloads(ctx, spec, role)]
+        canary = None if serving else options.canary_weight
+        objects += [roles.headless_service(ctx, spec, role, serving=serving, canary_weight=canary),
+                    *roles.workloads(ctx, spec, role)]
     if spec.router.enabled:  # the router reads the serving revision from the Services' label: no restart on a switch
         objects += [*router.rbac(ctx), router.deployment(ctx, spec), router.service(ctx, spec)]
     if spec.disruption.enabled:

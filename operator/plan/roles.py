@@ -3,7 +3,7 @@ several pods, with gang objects, placement and the fabric preflight on every pod
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from pdfleet.contract import labels
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
@@ -52,13 +52,16 @@ def workloads(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> list
     return out
 
 
-def headless_service(ctx: Context, spec: DisaggregatedInferenceSpec, role: str, *, serving: bool = True
-                     ) -> dict[str, Any]:
+def headless_service(ctx: Context, spec: DisaggregatedInferenceSpec, role: str, *, serving: bool = True,
+                     canary_weight: Optional[int] = None) -> dict[str, Any]:
     """The role's headless Service; ``serving``: this revision serves new requests, and the label
-    that says so (which its EndpointSlices carry) is how the router learns it."""
+    that says so (which its EndpointSlices carry) is how the router learns it. ``canary_weight``:
+    this revision is a canary taking that percent of new requests (the label the router reads)."""
     svc = engines.headless_service(ctx, spec, role)
     if serving:
         svc["metadata"]["labels"][labels.SERVING] = labels.SERVING_TRUE
+    elif canary_weight is not None:
+        svc["metadata"]["labels"][labels.CANARY_WEIGHT] = str(canary_weight)
     if multinode.is_multinode(spec, role):
         svc["spec"]["selector"] = {**svc["spec"]["selector"], **multinode.leader_selector()}
         local = spec.kv_transfer.side_channel_port + spec.role(role).tensor_parallel_size // spec.role(role).nodes_per_replica

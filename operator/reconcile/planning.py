@@ -17,8 +17,9 @@ def target_revision(cr: DisaggregatedInference, image: str) -> str:
 
 
 def desired_children(cr: DisaggregatedInference, *, owner: Mapping[str, Any], image: str,
-                     router_revision: Optional[str]) -> list[dict[str, Any]]:
-    options = PlanOptions(default_image=image, owner=dict(owner), serving_revision=router_revision)
+                     router_revision: Optional[str], canary_weight: Optional[int] = None) -> list[dict[str, Any]]:
+    options = PlanOptions(default_image=image, owner=dict(owner), serving_revision=router_revision,
+                          canary_weight=canary_weight)
     return plan(cr, options)
 
 

@@ -23,6 +23,8 @@ from pdfleet.operator.plan import kinds
 from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.reconcile import rollout, status as st
+from pdfleet.operator.reconcile.canary import CanaryEdge
+from pdfleet.operator.rollout.canary import PROMOTED
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.kvtransport import role_transport
@@ -54,6 +56,7 @@ class ReconcileOptions:
     instance: str = "pdfleet-operator"
     # Gang providers whose PodGroup CRD the cluster has and the operator may write (chart values).
     gang_providers: tuple[str, ...] = ()
+    canary_interval_s: float = 5.0  # a canary's analysis scrapes the routers at most this often
 
 
 class ReconcileError(Exception):
@@ -100,6 +103,7 @@ class Reconciler:
         self.scaling = ScalingEdge(client, self._event)
         self.autoscalers = autoscalers   # (namespace, scaler name) -> HPAs that target it
         self.planner = PlannerEdge(client, self._event)
+        self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s)
 
     # ------------------------------------------------------------------ watch side
     def on_cr_event(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
@@ -112,6 +116,7 @@ class Reconciler:
             self._not_owned_reported.pop(key, None)
             self.scaling.forget(key)
             self.planner.forget(key)
+            self.canary.forget(key)
             self.auth_secrets.forget(*key)
             self.queue.forget(key)
             self.metrics.forget_fleet(*key)
@@ -188,14 +193,29 @@ class Reconciler:
         roll = previous.get("rollout") or {}
         state = rollout.RolloutState(serving=previous.get("revision"), previous=roll.get("previousRevision"),
                                      switched_at=roll.get("switchedAt"))
-        decision = rollout.decide(target, state, pods, present, now=now, drain_seconds=self.options.drain_seconds)
+        # A canary holds the switch until its core promotes the new pair (rollout.py, operator/rollout/canary.py).
+        record = rollout.CanaryRecord.from_status(roll)
+        canary_on = cr.spec.rollout.strategy == "Canary"
+        hold = canary_on and not (record is not None and record.revision == target
+                                  and record.state.phase == PROMOTED)
+        decision = rollout.decide(target, state, pods, present, now=now, drain_seconds=self.options.drain_seconds,
+                                  hold=hold)
+        canary = await self.canary.step(key, body, cr, pods, decision, record, now.timestamp())
+        if canary.record is not None and canary.record.state.phase == PROMOTED and decision.phase == "Canary":
+            decision = rollout.decide(target, state, pods, present, now=now,
+                                      drain_seconds=self.options.drain_seconds)
+        on_abort = cr.spec.rollout.canary.on_abort if cr.spec.rollout.canary else "Keep"
+        decision = rollout.after_canary(decision, canary.record, delete_on_abort=on_abort == "Delete")
 
         owner = ch.owner_reference(body)
         # Autoscaled roles: the scalers' replicas, clamped, replace the spec's in the plan.
         scaling = plan_scaling(cr, self.scalers(key), owned, owner=owner, namespace=namespace, revision=target)
         cr = scaling.applied(cr)
         desired = [ch.stamp(obj, owner, namespace)
-                   for obj in desired_children(cr, owner=owner, image=image, router_revision=decision.serving)]
+                   for obj in desired_children(cr, owner=owner, image=image, router_revision=decision.serving,
+                                               canary_weight=canary.weight)]
+        if target not in decision.keep:  # a canary aborted with onAbort Delete: its pair is not rendered again
+            desired = [o for o in desired if (o["metadata"].get("labels") or {}).get(label_keys.REVISION) != target]
         self.metrics.children.labels(namespace, name).set(len(desired))
 
         recent = self.recently_applied.setdefault(key, {})
@@ -273,12 +293,14 @@ class Reconciler:
             desired=want,
             scaling={**(scaling.fleet_status() or {}), **({"planner": planned.status} if planned.status else {})},
             scaling_condition=scaling_condition(scaling),
+            strategy=cr.spec.rollout.strategy, canary=canary.record,
         ), now=now)
         await self._write_status(key, body, previous, status)
         self.metrics.observe_fleet(namespace, name, status, want)
         if errors or not_owned:  # retried with backoff: the user may remove what is in the way
             raise ReconcileError("; ".join(errors + ([not_owned] if not_owned else [])))
-        requeue = min((r for r in (decision.requeue_after, planned.requeue_after) if r is not None), default=None)
+        requeue = min((r for r in (decision.requeue_after, planned.requeue_after, canary.requeue_after)
+                       if r is not None), default=None)
         return requeue, ("changed" if actions.writes else "unchanged")
 
     async def _unmark_stale_serving(self, owned: Sequence[ch.ObservedChild], serving: str) -> list[str]:

@@ -14,6 +14,11 @@ decode of another. When the spec's revision changes:
 A revision that was never served (the spec changed again mid-rollout) is dropped at
 once. If the serving revision has no pods at all, there is nothing to protect: switch.
 
+A canary (spec.rollout.strategy Canary) holds step 2: with ``hold`` the ready new pair does
+not take over (phase ``Canary``); the canary core (operator/rollout/canary.py) decides the
+weight each reconcile, and only its promotion lets the switch happen. ``CanaryRecord`` is the
+canary's state as status.rollout keeps it, so an operator restart continues the step it was in.
+
 The operator alone says which revision serves: the plan labels the serving revision's
 engine Services ``pdfleet.io/serving=true`` and the router reads the label from their
 EndpointSlices (connector/router/endpoints.py has its rule for a serving revision without
@@ -25,9 +30,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from pdfleet.operator.reconcile.children import HASH_ANNOTATION, SERVING_LABEL, ObservedChild, ObservedPod
+from pdfleet.operator.rollout import canary
 
 PAIRED_ROLES = ("prefill", "decode")
 
@@ -47,7 +53,7 @@ class Decision:
     target: str                   # the spec's revision
     keep: frozenset[str]          # revisions whose objects must not be pruned
     state: RolloutState           # to persist
-    phase: str                    # Stable | RollingOut | Draining
+    phase: str                    # Stable | RollingOut | Canary | Draining
     requeue_after: Optional[float] = None   # wake up when the drain period ends
 
     @property
@@ -85,8 +91,10 @@ def decide(
     *,
     now: datetime.datetime,
     drain_seconds: float,
+    hold: bool = False,
 ) -> Decision:
-    """The rollout step for this reconcile."""
+    """The rollout step for this reconcile; ``hold``: a canary runs, the ready new pair does not
+    take over (phase Canary) unless the serving revision has no pods left."""
     pods = list(pods)
     ready = ready_pairs(pods)
     present = set(present_revisions)
@@ -105,12 +113,58 @@ def decide(
 
     new_pair_ready = set(PAIRED_ROLES) <= ready.get(target, set())
     old_has_pods = serving in present or any(p.revision == serving and not p.deleting for p in pods)
-    if new_pair_ready or not old_has_pods:
+    if (new_pair_ready and not hold) or not old_has_pods:
         switched = RolloutState(serving=target, previous=serving, switched_at=format_time(now))
         return draining(switched)
     return Decision(serving, target, frozenset({serving, target}),
                     RolloutState(serving=serving, previous=state.previous, switched_at=state.switched_at),
-                    "RollingOut")
+                    "Canary" if new_pair_ready else "RollingOut")
+
+
+@dataclass(frozen=True)
+class CanaryRecord:
+    """A canary's state between reconciles (status.rollout's canary fields); times are unix seconds
+    (wall clock: a pause must survive an operator restart)."""
+
+    revision: str
+    state: canary.State
+    weight: int
+    last_analysis: str = ""
+    stale_override: Optional[str] = None  # the annotation's value when the canary started (ignored)
+
+    @classmethod
+    def from_status(cls, roll: Mapping[str, Any]) -> Optional["CanaryRecord"]:
+        revision, phase = roll.get("canaryRevision"), roll.get("phase")
+        if not isinstance(revision, str) or phase not in (canary.PROGRESSING, canary.PROMOTED, canary.ABORTED):
+            return None
+        started = parse_time(roll.get("stepStartedAt"))
+        step = roll.get("step")
+        weight = roll.get("weight")
+        return cls(revision, canary.State(phase, max(0, step - 1) if isinstance(step, int) else 0,
+                                          started.timestamp() if started else 0.0),
+                   weight if isinstance(weight, int) else 0, str(roll.get("lastAnalysis") or ""),
+                   roll.get("staleOverride") if isinstance(roll.get("staleOverride"), str) else None)
+
+    def as_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "strategy": "Canary", "canaryRevision": self.revision, "phase": self.state.phase,
+            "step": self.state.step + 1, "weight": self.weight, "lastAnalysis": self.last_analysis,
+            "stepStartedAt": format_time(datetime.datetime.fromtimestamp(self.state.step_started,
+                                                                         tz=datetime.timezone.utc)),
+        }
+        if self.stale_override:
+            out["staleOverride"] = self.stale_override
+        return out
+
+
+def after_canary(decision: Decision, record: Optional[CanaryRecord], *, delete_on_abort: bool) -> Decision:
+    """The rollout decision once the canary core spoke. Aborted: the serving pair is the fleet (the new
+    pair kept for inspection, or not kept so that it is deleted); anything else: as decided."""
+    if (decision.phase not in ("Canary", "RollingOut") or record is None or record.revision != decision.target
+            or record.state.phase != canary.ABORTED):
+        return decision
+    keep = {decision.serving} if delete_on_abort else {decision.serving, decision.target}
+    return Decision(decision.serving, decision.serving, frozenset(keep), decision.state, "Stable")
 
 
 def stale_serving_marks(children: Iterable[ObservedChild], serving: str) -> list[ObservedChild]:

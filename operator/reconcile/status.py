@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
 from pdfleet.operator.kube.observed import ObservedChild, ObservedPod
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
-from pdfleet.operator.reconcile.rollout import Decision, Endpoint, format_time
+from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision, Endpoint, format_time
+from pdfleet.operator.rollout import canary as canary_core
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled", KV_TRANSPORT)
 
@@ -107,6 +108,30 @@ class StatusInputs:
     scaling: Optional[Mapping[str, Any]] = None                 # autoscaled roles: requested, applied, why
     scaling_condition: Optional[tuple[bool, str, str]] = None   # ScalingLimited (status, reason, message)
     kv_transport: Mapping[str, RoleTransport] = field(default_factory=dict)  # per role; empty: preflight off
+    strategy: str = "Paired"                                    # spec.rollout.strategy
+    canary: Optional[CanaryRecord] = None                       # the canary of the target revision, if any
+
+
+def canary_conditions(strategy: str, d: Decision, rec: Optional[CanaryRecord]) -> list[Cond]:
+    """RolloutProgressing and RolloutAborted, for a fleet whose strategy is Canary (pure)."""
+    if strategy != "Canary":
+        return []
+    if rec is None:
+        progressing = (Cond("RolloutProgressing", True, "RollingOut",
+                            f"waiting for revision {d.target}'s prefill and decode to be ready")
+                       if d.phase == "RollingOut" else Cond("RolloutProgressing", False, "NoCanary", ""))
+    elif rec.state.phase == canary_core.PROGRESSING:
+        progressing = (Cond("RolloutProgressing", True, "CanaryStep",
+                            f"step {rec.state.step + 1}: {rec.weight}% of new requests to revision {rec.revision}; "
+                            f"{rec.last_analysis}") if d.phase == "Canary" else
+                       Cond("RolloutProgressing", True, "CanaryWaiting",
+                            f"revision {rec.revision} has no ready prefill and decode: the router sends it nothing"))
+    else:
+        progressing = Cond("RolloutProgressing", False, rec.state.phase, rec.last_analysis)
+    aborted = (Cond("RolloutAborted", True, "Aborted", f"revision {rec.revision}: {rec.last_analysis}")
+               if rec is not None and rec.state.phase == canary_core.ABORTED
+               else Cond("RolloutAborted", False, "NotAborted", ""))
+    return [progressing, aborted]
 
 
 def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]:
@@ -161,6 +186,10 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     if d.phase == "RollingOut":
         conds.append(Cond("Progressing", True, "RollingOut",
                           f"revision {d.target} coming up beside {serving}; router stays on {serving}"))
+    elif d.phase == "Canary":
+        weight = inp.canary.weight if inp.canary is not None else 0
+        conds.append(Cond("Progressing", True, "Canary",
+                          f"revision {d.target} takes {weight}% of new requests beside {serving}"))
     elif d.phase == "Draining":
         conds.append(Cond("Progressing", True, "Draining",
                           f"router switched to {serving}; draining revision {d.state.previous}"))
@@ -179,6 +208,7 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         conds.append(Cond("Degraded", False, "AsExpected", ""))
     if inp.scaling_condition is not None:
         conds.append(Cond("ScalingLimited", *inp.scaling_condition))
+    conds += canary_conditions(inp.strategy, d, inp.canary)
     if fabric is not None:
         conds.append(Cond(KV_TRANSPORT, fabric.status if fabric.status == "Unknown" else fabric.status == "True",
                           fabric.reason, fabric.message))
@@ -198,7 +228,9 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         out["router"] = router.as_status()
     if inp.url:
         out["url"] = inp.url
-    rollout = {"targetRevision": d.target}
+    rollout: dict[str, Any] = {"targetRevision": d.target, "strategy": inp.strategy}
+    if inp.canary is not None:
+        rollout.update(inp.canary.as_status())
     if d.state.previous:
         rollout["previousRevision"] = d.state.previous
     if d.state.switched_at:

@@ -19,9 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from pdfleet.contract.labels import ROLLOUT, ROLLOUT_ABORT, ROLLOUT_PROMOTE
+
 PROGRESSING, PROMOTED, ABORTED = "Progressing", "Promoted", "Aborted"
 Phase = Literal["Progressing", "Promoted", "Aborted"]
-Override = Optional[Literal["promote", "abort"]]
+# The annotation's values name the actions they force (pdfleet.contract.labels.ROLLOUT).
+PROMOTE, ABORT = ROLLOUT_PROMOTE, ROLLOUT_ABORT
+Override = Optional[str]  # PROMOTE | ABORT | None
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class Verdict:
 class Decision:
     state: State
     weight: int  # what the router should send to the new pair now
-    action: Literal["hold", "advance", "promote", "abort", "done"]
+    action: str  # hold | advance | PROMOTE | ABORT | done
     reason: str
 
 
@@ -95,17 +99,17 @@ def decide(state: State, steps: tuple[Step, ...], analysis: Analysis, signals: S
            override: Override = None) -> Decision:
     if state.phase != PROGRESSING:
         return Decision(state, weight_of(state, steps), "done", f"rollout {state.phase.lower()}")
-    if override == "abort":
+    if override == ABORT:
         s = State(ABORTED, state.step, now)
-        return Decision(s, 0, "abort", "aborted by the pdfleet.io/rollout annotation")
-    if override == "promote":
+        return Decision(s, 0, ABORT, f"aborted by the {ROLLOUT} annotation")
+    if override == PROMOTE:
         s = State(PROMOTED, state.step, now)
-        return Decision(s, 100, "promote", "promoted by the pdfleet.io/rollout annotation")
+        return Decision(s, 100, PROMOTE, f"promoted by the {ROLLOUT} annotation")
     if not steps:
-        return Decision(State(PROMOTED, 0, now), 100, "promote", "no canary steps: promoted")
+        return Decision(State(PROMOTED, 0, now), 100, PROMOTE, "no canary steps: promoted")
     verdict = judge(signals, analysis)
     if verdict.outcome == "breach":
-        return Decision(State(ABORTED, state.step, now), 0, "abort", verdict.reason)
+        return Decision(State(ABORTED, state.step, now), 0, ABORT, verdict.reason)
     step = steps[state.step]
     if verdict.outcome == "wait" or now - state.step_started < step.pause_s:
         why = verdict.reason if verdict.outcome == "wait" else (
@@ -113,6 +117,19 @@ def decide(state: State, steps: tuple[Step, ...], analysis: Analysis, signals: S
             f"{step.pause_s - (now - state.step_started):.0f} s")
         return Decision(state, step.weight, "hold", why)
     if state.step + 1 >= len(steps):
-        return Decision(State(PROMOTED, state.step, now), 100, "promote", f"last step passed: {verdict.reason}")
+        return Decision(State(PROMOTED, state.step, now), 100, PROMOTE, f"last step passed: {verdict.reason}")
     nxt = State(PROGRESSING, state.step + 1, now)
     return Decision(nxt, steps[nxt.step].weight, "advance", f"step {state.step + 1} passed: {verdict.reason}")
+
+
+def effective_override(annotation: Optional[str], stale: Optional[str]) -> tuple[Override, Optional[str]]:
+    """The ``pdfleet.io/rollout`` annotation as an override, and the stale value to remember.
+
+    The operator does not write the resource's metadata (its RBAC is status only), so the annotation
+    stays after it was acted on. A value already there when a canary starts is left from an earlier
+    rollout (``stale``) and ignored until it is removed or changed; an unknown value is no override.
+    """
+    value = annotation if annotation in (PROMOTE, ABORT) else None
+    if stale is not None and value == stale:
+        return None, stale
+    return value, None

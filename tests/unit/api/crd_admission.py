@@ -53,12 +53,20 @@ def _unknown_fields(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
     return errors
 
 
+def _is_sorted(values: Any) -> Any:
+    """Kubernetes' CEL list library `isSorted()` (cel-python lacks it)."""
+    return celpy.celtypes.BoolType(all(a <= b for a, b in zip(values, values[1:])))
+
+
+K8S_CEL_FUNCTIONS = {"isSorted": _is_sorted}
+
+
 def _cel(rules: list[dict[str, Any]], value: Any) -> list[str]:
     env = celpy.Environment()
     activation = {"self": celpy.json_to_cel(value)}
     failed = []
     for rule in rules:
-        result = env.program(env.compile(rule["rule"])).evaluate(activation)
+        result = env.program(env.compile(rule["rule"]), functions=K8S_CEL_FUNCTIONS).evaluate(activation)
         if isinstance(result, Exception) or not bool(result):
             failed.append(rule["message"])
     return failed

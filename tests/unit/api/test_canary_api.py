@@ -1,0 +1,94 @@
+"""spec.rollout (issue 22): Paired by default; Canary's steps, analysis and onAbort are checked with the
+field named, by the operator (Python) and by the API server (CEL) alike; the weight is a printer column."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
+from crd_admission import K8S_CEL_FUNCTIONS, _apply_defaults, admission_errors, root_schema  # noqa: E402
+from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse  # noqa: E402
+from pdfleet.operator.api.crd import crd  # noqa: E402
+from pdfleet.operator.api.rules import CANARY_RULES  # noqa: E402
+
+CANARY = {"steps": [{"weight": 10, "pauseSeconds": 30}, {"weight": 50}],
+          "analysis": {"ttftMs": 800, "itlMs": 60, "maxErrorRate": 0.01, "minRequests": 200}, "onAbort": "Delete"}
+
+
+def cr(rollout: Any = None, **spec: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
+                           "metadata": {"name": "llama"}, "spec": {"model": {"name": "m"}, **spec}}
+    if rollout is not None:
+        out["spec"]["rollout"] = copy.deepcopy(rollout)
+    return out
+
+
+def test_paired_is_the_default() -> None:
+    spec = parse(cr()).spec
+    assert spec.rollout.strategy == "Paired" and spec.rollout.canary is None
+
+
+def test_a_canary_parses_with_its_names() -> None:
+    c = parse(cr({"strategy": "Canary", "canary": CANARY})).spec.rollout.canary
+    assert c is not None
+    assert [(s.weight, s.pause_seconds) for s in c.steps] == [(10, 30), (50, 60)]  # pauseSeconds defaults to 60
+    assert (c.analysis.ttft_ms, c.analysis.itl_ms, c.analysis.max_error_rate, c.analysis.min_requests) == (
+        800, 60, 0.01, 200)
+    assert c.on_abort == "Delete"
+    assert not admission_errors(cr({"strategy": "Canary", "canary": CANARY}))
+
+
+@pytest.mark.parametrize("rollout,spec,field,needle", [
+    ({"strategy": "Canary"}, {}, "spec.rollout.canary", "is required with rollout.strategy 'Canary'"),
+    ({"strategy": "Canary", "canary": CANARY}, {"router": {"enabled": False}}, "spec.rollout.strategy",
+     "needs router.enabled"),
+    ({"strategy": "Canary", "canary": {"steps": [{"weight": 50}, {"weight": 20}]}}, {}, "spec.rollout.canary.steps",
+     "strictly increase"),
+    ({"strategy": "Canary", "canary": {"steps": [{"weight": 20}, {"weight": 20}]}}, {}, "spec.rollout.canary.steps",
+     "strictly increase"),
+    ({"strategy": "Canary", "canary": {"steps": []}}, {}, "spec.rollout.canary.steps", ""),
+    ({"strategy": "Canary", "canary": {"steps": [{"weight": 0}]}}, {}, "spec.rollout.canary.steps[0].weight", ""),
+    ({"strategy": "Canary", "canary": {"steps": [{"weight": 101}]}}, {}, "spec.rollout.canary.steps[0].weight", ""),
+    ({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxErrorRate": 1.5}}}, {},
+     "spec.rollout.canary.analysis.maxErrorRate", ""),
+    ({"strategy": "Canary", "canary": {**CANARY, "onAbort": "Drop"}}, {}, "spec.rollout.canary.onAbort", "Keep"),
+    ({"strategy": "Blue"}, {}, "spec.rollout.strategy", "Paired"),
+])
+def test_bad_rollouts_are_refused_with_the_field_named(rollout, spec, field, needle) -> None:
+    problems = [str(e) for e in errors_of(cr(rollout, **spec))]
+    assert any(p.startswith(field) and needle in p for p in problems), problems
+    assert admission_errors(cr(rollout, **spec)), "the API server would admit it"
+
+
+def test_cel_and_python_agree_on_the_canary_rules() -> None:
+    env = celpy.Environment()
+    programs = [env.program(env.compile(r.cel), functions=K8S_CEL_FUNCTIONS) for r in CANARY_RULES]
+    root = root_schema()
+    grid = [(strategy, steps, router)
+            for strategy in ("Paired", "Canary")
+            for steps in (None, [10], [10, 50], [50, 10], [10, 10], [5, 50, 100], [5, 60, 50])
+            for router in (True, False)]
+    broken = [0] * len(CANARY_RULES)
+    for strategy, steps, router in grid:
+        spec: dict[str, Any] = {"model": {"name": "m"}, "router": {"enabled": router},
+                                "rollout": {"strategy": strategy}}
+        if steps is not None:
+            spec["rollout"]["canary"] = {"steps": [{"weight": w} for w in steps]}
+        defaulted = {"spec": copy.deepcopy(spec)}
+        _apply_defaults(defaulted, root)
+        activation = {"self": celpy.json_to_cel(defaulted["spec"])}
+        python = [r.check(DisaggregatedInferenceSpec.model_validate(spec)) for r in CANARY_RULES]
+        assert [bool(p.evaluate(activation)) for p in programs] == python, spec
+        broken = [b + (not ok) for b, ok in zip(broken, python)]
+    assert all(0 < b < len(grid) for b in broken), broken  # every rule kept and broken somewhere
+
+
+def test_the_weight_is_a_printer_column() -> None:
+    columns = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert {"name": "Canary", "type": "integer", "jsonPath": ".status.rollout.weight"} in columns
