@@ -12,6 +12,6 @@ LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
 ROUTER_KV_RELEASES = "pdfleet_router_kv_releases"
 # counter, labels revision and REVISION_OUTCOME: generate requests per revision pair, read by the canary analysis
 ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
-REVISION_OUTCOME = "outcome"
+REVISION_OUTCOME = "outcome"  # also the outcome label of ROUTER_KV_RELEASES
 OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the pair's fault)
 OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair

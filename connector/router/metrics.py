@@ -91,7 +91,7 @@ class RouterMetrics:
         self.kv_releases = Counter(
             names.ROUTER_KV_RELEASES, "Prefill leases that no decode will read, released at the prefill that holds "
             "them, by reason (decode_failed, decode_refused, lease_expired, client_gone) and outcome (accepted, "
-            "refused, unsupported, failed, skipped)", ["reason", "outcome"], registry=r,
+            "refused, unsupported, failed, skipped)", ["reason", names.REVISION_OUTCOME], registry=r,
         )
         # KV-cache-aware routing (prefix_routing.py)
         self.prefix_decisions = Counter(
