@@ -16,3 +16,8 @@ POD_NAMESPACE = "POD_NAMESPACE"
 # Set by `pdfleet local` for its engines; pdfleet's connector then lowers vLLM's shared-memory
 # reader re-check interval to that many milliseconds (connector/adapter/vllm_workarounds.py).
 VLLM_SHM_RECHECK_MS = "PDFLEET_VLLM_SHM_RECHECK_MS"
+# Test-only fault hooks (connector/testhooks.py), off unless set to an absolute file path; while
+# that file exists: a decode's NIXL READs are never posted (they stay in progress, a stuck READ),
+# or the engine's wall clock (time.time) is stepped by the seconds the file holds.
+TEST_STUCK_READS = "PDFLEET_TEST_STUCK_READS"
+TEST_WALL_CLOCK_STEP = "PDFLEET_TEST_WALL_CLOCK_STEP"

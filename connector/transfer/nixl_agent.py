@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pdfleet.connector.transfer.layout import Span
+from pdfleet.connector.testhooks import StuckReads
 
 __all__ = ["NixlAgent", "NixlError"]
 
@@ -69,6 +70,8 @@ class NixlAgent:
             )
         self._registered: list[Any] = []
         self._prepped: list[Any] = []  # prepared descriptor lists not released yet
+        self._stuck = StuckReads()  # test-only fault hook, off unless its variable is set
+        self._unposted: set[Any] = set()  # READs that hook held back: "in progress" forever
 
     def register(self, spans: Sequence[Span]) -> None:
         """Register each span (a backing allocation, see ``registration_spans``), grouped by memory type."""
@@ -147,6 +150,9 @@ class NixlAgent:
 
     def post(self, peer: str, handle: Any) -> Any:
         """Post a created READ; returns the handle (released, and NixlError raised, if posting fails)."""
+        if self._stuck:  # test-only (testhooks.py): the READ is never posted, it hangs
+            self._unposted.add(handle)
+            return handle
         try:
             state = self._agent.transfer(handle)
         except Exception as exc:
@@ -159,6 +165,8 @@ class NixlAgent:
 
     def state(self, handle: Any) -> str:
         """'DONE', 'PROC' or 'ERR'."""
+        if handle in self._unposted:
+            return "PROC"
         try:
             return self._agent.check_xfer_state(handle)
         except Exception as exc:
@@ -166,6 +174,7 @@ class NixlAgent:
             return "ERR"
 
     def release(self, handle: Any) -> bool:
+        self._unposted.discard(handle)
         try:
             self._agent.release_xfer_handle(handle)
             return True
