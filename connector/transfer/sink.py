@@ -807,7 +807,7 @@ class KVSink:
                 p.release_remote = True
                 self._fail(p, f"the READ of {p.nbytes} bytes from {p.peer.agent_name} did not complete within"
                               f" {bound:.3g}s ({self._read_floor:g}s + its bytes at {self._read_bw / 1e6:g} MB/s):"
-                              " cancelled")
+                              f" cancelled after {now - (p.posted_at or now):.2f}s")
                 return
             if all(s == "DONE" for s in p.states):
                 p.completed_at = time.monotonic()  # observed now, so no earlier than the real end
