@@ -583,14 +583,17 @@ async def publish_counters(cf: ChaosFleet, req: Req) -> None:
     await asyncio.sleep(0.5)
 
 
-async def stuck_reads(cf: ChaosFleet, notes: list[str], probes: list[Req], after: Req) -> dict[str, Any]:
+async def stuck_reads(cf: ChaosFleet, notes: list[str], probes: list[Req], after: Req,
+                      baseline: bool = True) -> dict[str, Any]:
     """Issue 19 row 3: every decode READ posted while the hook's file exists hangs (never posted,
     PDFLEET_TEST_STUCK_READS), while heartbeats keep its lease alive: only decode's read bound
     (read_timeout_floor + bytes at read_floor_bandwidth) can end it: cancelled, released, recomputed.
-    The file stays until the probes (prompts decode has not seen, so they pull) are answered."""
+    The file stays until the probes (prompts decode has not seen, so they pull) are answered; with
+    ``baseline`` the first probe is sent before the fault instead (how long a pulled request takes)."""
     names = {"reads_timed_out": "decode", "failures": "decode", "releases": "decode",
              "leases_released": "prefill", "leases_expired": "prefill"}
-    normal = await timed(cf, probes[:1])
+    normal = await timed(cf, probes[:1]) if baseline else []
+    probes = probes[1:] if baseline else probes
     logs = {path: path.stat().st_size for path in cf.fleet.run_dir.glob("decode-*.log")}
     before = await counters(cf, names)
     cf.stuck_flag.touch()
@@ -606,36 +609,40 @@ async def stuck_reads(cf: ChaosFleet, notes: list[str], probes: list[Req], after
     failed_after = sorted(float(m) for path, size in logs.items()
                           for m in re.findall(r"will recompute or fail it: .*? cancelled after ([\d.]+)s",
                                               path.read_bytes()[size:].decode(errors="replace")))
-    notes.append(f"a probe before the fault answered in {normal[0][0]:.2f}s; {len(secs)} probes with their READs"
-                 f" stuck in {min(secs):.2f}-{max(secs):.2f}s; stuck READs cancelled after"
+    notes.append((f"a probe before the fault answered in {normal[0][0]:.2f}s; " if normal else "")
+                 + f"{len(secs)} probes with their READs stuck answered in {min(secs):.2f}-{max(secs):.2f}s;"
+                 f" stuck READs cancelled after"
                  f" {', '.join(f'{x:.2f}' for x in failed_after)}s; " + ", ".join(f"{k}={v}" for k, v in d.items()))
-    return {"normal_s": normal[0][0], "stuck_s": secs, "failed_after_s": failed_after,
+    return {"normal_s": normal[0][0] if normal else None, "stuck_s": secs, "failed_after_s": failed_after,
             "outcomes": [o for _, o in normal + probed], **d}
 
 
 async def wall_clock_step(cf: ChaosFleet, notes: list[str], probes: list[Req], after: Req,
                           step: Optional[float] = None, seconds: float = 6.0) -> dict[str, Any]:
     """Issue 19 row 6: every engine's wall clock (time.time, PDFLEET_TEST_WALL_CLOCK_STEP) jumps
-    ``step`` seconds ahead (default: the lease + 10 s, which freed every held lease when leases ran
-    on the wall clock), stays there ``seconds`` while the probes (prompts decode pulls) are sent,
-    then jumps back. Leases run on the monotonic clock: nothing may expire, fail or differ; side-channel
-    messages caught in a jump may be dropped as outside their time window (counted) and retried."""
-    step = float(cf.lease + 10 if step is None else step)
+    ``step`` seconds ahead (default: the lease + 5 s; when leases ran on the wall clock, such a step
+    freed every lease held at that moment), stays there ``seconds``, then jumps back. The probes
+    (prompts decode pulls) are sent just before the step, so that their leases are held across it.
+    Leases run on the monotonic clock: nothing may expire, fail or differ. (The default stays inside
+    the side channel's 30 s replay window: a larger step also drops, counted, the few messages
+    signed before it and read after it; they are retried.)"""
+    step = float(cf.lease + 5 if step is None else step)
     names = {"leases_expired": "prefill", "leases_completed": "prefill", "expired_leases": "decode",
              "failures": "decode", "heartbeat_retries": "decode", "messages_replayed": "prefill"}
     before = await counters(cf, names)
+    probing = asyncio.create_task(timed(cf, probes))
+    await asyncio.sleep(0.3)  # the probes are in prefill or wait for their pulls: leases held across the step
     cf.step_flag.write_text(f"{step}")
     try:
         t0 = time.monotonic()
-        await asyncio.sleep(0.5)  # every engine has read the file (it looks every 0.05 s)
-        probed = await timed(cf, probes)
+        probed = await probing
         await asyncio.sleep(max(0.0, seconds - (time.monotonic() - t0)))
     finally:
         cf.step_flag.unlink(missing_ok=True)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # the engines see the file go within 0.05 s
     await publish_counters(cf, after)
     d = deltas(before, await counters(cf, names))
-    notes.append(f"wall clock {step:+g}s for {seconds:g}s then back, {len(probes)} probes: "
+    notes.append(f"wall clock {step:+g}s for {seconds:g}s then back, {len(probes)} probes across the step: "
                  + ", ".join(f"{k}={v}" for k, v in d.items()))
     return {"step_s": step, "outcomes": [o for _, o in probed], **d}
 
