@@ -598,7 +598,7 @@ async def stuck_reads(cf: ChaosFleet, notes: list[str], probes: list[Req], after
     before = await counters(cf, names)
     cf.stuck_flag.touch()
     try:
-        probed = await timed(cf, probes[1:])
+        probed = await timed(cf, probes)
     finally:
         cf.stuck_flag.unlink(missing_ok=True)
     await publish_counters(cf, after)
@@ -623,12 +623,16 @@ async def wall_clock_step(cf: ChaosFleet, notes: list[str], probes: list[Req], a
     ``step`` seconds ahead (default: the lease + 5 s; when leases ran on the wall clock, such a step
     freed every lease held at that moment), stays there ``seconds``, then jumps back. The probes
     (prompts decode pulls) are sent just before the step, so that their leases are held across it.
-    Leases run on the monotonic clock: nothing may expire, fail or differ. (The default stays inside
-    the side channel's 30 s replay window: a larger step also drops, counted, the few messages
+    Leases run on the monotonic clock: nothing may expire, fail or differ. Still on the wall clock:
+    ``remote_lease_expiry`` in kv_transfer_params, which decode's scheduler checks against its own
+    clock, so params made before a forward step and checked after it can be refused (the prompt is
+    then computed on decode: counted as params_rejected, correct output). (The default step stays
+    inside the side channel's 30 s replay window: a larger one also drops, counted, the few messages
     signed before it and read after it; they are retried.)"""
     step = float(cf.lease + 5 if step is None else step)
     names = {"leases_expired": "prefill", "leases_completed": "prefill", "expired_leases": "decode",
-             "failures": "decode", "heartbeat_retries": "decode", "messages_replayed": "prefill"}
+             "failures": "decode", "heartbeat_retries": "decode", "messages_replayed": "prefill",
+             "params_rejected": "decode"}
     before = await counters(cf, names)
     probing = asyncio.create_task(timed(cf, probes))
     await asyncio.sleep(0.3)  # the probes are in prefill or wait for their pulls: leases held across the step
