@@ -169,8 +169,10 @@ def part_c(args: argparse.Namespace, results: dict) -> list:
     iters = getattr(args, "ttft_iters", 8)
     warmup = getattr(args, "ttft_warmup", 2)
     rounds = getattr(args, "ttft_rounds", 2)
-    connectors = [("upstream", "NixlConnector", True), ("pdfleet", CONNECTOR_CLASS, True)]
-    if getattr(args, "ttft_unsigned", False):
+    signing_only = getattr(args, "ttft_signing_only", False)
+    connectors = [] if signing_only else [("upstream", "NixlConnector", True)]
+    connectors.append(("pdfleet", CONNECTOR_CLASS, True))
+    if signing_only or getattr(args, "ttft_unsigned", False):
         connectors.append(("pdfleet unsigned", CONNECTOR_CLASS, False))
     samples: dict[str, list[float]] = {label: [] for label, _, _ in connectors}
     # Alternate the order each round so slow drift of a shared machine hits all alike.
@@ -186,9 +188,10 @@ def part_c(args: argparse.Namespace, results: dict) -> list:
                         f"{tokens}-token prompt, {len(got)} runs in {rounds} rounds, min {min(got) * 1000:.1f} ms,"
                         f" p25 {statistics.quantiles(got, n=4)[0] * 1000:.1f} ms,"
                         f" p90 {statistics.quantiles(got, n=10)[-1] * 1000:.1f} ms"))
-    results["c_ttft_upstream"] = medians["upstream"]
     results["c_ttft_pdfleet"] = medians["pdfleet"]
-    results["c_ratio"] = medians["upstream"] / medians["pdfleet"]
+    if "upstream" in medians:
+        results["c_ttft_upstream"] = medians["upstream"]
+        results["c_ratio"] = medians["upstream"] / medians["pdfleet"]
     if "pdfleet unsigned" in medians:
         results["c_ttft_pdfleet_unsigned"] = medians["pdfleet unsigned"]
         results["c_signing_cost"] = medians["pdfleet"] / medians["pdfleet unsigned"] - 1
@@ -216,6 +219,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ttft-rounds", type=int, default=2, help="part c: server start-ups per connector (order alternates)")
     ap.add_argument("--ttft-unsigned", action="store_true",
                     help="part c: also pdfleet without a fleet key (nothing signed): what signing costs")
+    ap.add_argument("--ttft-signing-only", action="store_true",
+                    help="part c: only pdfleet with and without a fleet key (no upstream servers)")
 
 
 def main(argv: list[str] | None = None) -> int:
