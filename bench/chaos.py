@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 
 from pdfleet.contract.connector_config import LEASE_SECONDS  # noqa: E402
-from chaos_harness import SCENARIOS, ChaosFleet, format_table, run_scenario, write_report  # noqa: E402
+from chaos_harness import SCENARIOS, ChaosFleet, fault_probes, format_table, run_scenario, write_report  # noqa: E402
 from local_fleet import ask_all, model_dir, prompt_sets, reference_server  # noqa: E402
 
 
@@ -44,13 +44,15 @@ async def run(args: argparse.Namespace, names: list[str]) -> int:
     mdir = model_dir()
     prompts = prompt_sets(mdir)
     reqs = prompts.concurrent + prompts.kill
+    probes = fault_probes(prompts)  # the prompts some rows send beside the load
+    asked = reqs + [r for name in names for r in probes.get(name, [])]
     started = time.monotonic()
     (work / "reference").mkdir()
     with reference_server(work / "reference", mdir) as url:
-        answers = await ask_all(url, reqs, concurrency=4)
-    reference = {r.label: a for r, a in zip(reqs, answers)}
+        answers = await ask_all(url, asked, concurrency=4)
+    reference = {r.label: a for r, a in zip(asked, answers)}
     assert all(a.status == 200 and a.token_ids for a in answers), "the reference server failed a prompt"
-    print(f"reference: {len(reqs)} prompts answered by a single server in {time.monotonic() - started:.0f}s",
+    print(f"reference: {len(asked)} prompts answered by a single server in {time.monotonic() - started:.0f}s",
           flush=True)
     cf = ChaosFleet(work / "fleet", prefill=2, decode=args.decode, lease=args.lease)
     rows = []
@@ -60,7 +62,9 @@ async def run(args: argparse.Namespace, names: list[str]) -> int:
         for name in names:
             t0 = time.monotonic()
             # The last fault's engine restart is not waited for (nothing comes after it).
-            row, _ = await run_scenario(cf, name, reqs, reference, clients=args.clients, restore=name != names[-1])
+            kwargs = {"probes": probes[name]} if name in probes else {}
+            row, _ = await run_scenario(cf, name, reqs, reference, clients=args.clients, restore=name != names[-1],
+                                        **kwargs)
             rows.append(row)
             print(f"{name}: done in {time.monotonic() - t0:.0f}s", flush=True)
             print(format_table([row]), flush=True)

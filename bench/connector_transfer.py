@@ -869,6 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-iters", type=int, default=8, help="part c: measured requests per connector")
     ap.add_argument("--ttft-warmup", type=int, default=2, help="part c: unmeasured requests per connector")
     ap.add_argument("--ttft-rounds", type=int, default=2, help="part c: server start-ups per connector")
+    ap.add_argument("--ttft-unsigned", action="store_true",
+                    help="part c: also pdfleet without a fleet key (nothing signed): what signing costs")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="part l: DRAM or VRAM buffers")
     ap.add_argument("--nixl-threads", type=_thread_pools, default=None,
                     help="part l: also pull through sinks whose NIXL UCX backend posts a transfer of at least S"
@@ -901,6 +903,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio = results["c_ratio"]
         verdict = "meets the 1.2 aim" if ratio >= 1.2 else ("meets the 1.0 goal" if ratio >= 1.0 else "below the 1.0 goal")
         print(f"ratio c upstream/pdfleet (decode TTFT): {ratio:.3f}  ({verdict})")
+    if "c_signing_cost" in results:
+        print(f"c: signing costs the decode TTFT {results['c_signing_cost'] * 100:+.1f}% at the median,"
+              f" {results['c_signing_cost_min'] * 100:+.1f}% at the minimum (pdfleet with a fleet key vs without;"
+              " goal within 5%)")
     return 0
 
 

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 import httpx
 
 from pdfleet.operator.local.health import NotHealthy, wait_healthy
-from pdfleet.contract.connector_config import AUTH_SECRET_FILE, CONNECTOR_CLASS, CONNECTOR_MODULE
+from pdfleet.contract.connector_config import (
+    ALLOW_UNAUTHENTICATED,
+    AUTH_SECRET_FILE,
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+)
 from pdfleet.contract.kv_params import remote_decode_request
 
 BLOCK = 32
@@ -105,11 +110,13 @@ def _key_file() -> str:
     return _KEY_FILE[0]
 
 
-def _kv(connector: str, role: str) -> dict:
+def _kv(connector: str, role: str, keyed: bool = True) -> dict:
+    """``keyed=False`` (pdfleet only): no fleet key and ``allow_unauthenticated``, so nothing is signed or
+    verified (side channel, kv_transfer_params): the A/B of what signing costs the fast path."""
     kv = {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
     if connector == CONNECTOR_CLASS:
         kv["kv_connector_module_path"] = CONNECTOR_MODULE
-        kv["kv_connector_extra_config"] = {AUTH_SECRET_FILE: _key_file()}
+        kv["kv_connector_extra_config"] = {AUTH_SECRET_FILE: _key_file()} if keyed else {ALLOW_UNAUTHENTICATED: True}
     return kv
 
 
@@ -136,9 +143,9 @@ def _decode_ttft(prefill: str, decode: str, prompt: list[int], rid: str) -> floa
     raise RuntimeError("decode stream ended without a token")
 
 
-def measure(connector: str, model: str, tokens: int, iters: int, warmup: int) -> list[float]:
-    prefill = _Server(model, 0, _kv(connector, "kv_producer"), f"{connector}-prefill")
-    decode = _Server(model, 1, _kv(connector, "kv_consumer"), f"{connector}-decode")
+def measure(connector: str, model: str, tokens: int, iters: int, warmup: int, keyed: bool = True) -> list[float]:
+    prefill = _Server(model, 0, _kv(connector, "kv_producer", keyed), f"{connector}-prefill")
+    decode = _Server(model, 1, _kv(connector, "kv_consumer", keyed), f"{connector}-decode")
     try:
         prefill.wait()
         decode.wait()
@@ -162,23 +169,34 @@ def part_c(args: argparse.Namespace, results: dict) -> list:
     iters = getattr(args, "ttft_iters", 8)
     warmup = getattr(args, "ttft_warmup", 2)
     rounds = getattr(args, "ttft_rounds", 2)
-    connectors = [("upstream", "NixlConnector"), ("pdfleet", CONNECTOR_CLASS)]
-    samples: dict[str, list[float]] = {label: [] for label, _ in connectors}
-    # Alternate the order each round so slow drift of a shared machine hits both alike.
+    signing_only = getattr(args, "ttft_signing_only", False)
+    connectors = [] if signing_only else [("upstream", "NixlConnector", True)]
+    connectors.append(("pdfleet", CONNECTOR_CLASS, True))
+    if signing_only or getattr(args, "ttft_unsigned", False):
+        connectors.append(("pdfleet unsigned", CONNECTOR_CLASS, False))
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in connectors}
+    # Alternate the order each round so slow drift of a shared machine hits all alike.
     for rnd in range(rounds):
-        for label, connector in connectors if rnd % 2 == 0 else connectors[::-1]:
-            samples[label] += measure(connector, model, tokens, iters, warmup)
+        for label, connector, keyed in connectors if rnd % 2 == 0 else connectors[::-1]:
+            samples[label] += measure(connector, model, tokens, iters, warmup, keyed)
     rows = []
     medians = {}
-    for label, _ in connectors:
+    for label, _, _ in connectors:
         got = samples[label]
         medians[label] = statistics.median(got)
         rows.append(Row("c", f"decode TTFT {label} (median)", medians[label] * 1000, "ms",
                         f"{tokens}-token prompt, {len(got)} runs in {rounds} rounds, min {min(got) * 1000:.1f} ms,"
+                        f" p25 {statistics.quantiles(got, n=4)[0] * 1000:.1f} ms,"
                         f" p90 {statistics.quantiles(got, n=10)[-1] * 1000:.1f} ms"))
-    results["c_ttft_upstream"] = medians["upstream"]
     results["c_ttft_pdfleet"] = medians["pdfleet"]
-    results["c_ratio"] = medians["upstream"] / medians["pdfleet"]
+    if "upstream" in medians:
+        results["c_ttft_upstream"] = medians["upstream"]
+        results["c_ratio"] = medians["upstream"] / medians["pdfleet"]
+    if "pdfleet unsigned" in medians:
+        results["c_ttft_pdfleet_unsigned"] = medians["pdfleet unsigned"]
+        results["c_signing_cost"] = medians["pdfleet"] / medians["pdfleet unsigned"] - 1
+        # On a shared machine the fastest runs are the least disturbed: the cost at the minimum too.
+        results["c_signing_cost_min"] = min(samples["pdfleet"]) / min(samples["pdfleet unsigned"]) - 1
     return rows
 
 
@@ -187,6 +205,11 @@ def print_ratio(results: dict) -> None:
         ratio = results["c_ratio"]
         verdict = "meets the 1.2 aim" if ratio >= 1.2 else ("meets the 1.0 goal" if ratio >= 1.0 else "below the 1.0 goal")
         print(f"ratio c upstream/pdfleet (decode TTFT): {ratio:.3f}  ({verdict})")
+    if "c_signing_cost" in results:
+        cost = results["c_signing_cost"]
+        print(f"c: signing costs the decode TTFT {cost * 100:+.1f}% at the median,"
+              f" {results['c_signing_cost_min'] * 100:+.1f}% at the minimum (pdfleet with a fleet key vs without;"
+              f" goal within 5%)")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -194,6 +217,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ttft-iters", type=int, default=8, help="part c: measured requests per connector")
     ap.add_argument("--ttft-warmup", type=int, default=2, help="part c: unmeasured requests per connector")
     ap.add_argument("--ttft-rounds", type=int, default=2, help="part c: server start-ups per connector (order alternates)")
+    ap.add_argument("--ttft-unsigned", action="store_true",
+                    help="part c: also pdfleet without a fleet key (nothing signed): what signing costs")
+    ap.add_argument("--ttft-signing-only", action="store_true",
+                    help="part c: only pdfleet with and without a fleet key (no upstream servers)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,3 +19,8 @@ VLLM_SHM_RECHECK_MS = "PDFLEET_VLLM_SHM_RECHECK_MS"
 # Set by `pdfleet local` for engines that share a CPU with another engine: pdfleet's connector caps
 # how long vLLM's shared-memory readers spin (sched_yield) after a read before they park.
 VLLM_SHM_SPIN_MS = "PDFLEET_VLLM_SHM_SPIN_MS"
+# Test-only fault hooks (connector/testhooks.py), off unless set to an absolute file path; while
+# that file exists: a decode's NIXL READs are never posted (they stay in progress, a stuck READ),
+# or the engine's wall clock (time.time) is stepped by the seconds the file holds.
+TEST_STUCK_READS = "PDFLEET_TEST_STUCK_READS"
+TEST_WALL_CLOCK_STEP = "PDFLEET_TEST_WALL_CLOCK_STEP"

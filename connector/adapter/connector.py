@@ -30,6 +30,7 @@ from pdfleet.connector.adapter.nodes import node_hosts
 from pdfleet.connector.adapter.scheduler import PdfleetConnectorMetadata, SchedulerSide
 from pdfleet.connector.adapter.stats import PdfleetConnectorStats, PdfleetPromMetrics
 from pdfleet.connector.adapter.vllm_workarounds import apply_shm_recheck, apply_shm_spin
+from pdfleet.connector.testhooks import install_wall_clock_step
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -76,6 +77,7 @@ class PdfleetConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         apply_shm_recheck()  # both roles: the engine core and every worker wait on the shared-memory queue
         apply_shm_spin()
+        install_wall_clock_step()  # test-only fault hook (testhooks.py), off unless its variable is set
         ktc = self._kv_transfer_config
         self._cfg = parse_adapter_config(ktc.kv_connector_extra_config)
         self.engine_id: str = ktc.engine_id or uuid.uuid4().hex

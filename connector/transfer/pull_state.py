@@ -490,7 +490,7 @@ def _read_states(s: PullState, e: ReadStates) -> Result:
         s, more = _fail(replace(s, release_remote=True),
                         f"the READ of {s.nbytes} bytes from {s.peer_agent} did not complete within"
                         f" {bound:.3g}s ({cfg.read_floor:g}s + its bytes at {cfg.read_bandwidth / 1e6:g} MB/s):"
-                        " cancelled", e.now)
+                        f" cancelled after {e.now - posted:.2f}s", e.now)
         return s, [Count("reads_timed_out"), *more]
     if not e.done:
         return s, []

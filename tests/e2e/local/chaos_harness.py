@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -45,6 +46,7 @@ import yaml
 from local_fleet import TINY_CR, Answer, Fleet, Req, ask, metric_sum
 
 from pdfleet.connector.adapter.metric_names import exported_name
+from pdfleet.contract.env import TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
 from pdfleet.operator.local.health import healthy
 from pdfleet.contract.router_config import RouterConfig
@@ -68,6 +70,12 @@ def chaos_cr(workdir: Path, *, prefill: int = 2, decode: int = 1, lease: int = L
     path = workdir / "chaos-cr.yaml"
     path.write_text(yaml.safe_dump(cr))
     return path
+
+
+def fault_hook_env(workdir: Path) -> dict[str, str]:
+    """The environment of a fleet whose engines the fault suite can give a stuck READ or a wall-clock
+    step (connector/testhooks.py: off while the files do not exist)."""
+    return {TEST_STUCK_READS: str(workdir / "fault-stuck-reads"), TEST_WALL_CLOCK_STEP: str(workdir / "fault-wall-step")}
 
 
 @dataclass
@@ -192,7 +200,10 @@ class ChaosFleet:
         workdir.mkdir(parents=True, exist_ok=True)
         self.owns_fleet = fleet is None
         self.fleet = fleet or Fleet(workdir, cr=chaos_cr(workdir, prefill=prefill, decode=decode, lease=lease),
-                                    extra_args=CHAOS_RUNNER_ARGS)
+                                    env=fault_hook_env(workdir), extra_args=CHAOS_RUNNER_ARGS)
+        # The hooks' files, if the fleet was started with fault_hook_env(its workdir).
+        hooks = fault_hook_env(self.fleet.workdir)
+        self.stuck_flag, self.step_flag = Path(hooks[TEST_STUCK_READS]), Path(hooks[TEST_WALL_CLOCK_STEP])
         self.router_port = router_port
         self.runner = None
         self.base = ""
@@ -531,12 +542,123 @@ async def prefill_unreachable(cf: ChaosFleet, notes: list[str], seconds: float =
         os.killpg(e["pgid"], signal.SIGCONT)
 
 
+async def counters(cf: ChaosFleet, names: dict[str, str]) -> dict[str, dict[int, float]]:
+    """{stats key: {pid: value}} of counters, by role: ``names`` maps stats key -> role."""
+    return {k: await cf.metric(role, exported_name(k) + "_total") for k, role in names.items()}
+
+
+def deltas(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, int]:
+    return {k: recomputed(before[k], after[k]) for k in before}
+
+
+# Prompts that each row sends itself, beside the load: the load repeats a small set, which decode soon
+# holds in its own prefix cache (it then pulls nothing); these are sent once per fleet, so their
+# whole blocks are pulled. Multi-block prompts of the identity set, no two rows sharing one. The stuck
+# READ row sends its first probe before the fault (how long a pull-served request takes here).
+FAULT_PROBES = {
+    "stuck READ": ("chat: long", "1000 tokens", "500 tokens", "200 tokens"),
+    "wall-clock step": ("100 tokens", "65 tokens", "64 tokens", "stream: 150 tokens"),
+}
+
+
+def fault_probes(prompts: Any) -> dict[str, list[Req]]:
+    """{scenario: its probe requests} from local_fleet.prompt_sets()."""
+    by_label = {r.label: r for r in prompts.identity}
+    return {name: [by_label[label] for label in labels] for name, labels in FAULT_PROBES.items()}
+
+
+async def timed(cf: ChaosFleet, reqs: list[Req]) -> list[tuple[float, Outcome]]:
+    """The requests at once; (seconds, outcome) each."""
+    async def one(req: Req) -> tuple[float, Outcome]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
+            t0 = time.monotonic()
+            answer = await ask_retrying_refused(http, cf.base, req)
+            return time.monotonic() - t0, Outcome(req, answer)
+    return list(await asyncio.gather(*(one(r) for r in reqs)))
+
+
+async def publish_counters(cf: ChaosFleet, req: Req) -> None:
+    async with httpx.AsyncClient(timeout=60) as http:  # a step on every engine: counters published
+        await ask(http, cf.base, req)
+    await asyncio.sleep(0.5)
+
+
+async def stuck_reads(cf: ChaosFleet, notes: list[str], probes: list[Req], after: Req,
+                      baseline: bool = True) -> dict[str, Any]:
+    """Issue 19 row 3: every decode READ posted while the hook's file exists hangs (never posted,
+    PDFLEET_TEST_STUCK_READS), while heartbeats keep its lease alive: only decode's read bound
+    (read_timeout_floor + bytes at read_floor_bandwidth) can end it: cancelled, released, recomputed.
+    The file stays until the probes (prompts decode has not seen, so they pull) are answered; with
+    ``baseline`` the first probe is sent before the fault instead (how long a pulled request takes)."""
+    names = {"reads_timed_out": "decode", "failures": "decode", "releases": "decode",
+             "leases_released": "prefill", "leases_expired": "prefill"}
+    normal = await timed(cf, probes[:1]) if baseline else []
+    probes = probes[1:] if baseline else probes
+    logs = {path: path.stat().st_size for path in cf.fleet.run_dir.glob("decode-*.log")}
+    before = await counters(cf, names)
+    cf.stuck_flag.touch()
+    try:
+        probed = await timed(cf, probes)
+    finally:
+        cf.stuck_flag.unlink(missing_ok=True)
+    await publish_counters(cf, after)
+    d = deltas(before, await counters(cf, names))
+    secs = [s for s, _ in probed]
+    # Decode's worker logs each failed pull (the sink's own line is rate-limited), a cancelled READ with
+    # the time from its post to its cancel.
+    failed_after = sorted(float(m) for path, size in logs.items()
+                          for m in re.findall(r"will recompute or fail it: .*? cancelled after ([\d.]+)s",
+                                              path.read_bytes()[size:].decode(errors="replace")))
+    notes.append((f"a probe before the fault answered in {normal[0][0]:.2f}s; " if normal else "")
+                 + f"{len(secs)} probes with their READs stuck answered in {min(secs):.2f}-{max(secs):.2f}s;"
+                 f" stuck READs cancelled after"
+                 f" {', '.join(f'{x:.2f}' for x in failed_after)}s; " + ", ".join(f"{k}={v}" for k, v in d.items()))
+    return {"normal_s": normal[0][0] if normal else None, "stuck_s": secs, "failed_after_s": failed_after,
+            "outcomes": [o for _, o in normal + probed], **d}
+
+
+async def wall_clock_step(cf: ChaosFleet, notes: list[str], probes: list[Req], after: Req,
+                          step: Optional[float] = None, seconds: float = 6.0) -> dict[str, Any]:
+    """Issue 19 row 6: every engine's wall clock (time.time, PDFLEET_TEST_WALL_CLOCK_STEP) jumps
+    ``step`` seconds ahead (default: the lease + 5 s; when leases ran on the wall clock, such a step
+    freed every lease held at that moment), stays there ``seconds``, then jumps back. The probes
+    (prompts decode pulls) are sent just before the step, so that their leases are held across it.
+    Leases run on the monotonic clock: nothing may expire, fail or differ. Still on the wall clock:
+    ``remote_lease_expiry`` in kv_transfer_params, which decode's scheduler checks against its own
+    clock, so params made before a forward step and checked after it can be refused (the prompt is
+    then computed on decode: counted as params_rejected, correct output). (The default step stays
+    inside the side channel's 30 s replay window: a larger one also drops, counted, the few messages
+    signed before it and read after it; they are retried.)"""
+    step = float(cf.lease + 5 if step is None else step)
+    names = {"leases_expired": "prefill", "leases_completed": "prefill", "expired_leases": "decode",
+             "failures": "decode", "heartbeat_retries": "decode", "messages_replayed": "prefill",
+             "params_rejected": "decode"}
+    before = await counters(cf, names)
+    probing = asyncio.create_task(timed(cf, probes))
+    await asyncio.sleep(0.3)  # the probes are in prefill or wait for their pulls: leases held across the step
+    cf.step_flag.write_text(f"{step}")
+    try:
+        t0 = time.monotonic()
+        probed = await probing
+        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+    finally:
+        cf.step_flag.unlink(missing_ok=True)
+    await asyncio.sleep(0.5)  # the engines see the file go within 0.05 s
+    await publish_counters(cf, after)
+    d = deltas(before, await counters(cf, names))
+    notes.append(f"wall clock {step:+g}s for {seconds:g}s then back, {len(probes)} probes across the step: "
+                 + ", ".join(f"{k}={v}" for k, v in d.items()))
+    return {"step_s": step, "outcomes": [o for _, o in probed], **d}
+
+
 # Faults that need no engine restart first; then one restart each (minutes on 2 shared cores).
 SCENARIOS: dict[str, Callable[..., Awaitable[Any]]] = {
     "side-channel garbage flood": garbage_flood,
     "deeply nested signed messages": deep_messages,
     "keyless unfinished-message flood": unfinished_message_flood,
     "100 client aborts": client_aborts,
+    "stuck READ": stuck_reads,
+    "wall-clock step": wall_clock_step,
     "router restart": router_restart,
     "prefill side channel unreachable": prefill_unreachable,
     "decode slowed past its leases": decode_slowed,
@@ -560,6 +682,8 @@ async def run_scenario(cf: ChaosFleet, name: str, reqs: list[Req], reference: di
         await asyncio.sleep(warm_s)
         if fault is client_aborts:
             fault_kwargs.setdefault("reqs", reqs)
+        if fault in (stuck_reads, wall_clock_step):
+            fault_kwargs.setdefault("after", reqs[0])
         result = await fault(cf, row.notes, **fault_kwargs)
         ended = time.monotonic()
         row.back_s = await cf.back_to_pd(reqs[0], reference, ended)
@@ -574,7 +698,8 @@ async def run_scenario(cf: ChaosFleet, name: str, reqs: list[Req], reference: di
                 row.notes.insert(0, f"not restored: {exc}")
     after = await cf.metric("decode", exported_name("failures") + "_total")
     row.recomputed = recomputed(before, after)
-    score(row, load.outcomes, reference)
+    extra = result.pop("outcomes", []) if isinstance(result, dict) else []  # a fault's own probes
+    score(row, load.outcomes + extra, reference)
     return row, result
 
 

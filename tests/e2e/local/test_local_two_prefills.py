@@ -10,7 +10,9 @@ policy, on a workload of its own system prompts (so neither run finds the other'
 answer must be token-identical to the single plain server of the session's `reference` fixture.
 
 The fault suite's CI subset (the full suite: `make chaos`, bench/chaos.py): under steady load from 2
-clients through a router of the harness's own, a burst of client aborts, then a prefill drained by SIGTERM.
+clients through a router of the harness's own, a burst of client aborts, stuck READs and a wall-clock step
+(issue 19 rows 3 and 6, through the test-only hooks of connector/testhooks.py), then a prefill drained by
+SIGTERM.
 Asserted for each: nothing lost, nothing wrong (token-identical to a single server), nothing failed, and
 P/D service back (a probe served P/D, identical) within two leases; SIGTERM costs no fallback and no
 recompute; aborted requests' leases are handed back by decode's release notice. Not asserted, because
@@ -31,7 +33,16 @@ import psutil
 import pytest
 import zmq
 
-from chaos_harness import CHAOS_RUNNER_ARGS, LEASE_SECONDS, ChaosFleet, chaos_cr, format_table, run_scenario
+from chaos_harness import (
+    CHAOS_RUNNER_ARGS,
+    LEASE_SECONDS,
+    ChaosFleet,
+    chaos_cr,
+    fault_hook_env,
+    fault_probes,
+    format_table,
+    run_scenario,
+)
 from local_fleet import (
     BLOCK,
     MODEL,
@@ -62,7 +73,7 @@ def fleet(tmp_path_factory, reference):  # `reference` first: its server is gone
     work = tmp_path_factory.mktemp("two-prefills")
     cr = chaos_cr(work, prefill=2, decode=1, lease=LEASE_SECONDS,
                   router={"prefillPolicy": "prefixAware", "decodePolicy": "prefixAware"})
-    with local_fleet(work, cr=cr, extra_args=CHAOS_RUNNER_ARGS) as f:
+    with local_fleet(work, cr=cr, env=fault_hook_env(work), extra_args=CHAOS_RUNNER_ARGS) as f:
         # The router serves while it loads the tokenizer (scoring from what it routed itself); this
         # test asserts scoring from the engines' events, which needs exact token hashes.
         deadline = time.monotonic() + 180
@@ -410,12 +421,21 @@ def test_fault_suite_ci_subset(fleet, tmp_path, prompts, reference):
         rows, results = [], {}
         try:
             await cf.start(warm=reqs[:8])
-            # SIGTERM last, without waiting for pdfleet local's restart of the engine (minutes here).
-            for name, kwargs in (("100 client aborts", {"count": 40}), ("prefill SIGTERM", {"restore": False})):
-                row, results[name] = await run_scenario(cf, name, reqs, reference, warm_s=2.0, after_s=3.0,
-                                                        clients=CHAOS_CLIENTS, **kwargs)
+            probes = fault_probes(prompts)
+            # Issue 19 rows 3 and 6 first: they assert that no lease expired, and an abort burst can
+            # leave leases that expire a lease later. They run without the settling time before and
+            # after (the fleet is warm; each row adds its cost to CI, which is capped). SIGTERM last,
+            # without waiting for pdfleet local's restart of the engine (minutes here).
+            quick = {"warm_s": 0.5, "after_s": 0.5}
+            for name, kwargs in (("stuck READ", {"probes": probes["stuck READ"], "baseline": False, **quick}),
+                                 ("wall-clock step", {"probes": probes["wall-clock step"], "seconds": 2.0, **quick}),
+                                 ("100 client aborts", {"count": 40}),
+                                 ("prefill SIGTERM", {"restore": False})):
+                t0 = time.monotonic()
+                kwargs = {"warm_s": 2.0, "after_s": 3.0, **kwargs}
+                row, results[name] = await run_scenario(cf, name, reqs, reference, clients=CHAOS_CLIENTS, **kwargs)
                 rows.append(row)
-                print(format_table([row]), flush=True)
+                print(format_table([row]), f"\n{name}: {time.monotonic() - t0:.1f}s", flush=True)
         finally:
             await cf.close()
         return cf, rows, results
@@ -426,8 +446,23 @@ def test_fault_suite_ci_subset(fleet, tmp_path, prompts, reference):
         assert row.sent > 0 and row.lost == 0 and row.wrong == 0 and row.failed == 0, row
         assert row.identical == row.answered == row.sent, row
         assert row.back_s < 2 * cf.lease, f"{row.scenario}: back to P/D after {row.back_s:.1f}s"
-    sigterm = rows[1]
+    sigterm = rows[-1]
     assert sigterm.fallback == 0 and sigterm.recomputed == 0, sigterm
+    # Issue 19 row 3: the probes' READs hung (the test hook) while heartbeats kept their leases; decode's
+    # read bound (5 s + bytes at 50 MB/s), not the 20 s lease, cancelled them; recomputed, released.
+    stuck = results["stuck READ"]
+    assert stuck["reads_timed_out"] >= len(stuck["stuck_s"]), stuck
+    assert rows[0].recomputed >= stuck["reads_timed_out"], rows[0]
+    # decode's log: each stuck READ was cancelled from 5 s after its post (the bound), long before the lease
+    assert len(stuck["failed_after_s"]) >= len(stuck["stuck_s"]), stuck
+    assert all(5.0 <= s < cf.lease for s in stuck["failed_after_s"]), stuck
+    # released by decode's notices, none left to expire (prefills publish counters when they step: at least one)
+    assert stuck["releases"] >= stuck["reads_timed_out"], stuck
+    assert stuck["leases_released"] >= 1 and stuck["leases_expired"] == 0, stuck
+    # Row 6: a wall-clock step past the lease, and back, on every engine: nothing expired, failed or fell back.
+    step = results["wall-clock step"]
+    assert step["leases_expired"] == step["expired_leases"] == step["failures"] == 0, step
+    assert rows[1].recomputed == rows[1].fallback == 0, rows[1]
     leases = results["100 client aborts"]
     # Real engines under an abort burst: decodes sent release notices and prefills freed blocks on them.
     assert leases["leases_held"] > 0 and leases["leases_released"] > 0, leases

@@ -179,7 +179,7 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
     ("a READ past its bound is cancelled", reading(nbytes=50_000_000), ps.ReadStates(T0 + 6.2, T0 + 6.2, False, False),
      Phase.FAILING, [ps.Count("reads_timed_out"), *FAIL],
      {"release_remote": True, "failure": "the READ of 50000000 bytes from agent-p did not complete within 6s"
-                                         " (5s + its bytes at 50 MB/s): cancelled"}),
+                                         " (5s + its bytes at 50 MB/s): cancelled after 6.10s"}),
     ("a READ within its bound", reading(nbytes=50_000_000), ps.ReadStates(T0 + 6.0, T0 + 6.0, False, False),
      Phase.READING, [], {}),
     ("reads done, acked: complete", reading(deadline=T0 + 30, acked=True), ps.ReadStates(T0 + 1, T0 + 1.001, True, False),

@@ -1,0 +1,107 @@
+"""Test-only fault hooks for the fault suite (`make chaos`); inert unless their variable is set.
+
+Each hook is switched by an environment variable naming an absolute file path (any other value,
+or none, leaves it off); while that file exists the fault is on, so one engine serves a fault and
+the requests after it without a restart:
+
+- ``PDFLEET_TEST_STUCK_READS``: a decode's NIXL READs are created but never posted, so they stay
+  in progress as a READ on a hung connection would: the sink's own read bound must cancel them.
+- ``PDFLEET_TEST_WALL_CLOCK_STEP``: the process's ``time.time`` (the only wall clock the connector
+  reads) is stepped by the seconds the file holds, as an NTP step would; leases must not notice.
+
+They exist for the fault suite and must never be set in production (each logs a warning when on).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from typing import Callable, Mapping, Optional
+
+from pdfleet.contract.env import TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
+
+__all__ = ["flag_path", "parse_step", "StuckReads", "install_wall_clock_step"]
+
+log = logging.getLogger(__name__)
+
+# A step beyond this is refused (a typo must not move an engine's clock by a year).
+MAX_STEP_SECONDS = 3600.0
+# How often the wall-clock hook looks at its file (a thread; time.time itself stays one addition).
+POLL_SECONDS = 0.05
+
+
+def flag_path(env: Mapping[str, str], name: str) -> Optional[str]:
+    """The hook's file, or None (off) unless ``env[name]`` is an absolute path."""
+    value = env.get(name)
+    return value if value and os.path.isabs(value) else None
+
+
+def parse_step(text: str) -> float:
+    """Seconds to step the wall clock by, from the file's text: a finite number within
+    ``MAX_STEP_SECONDS`` either way; anything else is no step (0.0)."""
+    try:
+        step = float(text.strip() or 0)
+    except ValueError:
+        return 0.0
+    return step if math.isfinite(step) and abs(step) <= MAX_STEP_SECONDS else 0.0
+
+
+class StuckReads:
+    """Whether READs posted now must hang (``PDFLEET_TEST_STUCK_READS``'s file exists)."""
+
+    def __init__(self, env: Mapping[str, str] = os.environ) -> None:
+        self.path = flag_path(env, TEST_STUCK_READS)
+        if self.path is not None:
+            log.warning("%s is set: NIXL READs will never be posted while %s exists (test-only fault hook)",
+                        TEST_STUCK_READS, self.path)
+
+    def __bool__(self) -> bool:
+        return self.path is not None and os.path.exists(self.path)
+
+
+_installed: Optional["_WallStep"] = None
+_install_lock = threading.Lock()
+
+
+class _WallStep:
+    def __init__(self, path: str, real: Callable[[], float]) -> None:
+        self.path = path
+        self.real = real
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return self.real() + self.offset
+
+    def watch(self) -> None:
+        while True:
+            try:
+                with open(self.path) as f:
+                    step = parse_step(f.read(64))
+            except OSError:  # no file: no step
+                step = 0.0
+            if step != self.offset:
+                log.warning("test-only fault hook: wall clock (time.time) stepped by %+.3gs, now %+.3gs"
+                            " from the real clock", step - self.offset, step)
+                self.offset = step
+            time.sleep(POLL_SECONDS)
+
+
+def install_wall_clock_step(env: Mapping[str, str] = os.environ) -> bool:
+    """With ``PDFLEET_TEST_WALL_CLOCK_STEP`` set, replace ``time.time`` in this process by the real
+    clock plus the step its file holds (read every ``POLL_SECONDS``); once per process. Returns
+    whether the hook is on. ``time.monotonic`` is left alone."""
+    global _installed
+    path = flag_path(env, TEST_WALL_CLOCK_STEP)
+    if path is None:
+        return False
+    with _install_lock:
+        if _installed is None:
+            log.warning("%s is set: time.time is stepped by the seconds in %s while it exists"
+                        " (test-only fault hook)", TEST_WALL_CLOCK_STEP, path)
+            _installed = _WallStep(path, time.time)
+            time.time = _installed.time
+            threading.Thread(target=_installed.watch, name="pdfleet-test-wall-step", daemon=True).start()
+    return True
