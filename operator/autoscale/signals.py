@@ -43,23 +43,30 @@ def parse_router_metrics(text: str) -> RouterSample:
     itl: dict[float, float] = {}
     waiting = {"prefill": 0.0, "decode": 0.0}
     streams = 0.0
+    for s in metric_samples(text):
+        if s.name == f"{TTFT}_bucket":
+            add_bucket(ttft, s)
+        elif s.name == f"{ITL}_bucket":
+            add_bucket(itl, s)
+        elif s.name == WAITING and s.labels.get(names.LEG) in waiting:
+            waiting[s.labels[names.LEG]] += s.value
+        elif s.name == STREAMS:
+            streams += s.value
+    return RouterSample(ttft, itl, waiting["prefill"], waiting["decode"], streams)
+
+
+def metric_samples(text: str) -> list:
+    """Every sample of a Prometheus text page; ``MetricsError`` when it is not one."""
     try:
-        families = list(text_string_to_metric_families(text))
+        return [s for family in text_string_to_metric_families(text) for s in family.samples]
     except Exception as exc:  # the parser raises ValueError and others on garbage
         raise MetricsError(f"not Prometheus text: {exc}") from None
-    for family in families:
-        for s in family.samples:
-            if s.name == f"{TTFT}_bucket":
-                le = float(s.labels["le"])
-                ttft[le] = ttft.get(le, 0.0) + s.value
-            elif s.name == f"{ITL}_bucket":
-                le = float(s.labels["le"])
-                itl[le] = itl.get(le, 0.0) + s.value
-            elif s.name == WAITING and s.labels.get(names.LEG) in waiting:
-                waiting[s.labels[names.LEG]] += s.value
-            elif s.name == STREAMS:
-                streams += s.value
-    return RouterSample(ttft, itl, waiting["prefill"], waiting["decode"], streams)
+
+
+def add_bucket(buckets: dict[float, float], sample) -> None:
+    """Add a histogram bucket sample to cumulative counts by upper bound (summed over other labels)."""
+    le = float(sample.labels["le"])
+    buckets[le] = buckets.get(le, 0.0) + sample.value
 
 
 def _delta(cur: Mapping[float, float], prev: Optional[Mapping[float, float]]) -> dict[float, float]:

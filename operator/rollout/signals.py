@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet.contract import metrics as names
-from pdfleet.operator.autoscale.signals import MetricsError, quantile
+from pdfleet.operator.autoscale.signals import MetricsError, add_bucket, metric_samples, quantile
 from pdfleet.operator.rollout.canary import Signals
 
 _REVISION = "revision"  # the label the router's per-revision series carry
@@ -35,24 +34,17 @@ def parse_revision_sample(text: str, revision: str) -> RevisionSample:
     requests = errors = 0.0
     ttft: dict[float, float] = {}
     itl: dict[float, float] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises ValueError and others on garbage
-        raise MetricsError(f"not Prometheus text: {exc}") from None
-    for family in families:
-        for s in family.samples:
-            if s.labels.get(_REVISION) != revision:
-                continue
-            if s.name == f"{names.ROUTER_REVISION_REQUESTS}_total":
-                requests += s.value
-                if s.labels.get(names.REVISION_OUTCOME) == names.OUTCOME_5XX:
-                    errors += s.value
-            elif s.name == f"{names.ROUTER_TTFT}_bucket":
-                le = float(s.labels["le"])
-                ttft[le] = ttft.get(le, 0.0) + s.value
-            elif s.name == f"{names.ROUTER_ITL}_bucket":
-                le = float(s.labels["le"])
-                itl[le] = itl.get(le, 0.0) + s.value
+    for s in metric_samples(text):
+        if s.labels.get(_REVISION) != revision:
+            continue
+        if s.name == f"{names.ROUTER_REVISION_REQUESTS}_total":
+            requests += s.value
+            if s.labels.get(names.REVISION_OUTCOME) == names.OUTCOME_5XX:
+                errors += s.value
+        elif s.name == f"{names.ROUTER_TTFT}_bucket":
+            add_bucket(ttft, s)
+        elif s.name == f"{names.ROUTER_ITL}_bucket":
+            add_bucket(itl, s)
     return RevisionSample(requests, errors, ttft, itl)
 
 
