@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 
 
 from pdfleet.contract import metrics as names
-from pdfleet.operator.autoscale.signals import MetricsError, add_bucket, metric_samples, quantile
+from pdfleet.operator.autoscale.signals import add_bucket, metric_samples, quantile
 from pdfleet.operator.rollout.canary import Signals
 
 _REVISION = "revision"  # the label the router's per-revision series carry
