@@ -310,8 +310,8 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
     from pdfleet.contract.router_config import RouterConfig
     from pdfleet.connector.router.endpoints import pick_least_outstanding
     from pdfleet.connector.router.metrics import RouterMetrics
-    from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
-    from pdfleet.connector.router.prefix_routing import PrefixRouting, load_tokenizer
+    from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
+    from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer
 
     tokenize = load_tokenizer(model_dir)
     hasher = BlockHasher(HashConfig(PREFIX_BLOCK))
@@ -359,8 +359,8 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
 
 
 def prefix_scoring(args: argparse.Namespace) -> int:
-    from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
-    from pdfleet.connector.router.prefix_routing import load_tokenizer
+    from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
+    from pdfleet.connector.router.kvaware.prefix_routing import load_tokenizer
     from pdfleet.operator.local.tiny_model import ensure_tiny_model
 
     # aiohttp always: two of the workloads send a different body every request

@@ -72,7 +72,7 @@ class RouterConfig:
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
     kv_index_max_blocks: int = 1_000_000  # per endpoint
     # The router's KV-event memory across all publishers: half ZMQ queues, half block indexes
-    # (connector/router/kv_subscriber.py: plan_budget).
+    # (connector/router/kvaware/kv_subscriber.py: plan_budget).
     kv_events_max_total_bytes: int = 512 * 1024 * 1024
     prompt_cache_max_bytes: int = 32 * 1024 * 1024  # prompt_tokens.PromptTokenCache, in bytes (LRU)
 

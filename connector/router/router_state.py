@@ -25,7 +25,7 @@ from pdfleet.connector.router.endpoints import (
 from pdfleet.connector.router.flow.gate import FlowGate
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router import timing
-from pdfleet.connector.router.prefix_routing import PrefixRouting
+from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.router")

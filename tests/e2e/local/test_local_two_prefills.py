@@ -60,8 +60,8 @@ from pdfleet.connector.router.app import start_router
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig
-from pdfleet.connector.router.prefix_routing import PrefixRouting, load_tokenizer, match_lengths
+from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer, match_lengths
 from pdfleet.operator.local.fleet import kv_events_endpoints
 from pdfleet.operator.local.tiny_model import build_corpus
 

@@ -20,8 +20,8 @@ import msgspec
 import pytest
 import zmq
 
-from pdfleet.connector.router import kv_subscriber as ks
-from pdfleet.connector.router.kv_events import MAX_MESSAGE_BYTES
+from pdfleet.connector.router.kvaware import kv_subscriber as ks
+from pdfleet.connector.router.kvaware.kv_events import MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.timeout(300)
 

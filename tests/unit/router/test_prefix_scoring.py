@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from pdfleet.connector.router.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
-from pdfleet.connector.router.prefix_routing import match_lengths, prompt_text
-from pdfleet.connector.router.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
+from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
+from pdfleet.connector.router.kvaware.prefix_routing import match_lengths, prompt_text
+from pdfleet.connector.router.kvaware.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
 
 
 @pytest.mark.parametrize(

@@ -24,21 +24,21 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pdfleet.connector.router import kv_events as ke
+from pdfleet.connector.router.kvaware import kv_events as ke
 from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
-from pdfleet.connector.router.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
-from pdfleet.connector.router.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
-from pdfleet.connector.router.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
-from pdfleet.connector.router.prefix_scoring import (
+from pdfleet.connector.router.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
+from pdfleet.connector.router.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
+from pdfleet.connector.router.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
+from pdfleet.connector.router.kvaware.prefix_scoring import (
     LEAST_OUTSTANDING,
     PREFIX_AWARE,
     Choice,
     RoutedIndex,
     choose_endpoint,
 )
-from pdfleet.connector.router.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
-from pdfleet.connector.router.tokenizer import Tokenizer, load_tokenizer
+from pdfleet.connector.router.kvaware.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
+from pdfleet.connector.router.kvaware.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("pdfleet.router.prefix")
 

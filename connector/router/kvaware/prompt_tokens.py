@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pdfleet.connector.router.kv_events import hash_key
-from pdfleet.connector.router.prefix_hash import BlockHasher
+from pdfleet.connector.router.kvaware.kv_events import hash_key
+from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher
 
 DEFAULT_CHUNK_CHARS = 256
 # Bounded in bytes, not entries: a chunk of 256 characters holds from ~40 tokens (English) to

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from pdfleet.connector.router import kv_events as ke
+from pdfleet.connector.router.kvaware import kv_events as ke
 
 log = logging.getLogger("pdfleet.router.kv_events")
 
