@@ -19,7 +19,7 @@ import pytest
 
 from local_fleet import Answer, Req, ask, ask_all, local_fleet, metric_sum, transferred_tokens
 from observability_assets import all_queries, split_by_source
-from pdfleet.connector.router.app import start_router
+from pdfleet.connector.router.app import ROUTER_KEY, start_router
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.contract.routing import LEAST_OUTSTANDING
 from pdfleet.operator.local.processes import reserve_ports
@@ -87,11 +87,15 @@ async def _retry_through_a_dead_decode(fleet, req: Req, *, lease_margin_s: float
         pulled_before = transferred_tokens(decode)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
             answer = await ask(client, f"http://127.0.0.1:{port}", req)
+            await runner.app[ROUTER_KEY].releases.settle()  # a lease release it sent has been answered
             # the router runs in this event loop: never a blocking call to it
             router_metrics = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        releases = metric_sum(router_metrics, "pdfleet_router_kv_releases_total", outcome="accepted")
         moved = {
+            # a release the router sends is a one-token request at the prefill, not a prefill leg
             "prefill_legs": metric_sum(httpx.get(prefill + "/metrics", timeout=10).text,
-                                       "vllm:request_success_total") - prefills_before,
+                                       "vllm:request_success_total") - prefills_before - releases,
+            "released": releases,
             "pulled_tokens": transferred_tokens(decode) - pulled_before,
             "decode_retries": metric_sum(router_metrics, "pdfleet_router_retries_total", leg="decode"),
             "dead_failures": metric_sum(router_metrics, "pdfleet_router_leg_failures_total", leg="decode",
@@ -114,6 +118,7 @@ async def test_a_decode_retry_reuses_prefills_kv(fleet, prompts, reference):
     assert differences([reuse], [answer], reference) == []  # P/D (no fallback header) and token-identical
     assert moved["dead_failures"] == 1 and moved["decode_retries"] == 1, moved
     assert moved["prefill_legs"] == 1, moved  # no second prefill leg
+    assert moved["released"] == 0, moved  # the retried decode read the lease: nothing to release
     assert moved["pulled_tokens"] >= 15 * 32, moved  # the 500-token prompt's 15 full blocks came from prefill
 
     # Negative control: a lease margin longer than any lease makes the router refuse reuse (what it
@@ -122,6 +127,7 @@ async def test_a_decode_retry_reuses_prefills_kv(fleet, prompts, reference):
     assert differences([control], [answer], reference, pd_only=False) == []
     assert answer.fallback == "decode-only", answer
     assert moved["decode_retries"] == 1 and moved["prefill_legs"] == 1 and moved["pulled_tokens"] == 0, moved
+    assert moved["released"] == 1, moved  # ... and hands the lease it will not read back to the prefill (issue 20)
 
 
 async def test_prompts_are_token_identical_to_a_single_server(fleet, prompts, reference):

@@ -35,6 +35,7 @@ import zmq
 
 from chaos_harness import (
     CHAOS_RUNNER_ARGS,
+    FAULT_PROBES,
     LEASE_SECONDS,
     ChaosFleet,
     chaos_cr,
@@ -207,7 +208,9 @@ def test_a_canary_at_50_percent_answers_like_a_plain_server_on_both_pairs(fleet,
     prefills = sorted(e["url"] for e in state["engines"] if e["role"] == "prefill")
     decodes = [e["url"] for e in state["engines"] if e["role"] == "decode"]
     assert len(prefills) == 2 and len(decodes) == 1
-    reqs = prompts.identity + prompts.concurrent
+    # Not the fault suite's probes (they must reach a decode that has not cached them, or nothing is pulled).
+    probes = {label for labels in FAULT_PROBES.values() for label in labels}
+    reqs = [q for q in prompts.identity + prompts.concurrent if q.label not in probes]
     # negative control: the plain server's answers vary with the prompt, so a wrong pair could not match
     assert len({tuple(reference[q.label].token_ids) for q in reqs}) > len(reqs) // 2
     started = time.monotonic()
