@@ -25,13 +25,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 
-from local_fleet import TINY_CR, ask_all, local_fleet, metric_sum, model_dir, prompt_sets, reference_server  # noqa: E402
+from local_fleet import (  # noqa: E402
+    TINY_CR, ask_all, canary_run, local_fleet, metric_sum, model_dir, prompt_sets, reference_server,
+)
 
-from pdfleet.connector.router.app import ROUTER_KEY, start_router  # noqa: E402
-from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints  # noqa: E402
-from pdfleet.contract import metrics as names  # noqa: E402
-from pdfleet.contract.router_config import RouterConfig  # noqa: E402
-from pdfleet.contract.routing import LEAST_OUTSTANDING  # noqa: E402
 
 WEIGHT = 50
 FINISHED = "vllm:request_success_total"
@@ -39,29 +36,6 @@ FINISHED = "vllm:request_success_total"
 
 def finished(url: str) -> float:
     return metric_sum(httpx.get(f"{url}/metrics", timeout=10).text, FINISHED)
-
-
-async def canary_run(pairs: dict[str, tuple[str, str]], reqs: list) -> tuple[list, dict[str, float]]:
-    (a, (pa, da)), (b, (pb, db)) = pairs.items()
-    groups = [RevisionEndpoints(a, (Endpoint(pa),), (Endpoint(da),), created=1, serving=True),
-              RevisionEndpoints(b, (Endpoint(pb),), (Endpoint(db),), created=2, canary_weight=WEIGHT)]
-
-    async def discovery(router) -> None:
-        router.set_endpoints(groups)
-        await asyncio.Event().wait()
-
-    config = RouterConfig(prefill=(pa, pb), decode=(da, db), prefill_policy=LEAST_OUTSTANDING,
-                          decode_policy=LEAST_OUTSTANDING)
-    runner, port = await start_router(config, "127.0.0.1", 0, discovery=discovery)
-    try:
-        answers = await ask_all(f"http://127.0.0.1:{port}", reqs, concurrency=4)
-        registry = runner.app[ROUTER_KEY].metrics.registry
-        served = {rev: registry.get_sample_value(f"{names.ROUTER_REVISION_REQUESTS}_total",
-                                                 {"revision": rev, names.REVISION_OUTCOME: names.OUTCOME_ANSWERED})
-                  or 0.0 for rev in pairs}
-    finally:
-        await runner.cleanup()
-    return answers, served
 
 
 def main() -> int:
@@ -89,7 +63,7 @@ def main() -> int:
                      "pair-b": (engines["prefill-1"], engines["decode-1"])}
             before = {name: finished(url) for name, url in engines.items()}
             t0 = time.monotonic()
-            answers, served = asyncio.run(canary_run(pairs, reqs))
+            answers, served = asyncio.run(canary_run(pairs, reqs, WEIGHT))
             seconds = time.monotonic() - t0
             counts = {name: finished(url) - before[name] for name, url in engines.items()}
     problems = [f"{q.label}: HTTP {a.status} {a.error or a.text[:120]} fallback={a.fallback}"

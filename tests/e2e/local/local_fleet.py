@@ -125,6 +125,38 @@ async def ask_all(base: str, reqs: list[Req], concurrency: int) -> list[Answer]:
         return await asyncio.gather(*(one(r) for r in reqs))
 
 
+async def canary_run(pairs: dict[str, tuple[str, str]], reqs: list[Req], weight: int) -> tuple[list[Answer], dict[str, float]]:
+    """``reqs`` through a router of this process whose first pair ``{name: (prefill URL, decode URL)}``
+    serves and whose second is a canary at ``weight``, handed over as discovery hands over the operator's
+    labels; the answers, and the requests the router answered per pair (its own per-revision counter)."""
+    from pdfleet.connector.router.app import ROUTER_KEY, start_router
+    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.contract import metrics as names
+    from pdfleet.contract.router_config import RouterConfig
+    from pdfleet.contract.routing import LEAST_OUTSTANDING
+
+    (a, (pa, da)), (b, (pb, db)) = pairs.items()
+    groups = [RevisionEndpoints(a, (Endpoint(pa),), (Endpoint(da),), created=1, serving=True),
+              RevisionEndpoints(b, (Endpoint(pb),), (Endpoint(db),), created=2, canary_weight=weight)]
+
+    async def discovery(router) -> None:
+        router.set_endpoints(groups)
+        await asyncio.Event().wait()
+
+    config = RouterConfig(prefill=tuple(dict.fromkeys((pa, pb))), decode=tuple(dict.fromkeys((da, db))),
+                          prefill_policy=LEAST_OUTSTANDING, decode_policy=LEAST_OUTSTANDING)
+    runner, port = await start_router(config, "127.0.0.1", 0, discovery=discovery)
+    try:
+        answers = await ask_all(f"http://127.0.0.1:{port}", reqs, concurrency=4)
+        registry = runner.app[ROUTER_KEY].metrics.registry
+        served = {rev: registry.get_sample_value(f"{names.ROUTER_REVISION_REQUESTS}_total",
+                                                 {"revision": rev, names.REVISION_OUTCOME: names.OUTCOME_ANSWERED})
+                  or 0.0 for rev in pairs}
+    finally:
+        await runner.cleanup()
+    return answers, served
+
+
 def metric_sum(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():

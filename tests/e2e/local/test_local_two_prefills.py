@@ -53,6 +53,7 @@ from local_fleet import (
     Req,
     ask,
     ask_all,
+    canary_run,
     local_fleet,
     metric_sum,
 )
@@ -214,7 +215,8 @@ def test_a_canary_at_50_percent_answers_like_a_plain_server_on_both_pairs(fleet,
     # negative control: the plain server's answers vary with the prompt, so a wrong pair could not match
     assert len({tuple(reference[q.label].token_ids) for q in reqs}) > len(reqs) // 2
     started = time.monotonic()
-    answers, served = asyncio.run(_canary_run(prefills, decodes[0], reqs))
+    pairs = {"pair-a": (prefills[0], decodes[0]), "pair-b": (prefills[1], decodes[0])}
+    answers, served = asyncio.run(canary_run(pairs, reqs, weight=50))
     print(f"canary e2e: {len(reqs)} requests in {time.monotonic() - started:.1f} s, served per pair {served}")
     problems = [f"{q.label}: HTTP {a.status} {a.error or a.text[:120]} fallback={a.fallback}"
                 for q, a in zip(reqs, answers) if a.status != 200 or a.error or a.fallback]
@@ -223,32 +225,6 @@ def test_a_canary_at_50_percent_answers_like_a_plain_server_on_both_pairs(fleet,
     assert not problems, problems
     assert served["pair-a"] + served["pair-b"] == len(reqs)
     assert min(served.values()) >= len(reqs) // 4, served  # 50 %: each pair well represented
-
-
-async def _canary_run(prefills: list[str], decode: str, reqs: list[Req]) -> tuple[list[Answer], dict[str, float]]:
-    from pdfleet.connector.router.app import ROUTER_KEY
-    from pdfleet.contract import metrics as names
-    from pdfleet.contract.routing import LEAST_OUTSTANDING
-
-    groups = [RevisionEndpoints("pair-a", (Endpoint(prefills[0]),), (Endpoint(decode),), created=1, serving=True),
-              RevisionEndpoints("pair-b", (Endpoint(prefills[1]),), (Endpoint(decode),), created=2, canary_weight=50)]
-
-    async def discovery(router) -> None:
-        router.set_endpoints(groups)
-        await asyncio.Event().wait()
-
-    config = RouterConfig(prefill=tuple(prefills), decode=(decode,), prefill_policy=LEAST_OUTSTANDING,
-                          decode_policy=LEAST_OUTSTANDING)
-    runner, port = await start_router(config, "127.0.0.1", 0, discovery=discovery)
-    try:
-        answers = await ask_all(f"http://127.0.0.1:{port}", reqs, concurrency=4)
-        registry = runner.app[ROUTER_KEY].metrics.registry
-        served = {rev: registry.get_sample_value(f"{names.ROUTER_REVISION_REQUESTS}_total",
-                                                 {"revision": rev, names.REVISION_OUTCOME: names.OUTCOME_ANSWERED}) or 0.0
-                  for rev in ("pair-a", "pair-b")}
-    finally:
-        await runner.cleanup()
-    return answers, served
 
 
 # ---- hash agreement with a real engine ------------------------------------------------
