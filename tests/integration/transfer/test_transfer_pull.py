@@ -181,3 +181,28 @@ def test_advertised_lease_expiry_lets_the_read_start_before_the_ack(source_facto
     pull(sink, src, "bad", [6], [6], remote_lease_expiry="soon")
     ok, reason = wait_for(sink, "bad")
     assert not ok and "remote_lease_expiry must be a unix time" in reason
+
+
+def test_a_1_3_lease_bound_never_starts_the_read_before_the_ack(source_factory, sink_factory, local_kv):
+    """params 1.3: ``remote_lease_deadline`` is an upper bound of the lease (decode's monotonic time of
+    acceptance + remote_lease_seconds); unlike an advertised expiry it cannot let a READ start early."""
+    src = source_factory(lease=30.0)
+    sink = sink_factory(local_kv)
+    src.hold("w", [1])
+    pull(sink, src, "w", [1], [1])
+    assert wait_for(sink, "w")[0]  # handshake done: the next pull attaches inside pull()
+    posted = sink.stats()["descriptors"]
+
+    src.hold("bounded", [2, 3])
+    pull(sink, src, "bounded", [2, 3], [2, 3], remote_lease_deadline=time.monotonic() + 30)
+    assert sink.stats()["descriptors"] == posted  # waits for the ack
+    assert wait_for(sink, "bounded") == (True, "")
+    assert matches(local_kv, src, [2, 3], [2, 3])
+    # control: the 1.2 form of the same lease (an instant on the source's clock) posts at once
+    pull(sink, src, "early", [4], [4], remote_lease_expiry=src.hold("early", [4]))
+    assert sink.stats()["descriptors"] == posted + 4  # "bounded" posted 2 after its ack, "early" 2 at once
+    assert wait_for(sink, "early") == (True, "")
+
+    pull(sink, src, "bad", [6], [6], remote_lease_deadline=float("nan"))
+    ok, reason = wait_for(sink, "bad")
+    assert not ok and "remote_lease_deadline must be a monotonic time" in reason
