@@ -21,7 +21,8 @@ LOOPBACK = "127.0.0.1"
 # Bound on vLLM's lost engine-core/worker wake-ups in local engines (connector/adapter/vllm_workarounds.py):
 # about 20 re-checks a second per parked reader, no measurable cost.
 LOCAL_SHM_RECHECK_MS = 50
-# How long vLLM's readers of an engine that shares a CPU may spin after a read (vllm_workarounds.py).
+# How long vLLM's readers of an engine that shares its CPUs (with another engine, or with the router and
+# the engines' API servers when no CPU is left for them) may spin after a read (vllm_workarounds.py).
 LOCAL_SHARED_CPU_SPIN_MS = 5
 # KV cache per engine (GiB) unless the spec's env sets one: a local fleet shares one machine.
 DEFAULT_KVCACHE_GIB = "1"
@@ -104,6 +105,18 @@ def shared_cpu_engines(pinning: Sequence[Sequence[Sequence[int]]]) -> set[int]:
         for cpu in {c for rank in ranks for c in rank}:
             owners.setdefault(cpu, set()).add(n)
     return {n for engines in owners.values() if len(engines) > 1 for n in engines}
+
+
+def spin_capped_engines(pinning: Sequence[Sequence[Sequence[int]]]) -> set[int]:
+    """Indices of the engines whose vLLM readers must not spin for a second after each read.
+
+    Those that share a CPU with another engine, and those with a rank pinned to a single CPU:
+    the router, the engines' API servers and engine cores run unpinned, so they share that CPU
+    with the spinning reader, and every request waits on them (a 1 + 1 fleet on 2 CPUs: 275-795
+    requests/min spinning, 853-1,271 capped; docs/reliability.md). A rank with CPUs to spare
+    spins as vLLM does."""
+    single = {n for n, ranks in enumerate(pinning) if any(len(set(rank)) < 2 for rank in ranks)}
+    return single | shared_cpu_engines(pinning)
 
 
 def assign_cpus(cpus: Sequence[int], ranks: Sequence[int],
@@ -197,7 +210,7 @@ def plan_local(
     order = [(role, i) for role in ROLES for i in range(spec.role(role).replicas)]
     pinning, warnings = assign_cpus(cpus, [spec.role(role).tensor_parallel_size for role, _ in order],
                                     [role for role, _ in order])
-    shared = shared_cpu_engines(pinning)
+    capped = spin_capped_engines(pinning)
     engines = []
     for n, ((role, i), rank_cpus) in enumerate(zip(order, pinning)):
         p = ports[role][i]
@@ -218,7 +231,7 @@ def plan_local(
         })
         # Engines on one machine starve vLLM's wake-up notifications (vllm_workarounds.py).
         env.setdefault(env_names.VLLM_SHM_RECHECK_MS, str(LOCAL_SHM_RECHECK_MS))
-        if n in shared:  # its readers' spinning would take the CPU from the engine beside it
+        if n in capped:  # its readers' spinning would take the CPU from the processes beside it
             env.setdefault(env_names.VLLM_SHM_SPIN_MS, str(LOCAL_SHARED_CPU_SPIN_MS))
         engines.append(EngineLaunch(
             name=f"{role}-{i}",

@@ -8,7 +8,7 @@ import pytest
 
 from pdfleet.operator.api import parse
 from pdfleet.operator.local.fleet import (
-    EnginePorts, assign_cpus, local_errors, omp_bind, plan_local, shared_cpu_engines,
+    EnginePorts, assign_cpus, local_errors, omp_bind, plan_local, shared_cpu_engines, spin_capped_engines,
 )
 from pdfleet.operator.plan.engine import ENGINE_MODULE, vllm_args
 
@@ -134,27 +134,39 @@ def test_replicas_beyond_the_cpus_warn_and_share():
     assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0", "0", "1"]
     # and every engine bounds vLLM's lost wake-ups (connector/adapter/vllm_workarounds.py)
     assert {e.env["PDFLEET_VLLM_SHM_RECHECK_MS"] for e in plan.engines} == {"50"}
-    # the two that share CPU 0 spin at most 5 ms after a read; decode, alone on CPU 1, as vLLM does
-    assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_MS") for e in plan.engines] == ["5", "5", None]
+    # every CPU is an engine's: all spin at most 5 ms after a read (the router and API servers need them too)
+    assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_MS") for e in plan.engines] == ["5", "5", "5"]
     assert plan.warnings and "share" in plan.warnings[0]
 
 
-def test_engines_with_their_own_cpus_spin_as_vllm_does():
+def test_engines_with_cpus_to_spare_spin_as_vllm_does():
     spec = resource(prefill={"replicas": 1}, decode={"replicas": 1}).spec
-    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1, 2, 3], ports=ports_for(spec), base_env={})
+    assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0,1", "2,3"]
     assert all("PDFLEET_VLLM_SHM_SPIN_MS" not in e.env for e in plan.engines)
+    # one CPU each: the router and API servers run on them too, so both are capped
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_MS") for e in plan.engines] == ["5", "5"]
 
 
-@pytest.mark.parametrize("pinning, shared", [
-    ([[[0]], [[1]]], set()),
-    ([[[0]], [[0]], [[1]]], {0, 1}),
-    ([[[0], [1]], [[2]]], set()),  # one engine's two ranks on two CPUs share nothing with others
-    ([[[0], [0]], [[1]]], set()),  # its own ranks sharing a CPU is not another engine's
-    ([[[0, 1]], [[1, 2]], [[3]]], {0, 1}),
-    ([[[0]], [[0]], [[0]]], {0, 1, 2}),
+def test_a_spec_env_sets_the_spin_either_way():
+    spec = resource(prefill={"replicas": 1}, decode={"replicas": 1},
+                    engine={"blockSize": 32, "env": [{"name": "PDFLEET_VLLM_SHM_SPIN_MS", "value": "1000"}]}).spec
+    plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
+    assert [e.env["PDFLEET_VLLM_SHM_SPIN_MS"] for e in plan.engines] == ["1000", "1000"]
+
+
+@pytest.mark.parametrize("pinning, capped", [
+    ([[[0]], [[1]]], {0, 1}),                  # one CPU each: nothing beside the spinning reader
+    ([[[0, 1]], [[2]]], {1}),
+    ([[[0, 1]], [[2, 3]]], set()),             # CPUs to spare: spin as vLLM does
+    ([[[0]], [[0]], [[1, 2]]], {0, 1}),
+    ([[[0, 1]], [[0, 1]], [[2, 3]]], {0, 1}),  # shared with another engine: capped anyway
+    ([[[0, 1], [2]], [[3, 4]]], {0}),          # any rank on a single CPU
+    ([], set()),
 ])
-def test_shared_cpu_engines_table(pinning, shared):
-    assert shared_cpu_engines(pinning) == shared
+def test_spin_capped_engines_table(pinning, capped):
+    assert spin_capped_engines(pinning) == capped
 
 
 def test_tensor_parallel_engine_gets_one_cpu_list_per_rank():
