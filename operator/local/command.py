@@ -32,6 +32,8 @@ import yaml
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+# How long the router line waits for the router's tokenizer (prefix routing) before it is printed anyway.
+ROUTER_TOKENIZER_WAIT_S = 120.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -354,6 +356,15 @@ class LocalRunner:
         except OSError as exc:
             raise StartupFailed(f"--router-port {self.args.router_port}: cannot listen: {exc.strerror}") from None
         self.router_url = f"http://127.0.0.1:{port}"
+        # The router runs in this process: loading its tokenizer (importing transformers: ~6 s on 2
+        # cores) holds the GIL, and every request sent meanwhile waits on it. Announce it once loaded.
+        from pdfleet.connector.router.app import ROUTER_KEY
+
+        try:
+            await asyncio.wait_for(self.router_runner.app[ROUTER_KEY].prefix.wait_ready(), ROUTER_TOKENIZER_WAIT_S)
+        except asyncio.TimeoutError:
+            _err(f"the router's tokenizer is still loading after {ROUTER_TOKENIZER_WAIT_S:g}s; serving anyway"
+                 " (prefix routing scores by what the router routed until it is loaded)")
 
     # --- running ----------------------------------------------------------------
 
