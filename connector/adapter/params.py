@@ -22,8 +22,8 @@ prefill writes; ``v1`` over ``SIGNED_FIELDS_V1`` (a not yet upgraded 1.2 prefill
 accepted, on params of version 1.2 or older only.
 
 The lease (1.3): ``remote_lease_seconds`` is a duration, checked for range only; the decode turns
-it into a monotonic upper bound of the lease (``accepted_at`` + seconds) that bounds heartbeat
-retries and nothing else. Params of 1.2 or older carry a wall-clock expiry, checked against
+it into a monotonic upper bound of the lease (``accepted_at`` + seconds) that lets a READ start
+and bounds heartbeat retries; only the source's ack completes a pull. Params of 1.2 or older carry a wall-clock expiry, checked against
 ``now`` as before.
 """
 

@@ -278,9 +278,9 @@ class KVSink:
         deadline corrected by the clock offset measured in the handshake.
 
         ``remote_lease_deadline`` (optional): an upper bound of the source's lease on this host's
-        monotonic clock (params 1.3: when decode accepted them + ``remote_lease_seconds``). Being an
-        upper bound it only limits how long unanswered heartbeats are retried; the READs still wait
-        for the first ack (or ``eager_post``) and the pull completes only on an ack.
+        monotonic clock (params 1.3: when decode accepted them + ``remote_lease_seconds``). With time
+        left it lets the READs start before the first ack, and it limits how long unanswered
+        heartbeats are retried; being an upper bound it never completes a pull: only an ack does.
         """
         rid = request_id if isinstance(request_id, str) else repr(request_id)
         try:
