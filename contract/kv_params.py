@@ -26,8 +26,8 @@ Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
   compares another host's clock with its own any more (an NTP step on either side cannot make a
   lease look expired or alive). A reader adds the seconds to its own monotonic time of receipt,
   which gives an *upper* bound of the lease (the params were on the way for a while): the router
-  decides reuse with it (within ``--lease-margin-s``), decode bounds its heartbeat retries with it;
-  neither posts a READ or completes a pull on it, those still wait for the source's ack. A 1.3
+  decides reuse with it (within ``--lease-margin-s``), decode starts its READ and bounds its
+  heartbeat retries with it; a pull still completes only on the source's ack. A 1.3
   prefill no longer writes ``remote_lease_expiry`` (it was always optional). The signature
   becomes ``v2`` over ``SIGNED_FIELDS`` (``SIGNED_FIELDS_V1`` plus ``remote_lease_seconds`` and
   the version key itself, so that neither the duration nor the version can be changed); a verifier
