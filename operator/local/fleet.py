@@ -21,8 +21,8 @@ LOOPBACK = "127.0.0.1"
 # Bound on vLLM's lost engine-core/worker wake-ups in local engines (connector/adapter/vllm_workarounds.py):
 # about 20 re-checks a second per parked reader, no measurable cost.
 LOCAL_SHM_RECHECK_MS = 50
-# How long vLLM's readers of an engine that shares its CPUs (with another engine, or with the router and
-# the engines' API servers when no CPU is left for them) may spin after a read (vllm_workarounds.py).
+# How long vLLM's readers of an engine may spin after a read when it shares a CPU with another engine or
+# has a rank on a single CPU, beside the unpinned router and API servers (spin_capped_engines).
 LOCAL_SHARED_CPU_SPIN_MS = 5
 # KV cache per engine (GiB) unless the spec's env sets one: a local fleet shares one machine.
 DEFAULT_KVCACHE_GIB = "1"

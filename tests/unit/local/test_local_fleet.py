@@ -156,6 +156,18 @@ def test_a_spec_env_sets_the_spin_either_way():
     assert [e.env["PDFLEET_VLLM_SHM_SPIN_MS"] for e in plan.engines] == ["1000", "1000"]
 
 
+@pytest.mark.parametrize("pinning, shared", [
+    ([[[0]], [[1]]], set()),
+    ([[[0]], [[0]], [[1]]], {0, 1}),
+    ([[[0], [1]], [[2]]], set()),  # one engine's two ranks on two CPUs share nothing with others
+    ([[[0], [0]], [[1]]], set()),  # its own ranks sharing a CPU is not another engine's
+    ([[[0, 1]], [[1, 2]], [[3]]], {0, 1}),
+    ([[[0]], [[0]], [[0]]], {0, 1, 2}),
+])
+def test_shared_cpu_engines_table(pinning, shared):
+    assert shared_cpu_engines(pinning) == shared
+
+
 @pytest.mark.parametrize("pinning, capped", [
     ([[[0]], [[1]]], {0, 1}),                  # one CPU each: nothing beside the spinning reader
     ([[[0, 1]], [[2]]], {1}),
