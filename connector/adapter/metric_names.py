@@ -35,6 +35,10 @@ COUNTERS: dict[str, tuple[str, str]] = {
                                 "Router release requests not acted on because a reader had claimed the lease "
                                 "(it may be reading: the lease runs its course) (prefill side)"),
     "releases": ("releases_sent", "Release notices sent to prefill (decode side)"),
+    "release_retries": ("release_retries", "Release notices sent again because prefill did not hold those requests "
+                        "yet (its hold comes at its next step) or did not answer (decode side)"),
+    "releases_unconfirmed": ("releases_unconfirmed", "Release notices given up on before prefill confirmed them: "
+                             "those leases run their course (decode side)"),
     "stale_agents_dropped": ("stale_agents_dropped",
                              "Cached NIXL peers dropped because the prefill instance changed or a read failed"),
     "messages_rejected": ("messages_rejected", "Malformed or unauthenticated side-channel messages dropped"),

@@ -34,6 +34,7 @@ import math
 import re
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -57,6 +58,7 @@ from pdfleet.connector.transfer.layout import (
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
 from pdfleet.connector.transfer.pull_state import lease_verdict, read_deadline_seconds
+from pdfleet.connector.transfer.release_retry import ReleaseRetry, release_retry, unconfirmed
 from pdfleet.connector.transfer.retry import HeartbeatRetry
 from pdfleet.connector.transfer.prepped import PrepRows, ReadGroup, local_rows, pull_indices, read_groups, remote_rows
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
@@ -76,6 +78,8 @@ READ_FLOOR_SECONDS = 5.0
 # source refuses more than MAX_HEARTBEAT_IDS; the request codec's limit is 64 KiB).
 HEARTBEAT_MAX_IDS = 4096
 HEARTBEAT_MAX_ID_BYTES = 48 * 1024
+# Release notices awaiting the source's word; past this the oldest is given up (its lease runs its course).
+MAX_PENDING_RELEASES = 1024
 
 
 def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
@@ -112,6 +116,19 @@ class _Peer:
     clock_error: float = float("inf")  # bound on the estimate's error (half the round trip)
     reads: list[ReadGroup] = field(default_factory=list)  # the READs of a pull from prepared lists
     lists: dict[str, Any] = field(default_factory=dict)  # memory type -> prepared remote list
+
+
+@dataclass
+class _Release:
+    """A release notice on its way: the ids the source has not confirmed yet (release_retry.py)."""
+
+    endpoint: Endpoint
+    ids: tuple[str, ...]
+    readers: int
+    first_sent: float  # monotonic
+    sends: int = 0
+    call: Call | None = None  # the send in flight
+    next_at: float = 0.0  # monotonic: the next send, when none is in flight
 
 
 @dataclass
@@ -161,6 +178,7 @@ class KVSink:
         nixl_progress_thread: bool = False,
         backing: Sequence[Span] | None = None,
         heartbeat_retry_policy: HeartbeatRetry = HeartbeatRetry(),
+        release_retry_policy: ReleaseRetry = ReleaseRetry(),
         prepped_descriptors: bool = True,
         read_floor_bandwidth: float = READ_FLOOR_BANDWIDTH,
         read_floor_seconds: float = READ_FLOOR_SECONDS,
@@ -174,6 +192,8 @@ class KVSink:
             raise ValueError("regions must list at least one registered KV region")
         if not isinstance(heartbeat_retry_policy, HeartbeatRetry):
             raise ValueError("heartbeat_retry_policy must be a HeartbeatRetry")
+        if not isinstance(release_retry_policy, ReleaseRetry):
+            raise ValueError("release_retry_policy must be a ReleaseRetry")
         spans = registration_spans(regions, backing)
         if not handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
@@ -225,6 +245,8 @@ class KVSink:
         self._done: list[str] = []
         self._failed: dict[str, str] = {}
         self._orphans: list[Any] = []  # handles of failed reads that could not be released yet
+        self._release_calls: deque[_Release] = deque()  # releases sent, not yet confirmed by the source
+        self._release_policy = release_retry_policy
         self._stats = {
             "bytes": 0.0,
             "transfers": 0.0,
@@ -248,6 +270,9 @@ class KVSink:
             # seconds from a READ's observed completion to the lease ack that let it complete
             "ack_wait_seconds": 0.0,
             "releases": 0.0,
+            # releases sent again: the source did not hold those ids yet, or did not answer (release_retry.py)
+            "release_retries": 0.0,
+            "releases_unconfirmed": 0.0,  # releases given up on unconfirmed: those leases run their course
             # unanswered lease heartbeats retried because the lease still had time (retry.py)
             "heartbeat_retries": 0.0,
             "reads_timed_out": 0.0,  # READs cancelled for exceeding their bound (bytes at the floor bandwidth)
@@ -359,7 +384,8 @@ class KVSink:
     def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
         """Tell the source this rank will not read these requests (aborted, nothing to pull): it frees them now.
 
-        Fire and forget: a lost notice only means the blocks wait for their lease to expire."""
+        Never blocks: ``poll`` sends it again while the source has not acted on it yet (its hold can
+        come after the notice; release_retry.py); one given up on leaves the blocks to their lease."""
         try:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
@@ -372,18 +398,58 @@ class KVSink:
             self._send_release(host, port + rank, ids, self._readers(remote_tp_size))
 
     def _send_release(self, host: str, port: int, ids: list[str], readers: int) -> None:
-        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
-                                    release=True, readers=readers)
+        r = _Release((host, port), tuple(ids), readers, first_sent=time.monotonic())
+        if self._submit_release(r):
+            if len(self._release_calls) >= MAX_PENDING_RELEASES:  # a flood: the oldest runs its lease
+                self._release_calls.popleft()
+                self._stats["releases_unconfirmed"] += 1
+            self._release_calls.append(r)
+
+    def _submit_release(self, r: "_Release") -> bool:
+        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=list(r.ids), agent=self.agent_name,
+                                    release=True, readers=r.readers)
         try:
-            self._client.submit(host, port, req, timeout=self._hb_timeout, attempts=2)
+            r.call = self._client.submit(*r.endpoint, req, timeout=self._hb_timeout, attempts=1)
         except ValueError as exc:
-            log.warning("release of %d id(s) ignored: %s", len(ids), exc)
-            return
-        self._stats["releases"] += 1
+            log.warning("release of %d id(s) ignored: %s", len(r.ids), exc)
+            return False
+        r.sends += 1
+        self._stats["releases" if r.sends == 1 else "release_retries"] += 1
+        return True
+
+    def _advance_releases(self, now: float) -> None:
+        """Resend releases the source did not act on yet (release_retry: its hold may come after them)."""
+        for _ in range(len(self._release_calls)):
+            r = self._release_calls.popleft()
+            if r.call is not None:
+                if not r.call.done():
+                    self._release_calls.append(r)
+                    continue
+                fut, r.call = r.call, None
+                try:
+                    reply = fut.result()
+                except SideChannelError:
+                    reply = None
+                if reply is not None and not isinstance(reply, wire.HeartbeatReply):
+                    self._stats["releases_unconfirmed"] += 1  # refused outright: sending it again changes nothing
+                    continue
+                ids = unconfirmed(r.ids, answered=reply is not None,
+                                  remaining=() if reply is None else reply.remaining,
+                                  gone=() if reply is None else reply.gone)
+                decision = release_retry(self._release_policy, ids, now=now, first_sent=r.first_sent, sends=r.sends)
+                if not decision.ids:
+                    if ids:
+                        self._stats["releases_unconfirmed"] += 1
+                        log.debug("release of %d id(s) at %s:%d: %s", len(ids), *r.endpoint, decision.why)
+                    continue
+                r.ids, r.next_at = decision.ids, now + decision.delay
+            if now < r.next_at or self._submit_release(r):
+                self._release_calls.append(r)
 
     def poll(self) -> tuple[list[str], dict[str, str]]:
         self._client.poll()
         now = time.monotonic()
+        self._advance_releases(now)
         self._collect_handshakes()
         for p in list(self._pulls.values()):
             try:

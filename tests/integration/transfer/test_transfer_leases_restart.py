@@ -158,3 +158,54 @@ def test_read_that_completes_before_the_hold_still_finishes(source_factory, sink
     src.hold("early", [9])
     assert wait_for(sink, "early", timeout=10.0) == (True, "")
     assert np.array_equal(local_kv.block(0, 9), src.expected(0, 9))
+
+
+def _poll_for(sink, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sink.poll()
+        time.sleep(0.005)
+
+
+def test_a_release_that_overtakes_the_hold_is_sent_again_until_the_source_holds_it(source_factory, sink_factory,
+                                                                                   local_kv):
+    """Decode's "nothing to pull" release can reach the prefill before its worker holds the lease (seen
+    in the fault suite: the lease then ran its whole course). The source ignores a release for an id it
+    does not hold yet, so decode sends it again until the source says the lease is gone."""
+    from pdfleet.connector.transfer.release_retry import ReleaseRetry
+
+    src = source_factory(lease=30.0)
+    sink = sink_factory(local_kv)
+    once = sink_factory(local_kv, release_retry_policy=ReleaseRetry(max_sends=1))  # the old fire-and-forget
+    sink.release(["overtaken"], host=HOST, port=src.base_port)
+    once.release(["overtaken-once"], host=HOST, port=src.base_port)
+    _poll_for(sink, 0.5)
+    _poll_for(once, 0.2)
+    assert sink.stats()["release_retries"] >= 1  # answered "not held": sent again
+    assert once.stats()["release_retries"] == 0 and once.stats()["releases_unconfirmed"] == 1
+    src.hold("overtaken", [3])
+    src.hold("overtaken-once", [4])
+    released: list[str] = []
+    end = time.monotonic() + 5.0
+    while "overtaken" not in released and time.monotonic() < end:
+        sink.poll()
+        once.poll()
+        released += src.released()
+        time.sleep(0.01)
+    assert released == ["overtaken"]  # the one sent once waits for its lease (negative control)
+    retries = sink.stats()["release_retries"]
+    _poll_for(sink, 2.5)  # confirmed gone: not sent again
+    assert sink.stats()["release_retries"] == retries
+    assert sink.stats()["releases_unconfirmed"] == 0
+    assert src.stats()["leases_released"] == 1 and src.stats()["leases_expired"] == 0
+
+
+def test_a_release_no_source_answers_is_given_up_within_its_budget(sink_factory, local_kv):
+    from pdfleet.connector.transfer.release_retry import ReleaseRetry
+
+    sink = sink_factory(local_kv, heartbeat_timeout=0.1,
+                        release_retry_policy=ReleaseRetry(budget_seconds=1.0, first_delay=0.05, max_delay=0.2))
+    sink.release(["nobody-home"], host=HOST, port=free_port())
+    _poll_for(sink, 2.0)
+    stats = sink.stats()
+    assert 1 <= stats["release_retries"] <= 8 and stats["releases_unconfirmed"] == 1, stats
