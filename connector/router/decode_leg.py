@@ -106,16 +106,17 @@ class DecodeLeg:
             started = time.perf_counter()
             self._acquire(DECODE, url)
             resp = None
+            detail = ""
             try:
                 try:
                     async with asyncio.timeout(cfg.decode_first_byte_timeout_s):
                         resp = await self.session.post(target(url, path), data=json_encode(decode_body), headers=headers)
                 except asyncio.TimeoutError:
                     reason = "timeout"
-                except aiohttp.ClientConnectionError:
-                    reason = "connect"
-                except aiohttp.ClientError:
-                    reason = "protocol"
+                except aiohttp.ClientConnectionError as exc:
+                    reason, detail = "connect", f": {exc!r}"
+                except aiohttp.ClientError as exc:
+                    reason, detail = "protocol", f": {exc!r}"
                 else:
                     self._latency["decode_first_byte"].observe(time.perf_counter() - started)
                     timing.first_byte()
@@ -136,7 +137,8 @@ class DecodeLeg:
                         reason = f"http_{resp.status}"
                 self.metrics.leg_failures.labels(DECODE, reason).inc()
                 self._eject(url)
-                log.warning("decode leg to %s failed (%s), request %s", url, reason, headers[REQUEST_ID_HEADER])
+                log.warning("decode leg to %s failed (%s%s), request %s", url, reason, detail[:300],
+                            headers[REQUEST_ID_HEADER])
             finally:
                 if resp is not None:
                     resp.release()
