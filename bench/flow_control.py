@@ -36,7 +36,6 @@ import random
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +75,7 @@ def serve_engines() -> None:
                 await asyncio.sleep(PREFILL_S)
             return web.json_response({"id": "p", "choices": [{"index": 0, "text": "x"}], "kv_transfer_params": produce(
                 block_ids=[1], engine_id="p0", request_id="p", host="127.0.0.1", port=1, tp_size=1,
-                instance_id=None, lease_expiry=time.time() + 60, num_tokens=16)})
+                instance_id=None, lease_seconds=60, num_tokens=16)})
 
         async def decode(request: web.Request) -> web.StreamResponse:
             await request.read()

@@ -54,7 +54,7 @@ def params_costs(n: int) -> dict[str, float]:
     now = time.time()
     p = producer_params(block_ids=list(range(128)), engine_id="prefill-0", request_id="cmpl-" + "a" * 32,
                         host="10.0.0.7", port=SIDE_CHANNEL, tp_size=1, instance_id="0123456789abcdef" * 2,
-                        lease_expiry=now + 30, num_tokens=2048)
+                        lease_seconds=30, num_tokens=2048)
     signed = dict(p, **{SIGNATURE_KEY: sign_params(p, KEY)})
     ring = KeyRing(KEY)
     parse = lambda ring_=None, q=signed: parse_remote_prefill(  # noqa: E731

@@ -56,7 +56,7 @@ PREFILL_ANSWER = json.dumps({
     "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
     "kv_transfer_params": kv_params.produce(block_ids=[1, 2, 3, 4], engine_id="p0", request_id="r",
                                             host="127.0.0.1", port=ports.SIDE_CHANNEL, tp_size=1, instance_id=None,
-                                            lease_expiry=4102444800.0, num_tokens=64),
+                                            lease_seconds=3600.0, num_tokens=64),
 }).encode()
 DECODE_ANSWER = json.dumps({
     "id": "cmpl-d", "object": "text_completion", "model": "tiny",

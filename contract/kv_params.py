@@ -1,15 +1,17 @@
 """``kv_transfer_params``: one versioned schema that the connector writes and the router reads.
 
 A prefill engine returns these params in its response (``produce``); the router forwards them
-to decode unchanged and reads one thing itself, the lease expiry, to decide whether a decode
-retry may reuse prefill's KV (``lease_expiry``); decode's connector validates every key
-(connector/adapter/params.py: ``parse_remote_prefill``).
+to decode unchanged and reads one thing itself, the lease, to decide whether a decode retry may
+reuse prefill's KV (``lease_deadline``, on the router's monotonic clock); decode's connector
+validates every key (connector/adapter/params.py: ``parse_remote_prefill``).
 
 Key names follow vLLM's NixlConnector (``do_remote_prefill``, ``do_remote_decode``,
 ``remote_block_ids``, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
 ``remote_port``, ``tp_size``, ``remote_num_tokens``) plus pdfleet's ``remote_instance_id``
-(restart detection), ``remote_lease_expiry`` (unix time until which prefill holds the blocks)
-and ``remote_hosts`` (one side-channel host per node of a multi-node prefill).
+(restart detection), ``remote_lease_seconds`` (1.3: for how many seconds, counted from when the
+prefill returned the params, it holds the blocks), ``remote_lease_expiry`` (up to 1.2: the unix
+time until which it holds them) and ``remote_hosts`` (one side-channel host per node of a
+multi-node prefill).
 
 Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
 
@@ -20,10 +22,30 @@ Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
   on (``SIGNED_FIELDS``; connector/adapter/params.py signs and verifies). A decode with a fleet
   key refuses params without a valid one, so during a rolling upgrade a new decode recomputes
   the prompts of prefills that do not sign yet.
+- 1.3: the lease is a duration, ``remote_lease_seconds``, not a wall-clock instant: no reader
+  compares another host's clock with its own any more (an NTP step on either side cannot make a
+  lease look expired or alive). A reader adds the seconds to its own monotonic time of receipt,
+  which gives an *upper* bound of the lease (the params were on the way for a while): the router
+  decides reuse with it (within ``--lease-margin-s``), decode starts its READ and bounds its
+  heartbeat retries with it; a pull still completes only on the source's ack. A 1.3
+  prefill no longer writes ``remote_lease_expiry`` (it was always optional). The signature
+  becomes ``v2`` over ``SIGNED_FIELDS`` (``SIGNED_FIELDS_V1`` plus ``remote_lease_seconds`` and
+  the version key itself, so that neither the duration nor the version can be changed); a verifier
+  still accepts ``v1`` over ``SIGNED_FIELDS_V1``, but only on params of version 1.2 or older,
+  which are then read the 1.2 way (the wall-clock expiry; ``remote_lease_seconds`` is ignored).
 
-A minor version only adds optional keys, so a reader of 1.x reads any 1.y. A reader refuses a
-newer major version (``UnsupportedVersion``, naming both). Readers that check no signature (the
-router, decodes without a key) ignore ``pdfleet_signature``.
+  Rolling upgrade. 1.2 prefill + 1.3 decode/router: the 1.3 readers read 1.2 params as before
+  (decode checks the wall-clock expiry and verifies ``v1``; the router converts the expiry with
+  its wall clock at receipt). 1.3 prefill + 1.2 router: the old router finds no expiry and does
+  not reuse the KV on a decode retry (the retry recomputes: the safe default). 1.3 prefill + 1.2
+  decode: a decode without a fleet key pulls as before (the old reader ignores the new key and has
+  no expiry to check); a decode with a key refuses the ``v2`` signature and recomputes the prompt
+  (correct output, no KV transfer; the prefill frees the blocks at lease expiry). So upgrade
+  decodes and routers before prefills, as for 1.2.
+
+A minor version only adds optional keys (1.3 also stops writing one), so a reader of 1.x reads
+any 1.y. A reader refuses a newer major version (``UnsupportedVersion``, naming both). Readers
+that check no signature (the router, decodes without a key) ignore ``pdfleet_signature``.
 """
 
 from __future__ import annotations
@@ -33,8 +55,10 @@ import re
 from typing import Any, Mapping
 
 VERSION_KEY = "pdfleet_params_version"
-VERSION = (1, 2)
-SIG_KEY = "pdfleet_signature"  # the prefill's signature (1.2), see SIGNED_FIELDS
+VERSION = (1, 3)
+# The first version whose lease is a duration (``remote_lease_seconds``) instead of an instant.
+LEASE_SECONDS_SINCE = (1, 3)
+SIG_KEY = "pdfleet_signature"  # the prefill's signature (1.2; v2 since 1.3), see SIGNED_FIELDS
 ERROR_KEY = "pdfleet_error"  # why a prefill returned no usable params
 # A request key, not a produced one (no version change): the router sends a prefill's params back to
 # that prefill with this key true when no decode will read them; the prefill's reply carries it true
@@ -50,12 +74,20 @@ REMOTE_HOST = "remote_host"
 REMOTE_PORT = "remote_port"
 TP_SIZE = "tp_size"
 REMOTE_INSTANCE_ID = "remote_instance_id"
-REMOTE_LEASE_EXPIRY = "remote_lease_expiry"
+REMOTE_LEASE_EXPIRY = "remote_lease_expiry"  # up to 1.2: unix time (read only from params <= 1.2)
+REMOTE_LEASE_SECONDS = "remote_lease_seconds"  # 1.3: seconds held, counted from when prefill returned them
 REMOTE_NUM_TOKENS = "remote_num_tokens"
 REMOTE_HOSTS = "remote_hosts"
 # What the signature covers: every key decode acts on (where it dials, what it reads, for how long).
-SIGNED_FIELDS = (REMOTE_ENGINE_ID, REMOTE_REQUEST_ID, REMOTE_HOST, REMOTE_HOSTS, REMOTE_PORT, TP_SIZE,
-                 REMOTE_BLOCK_IDS, REMOTE_INSTANCE_ID, REMOTE_LEASE_EXPIRY, REMOTE_NUM_TOKENS)
+# v1 (1.2 params): this list. Still verified, on params of version <= 1.2 only.
+SIGNED_FIELDS_V1 = (REMOTE_ENGINE_ID, REMOTE_REQUEST_ID, REMOTE_HOST, REMOTE_HOSTS, REMOTE_PORT, TP_SIZE,
+                    REMOTE_BLOCK_IDS, REMOTE_INSTANCE_ID, REMOTE_LEASE_EXPIRY, REMOTE_NUM_TOKENS)
+# v2 (1.3 params): the v1 list (an absent expiry is signed as absent, so none can be added), the
+# lease duration, and the version, so that 1.3 params cannot be passed off as an older version.
+SIGNED_FIELDS = SIGNED_FIELDS_V1 + (REMOTE_LEASE_SECONDS, VERSION_KEY)
+# A lease further ahead than this is nonsense (leases are seconds to minutes); a float, so that
+# the number 3600 elsewhere is not taken for this value (test_contract_spelled_once).
+MAX_LEASE_SECONDS = 3600.0
 
 _VERSION = re.compile(r"^(\d{1,4})\.(\d{1,4})$")
 
@@ -131,11 +163,13 @@ def produce(
     port: int,
     tp_size: int,
     instance_id: str | None,
-    lease_expiry: float,
+    lease_seconds: float,
     num_tokens: int,
     hosts: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The params a prefill returns (this version); the router forwards them to decode as-is."""
+    """The params a prefill returns (this version); the router forwards them to decode as-is.
+    ``lease_seconds``: how long the prefill holds the blocks from now (its lease length; the hold
+    is made after this, so the source's lease ends no earlier)."""
     extra = {REMOTE_HOSTS: list(hosts)} if hosts else {}
     return extra | {
         VERSION_KEY: version_string(),
@@ -148,18 +182,44 @@ def produce(
         REMOTE_PORT: port,
         TP_SIZE: tp_size,
         REMOTE_INSTANCE_ID: instance_id,
-        REMOTE_LEASE_EXPIRY: lease_expiry,
+        REMOTE_LEASE_SECONDS: float(lease_seconds),
         REMOTE_NUM_TOKENS: num_tokens,
     }
 
 
-def lease_expiry(params: Mapping[str, Any] | None) -> float | None:
-    """Unix time until which prefill holds the params' blocks; None when the params carry none
-    (or no usable one). Raises ``UnsupportedVersion`` for a version this reader cannot read."""
-    if not params:
-        return None
-    version_of(params)
-    value = params.get(REMOTE_LEASE_EXPIRY)
+def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def lease_seconds(params: Mapping[str, Any]) -> float | None:
+    """The lease duration of 1.3 params (``remote_lease_seconds``) if it is usable: a finite number
+    in (0, ``MAX_LEASE_SECONDS``]; else None. Params older than 1.3 carry none (None)."""
+    if version_of(params) < LEASE_SECONDS_SINCE:
+        return None
+    value = _number(params.get(REMOTE_LEASE_SECONDS))
+    return value if value is not None and 0 < value <= MAX_LEASE_SECONDS else None
+
+
+def lease_deadline(params: Mapping[str, Any] | None, received_at: float,
+                   wall_at_receipt: float | None = None) -> float | None:
+    """Until when (on the reader's monotonic clock) prefill holds the params' blocks, at most.
+
+    ``received_at``: the reader's monotonic time when the prefill's response arrived. For 1.3
+    params: ``received_at`` + ``remote_lease_seconds``. For older params, which carry a unix
+    expiry: converted with the reader's wall clock at receipt (``wall_at_receipt``; None: not
+    converted), ``received_at + (expiry - wall_at_receipt)``, so a fleet mid-upgrade still works.
+    None when the params carry no usable lease (missing, not a finite number, not positive, more
+    than ``MAX_LEASE_SECONDS`` ahead). Raises ``UnsupportedVersion`` for a version this reader
+    cannot read."""
+    if not params:
+        return None
+    if version_of(params) >= LEASE_SECONDS_SINCE:
+        seconds = lease_seconds(params)
+        return None if seconds is None else received_at + seconds
+    expiry = _number(params.get(REMOTE_LEASE_EXPIRY))
+    if expiry is None or wall_at_receipt is None:
+        return None
+    left = expiry - wall_at_receipt
+    return received_at + left if left <= MAX_LEASE_SECONDS else None

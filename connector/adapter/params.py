@@ -14,8 +14,17 @@ Signed params (issue 19): with a fleet key, prefill adds ``pdfleet_signature``, 
 HMAC-SHA256 with the fleet key over every field decode acts on (``SIGNED_FIELDS``), and
 decode refuses params without a valid one: a client that can POST to a decode can then
 neither point it at a host of its choosing nor swap in another request's blocks, and the
-lease expiry it carries is the prefill's. Sizes are bounded before anything is iterated
-(block ids by the prompt, expiry by ``MAX_LEASE_AHEAD_SECONDS``).
+lease it carries is the prefill's. Sizes are bounded before anything is iterated
+(block ids by the prompt, the lease by ``MAX_LEASE_AHEAD_SECONDS``).
+
+Signature versions (the contract's docstring, 1.3): ``v2`` over ``SIGNED_FIELDS`` is what a
+prefill writes; ``v1`` over ``SIGNED_FIELDS_V1`` (a not yet upgraded 1.2 prefill) is still
+accepted, on params of version 1.2 or older only.
+
+The lease (1.3): ``remote_lease_seconds`` is a duration, checked for range only; the decode turns
+it into a monotonic upper bound of the lease (``accepted_at`` + seconds) that lets a READ start
+and bounds heartbeat retries; only the source's ack completes a pull. Params of 1.2 or older carry a wall-clock expiry, checked against
+``now`` as before.
 """
 
 from __future__ import annotations
@@ -50,14 +59,22 @@ __all__ = [
     "MAX_ID_LEN",
     "SIGNATURE_KEY",
     "SIGNED_FIELDS",
+    "SIGNED_FIELDS_V1",
 ]
 
 SIGNATURE_KEY = K.SIG_KEY
 SIGNED_FIELDS = K.SIGNED_FIELDS
-_SIG_DOMAIN = b"pdfleet-kv-transfer-params-v1"
-_SIG_VERSION = "v1"
-# A lease expiry further ahead than this is nonsense (leases are seconds to minutes).
-MAX_LEASE_AHEAD_SECONDS = 3600.0
+SIGNED_FIELDS_V1 = K.SIGNED_FIELDS_V1
+# Signature version -> (HMAC domain, fields). A prefill signs with _SIG_VERSION.
+_SIG_SCHEMES = {
+    "v1": (b"pdfleet-kv-transfer-params-v1", SIGNED_FIELDS_V1),
+    "v2": (b"pdfleet-kv-transfer-params-v2", SIGNED_FIELDS),
+}
+_SIG_VERSION = "v2"
+# Numbers a JSON encoder may write as integers (30.0 as 30): signed as floats.
+_FLOAT_FIELDS = (K.REMOTE_LEASE_EXPIRY, K.REMOTE_LEASE_SECONDS)
+# A lease further ahead than this is nonsense (leases are seconds to minutes).
+MAX_LEASE_AHEAD_SECONDS = K.MAX_LEASE_SECONDS
 # Refused params carrying more block ids than this are not checked for a release.
 MAX_RELEASE_BLOCK_IDS = 65536
 
@@ -87,8 +104,11 @@ class RemotePrefill:
     remote_block_ids: tuple[int, ...]
     tp_size: int
     remote_instance_id: str | None = None
-    remote_lease_expiry: float | None = None
+    remote_lease_expiry: float | None = None  # params <= 1.2: the prefill's unix time
     remote_hosts: tuple[str, ...] = ()  # one per prefill node; () = every rank at remote_host
+    remote_lease_seconds: float | None = None  # params >= 1.3: the lease's length
+    # params >= 1.3: an upper bound of the lease on this host's monotonic clock (accepted_at + seconds)
+    lease_deadline: float | None = None
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -225,6 +245,18 @@ def _expiry(params: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
+def _lease_seconds(params: Mapping[str, Any]) -> float | None:
+    value = params.get(K.REMOTE_LEASE_SECONDS)
+    if value is None:
+        return None
+    allowed = f"a number of seconds in (0, {MAX_LEASE_AHEAD_SECONDS:g}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {value!r}")
+    if not 0 < value <= MAX_LEASE_AHEAD_SECONDS:
+        raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {value:.6g}")
+    return float(value)
+
+
 def num_tokens_to_pull(num_prompt_tokens: int, block_size: int) -> int:
     """Prompt tokens a decode pulls: full blocks only.
 
@@ -245,20 +277,24 @@ def parse_remote_prefill(
     local_tp_size: int,
     now: float,
     ring: Optional[auth.KeyRing] = None,
+    accepted_at: Optional[float] = None,
 ) -> RemotePrefill:
     """Validate a do_remote_prefill request's params; raise ``InvalidTransferParams``.
 
     Checks the schema version (a newer major one is refused), types and ranges of every key, that ``remote_block_ids`` covers the
     blocks this decode will pull (at least the prompt's full blocks, at most one per
-    started block plus one), that decode TP is a multiple of prefill ``tp_size``, and
-    that the lease has not already expired (nor lies absurdly far ahead). With ``ring`` (this
-    decode has a fleet key) the params must carry a valid ``pdfleet_signature``.
+    started block plus one), that decode TP is a multiple of prefill ``tp_size``, and the lease:
+    for 1.3 params a duration in (0, ``MAX_LEASE_AHEAD_SECONDS``], which with ``accepted_at`` (this
+    host's monotonic time when the params arrived) gives ``lease_deadline``; for older params a
+    unix expiry that has not passed by ``now`` (this host's wall clock) nor lies absurdly far
+    ahead. With ``ring`` (this decode has a fleet key) the params must carry a valid
+    ``pdfleet_signature``.
     """
     if not wants_remote_prefill(params):
         raise InvalidTransferParams(K.DO_REMOTE_PREFILL, "must be true for a remote prefill")
     assert isinstance(params, Mapping)
     try:
-        K.version_of(params)
+        version = K.version_of(params)
     except K.UnsupportedVersion as exc:
         raise InvalidTransferParams(exc.field, exc.problem) from None
     if _flag(params, K.DO_REMOTE_DECODE):
@@ -301,7 +337,13 @@ def parse_remote_prefill(
             K.REMOTE_BLOCK_IDS,
             f"has {len(block_ids)} ids but a {num_prompt_tokens}-token prompt spans at most {most}",
         )
-    expiry = _expiry(params)
+    expiry = seconds = deadline = None
+    if version >= K.LEASE_SECONDS_SINCE:
+        seconds = _lease_seconds(params)  # a duration: no clock of another host is read
+        if seconds is not None and accepted_at is not None:
+            deadline = accepted_at + seconds
+    else:
+        expiry = _expiry(params)
     if expiry is not None and expiry <= now:
         raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"the prefill lease expired {now - expiry:.1f}s ago")
     if expiry is not None and expiry > now + MAX_LEASE_AHEAD_SECONDS:
@@ -320,27 +362,32 @@ def parse_remote_prefill(
         remote_instance_id=instance_id,
         remote_lease_expiry=expiry,
         remote_hosts=hosts,
+        remote_lease_seconds=seconds,
+        lease_deadline=deadline,
     )
 
 
-def _canonical(params: Mapping[str, Any]) -> bytes:
-    """The signed bytes: the signed fields in a fixed order, numbers normalised as JSON would carry them."""
+def _canonical(params: Mapping[str, Any], version: str = _SIG_VERSION) -> bytes:
+    """The signed bytes of signature ``version``: its fields in a fixed order, numbers normalised as
+    JSON would carry them."""
+    domain, fields = _SIG_SCHEMES[version]
     values = []
-    for key in SIGNED_FIELDS:
+    for key in fields:
         value = params.get(key)
-        if key == K.REMOTE_LEASE_EXPIRY and isinstance(value, int) and not isinstance(value, bool):
+        if key in _FLOAT_FIELDS and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)  # a JSON encoder may write 1.7e9 as an integer
         values.append(value)
     try:
-        return msgspec.msgpack.encode([_SIG_DOMAIN, values])
+        return msgspec.msgpack.encode([domain, values])
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidTransferParams(SIGNATURE_KEY, f"the signed fields cannot be encoded: {exc}") from None
 
 
-def sign_params(params: Mapping[str, Any], key: bytes) -> str:
-    """The ``pdfleet_signature`` value for ``params`` under fleet key ``key``."""
-    mac = hmac.new(key, _canonical(params), hashlib.sha256).hexdigest()
-    return f"{_SIG_VERSION}.{auth.key_id(key).hex()}.{mac}"
+def sign_params(params: Mapping[str, Any], key: bytes, version: str = _SIG_VERSION) -> str:
+    """The ``pdfleet_signature`` value for ``params`` under fleet key ``key`` (``version`` "v1": as a
+    1.2 prefill signs, for tests of a rolling upgrade)."""
+    mac = hmac.new(key, _canonical(params, version), hashlib.sha256).hexdigest()
+    return f"{version}.{auth.key_id(key).hex()}.{mac}"
 
 
 def verify_params(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
@@ -350,8 +397,18 @@ def verify_params(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
         raise InvalidTransferParams(SIGNATURE_KEY, "is required: this decode has a fleet key and pulls only what a"
                                                    " prefill of the fleet signed")
     parts = value.split(".") if isinstance(value, str) and len(value) <= 200 else []
-    if len(parts) != 3 or parts[0] != _SIG_VERSION:
-        raise InvalidTransferParams(SIGNATURE_KEY, f"must be '{_SIG_VERSION}.<key id>.<hmac>' (hex)")
+    if len(parts) != 3 or parts[0] not in _SIG_SCHEMES:
+        raise InvalidTransferParams(SIGNATURE_KEY, f"must be '{_SIG_VERSION}.<key id>.<hmac>' (hex), or 'v1.…'"
+                                                   " on params of version 1.2 or older")
+    if parts[0] == "v1":
+        try:
+            old = K.version_of(params) < K.LEASE_SECONDS_SINCE
+        except K.UnsupportedVersion as exc:
+            raise InvalidTransferParams(exc.field, exc.problem) from None
+        if not old:  # v1 covers neither the lease duration nor the version
+            raise InvalidTransferParams(SIGNATURE_KEY, f"a v1 signature covers params of version 1.2 or older only;"
+                                                       f" these are {params.get(K.VERSION_KEY)}: sign them"
+                                                       f" {_SIG_VERSION}")
     try:
         kid, mac = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
     except ValueError:
@@ -359,7 +416,7 @@ def verify_params(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
     key = ring.lookup(kid)
     if key is None:
         raise InvalidTransferParams(SIGNATURE_KEY, "signed with a key this decode does not accept")
-    if not hmac.compare_digest(hmac.new(key, _canonical(params), hashlib.sha256).digest(), mac):
+    if not hmac.compare_digest(hmac.new(key, _canonical(params, parts[0]), hashlib.sha256).digest(), mac):
         raise InvalidTransferParams(SIGNATURE_KEY, "does not match the params (changed after the prefill signed them)")
 
 

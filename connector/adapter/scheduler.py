@@ -147,7 +147,7 @@ class SchedulerSide:
             return None
         if rid in self._queued:
             # Validated on arrival; since then decode heartbeats have extended the lease
-            # beyond the remote_lease_expiry in the params.
+            # beyond the one in the params.
             return self._queued[rid]
         params = request.kv_transfer_params
         if wants_release(params):
@@ -163,8 +163,10 @@ class SchedulerSide:
                 num_prompt_tokens=request.num_prompt_tokens,
                 block_size=self.block_size,
                 local_tp_size=self.tp_size,
-                now=time.time(),
+                now=time.time(),  # read only for params <= 1.2 (a wall-clock expiry)
                 ring=self._ring,
+                # 1.3: the lease's upper bound on CLOCK_MONOTONIC, which this pod's workers share
+                accepted_at=time.monotonic(),
             )
         except InvalidTransferParams as exc:
             self._reject(rid, exc, params)
@@ -300,7 +302,7 @@ class SchedulerSide:
             port=self.cfg.side_channel_port,
             tp_size=self.tp_size,
             instance_id=instance,
-            lease_expiry=time.time() + self.cfg.lease_seconds,
+            lease_seconds=self.cfg.lease_seconds,
             num_tokens=request.num_computed_tokens,
             hosts=self.node_hosts,
         )

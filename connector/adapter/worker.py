@@ -263,8 +263,10 @@ class WorkerSide:
                 remote_block_ids=list(spec.remote_block_ids),
                 local_block_ids=list(spec.local_block_ids),
                 remote_tp_size=remote.tp_size,
-                # lets the core post the READs before the first lease ack arrives
+                # params <= 1.2: lets the core post the READs before the first lease ack arrives
                 remote_lease_expiry=remote.remote_lease_expiry,
+                # params >= 1.3: bounds heartbeat retries only (monotonic, shared with the scheduler)
+                remote_lease_deadline=remote.lease_deadline,
             )
         except Exception as exc:  # the core promises not to raise; never let it kill the engine
             log.exception("KV pull of %s raised", rid)

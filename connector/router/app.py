@@ -18,8 +18,9 @@ response without kv_transfer_params) goes to another prefill endpoint, at most
 kv_transfer_params, so decode prefills locally), marked ``x-pdfleet-fallback:
 decode-only``. A decode leg that fails before the router sent any byte goes to
 another decode endpoint (``decode_attempts`` in all) with prefill's
-kv_transfer_params while their lease (``remote_lease_expiry`` in
-pdfleet.contract.kv_params) has ``lease_margin_s`` left, else decode-only. A 4xx
+kv_transfer_params while their lease (``lease_deadline`` in pdfleet.contract.kv_params,
+on the router's monotonic clock from when prefill's answer arrived) has ``lease_margin_s``
+left, else decode-only. A 4xx
 from either leg is the client's mistake and is relayed as is.
 
 A request that vLLM splits into several engine requests (``n > 1``, several

@@ -42,6 +42,8 @@ class Lease:
 
     url: str
     params: dict[str, Any]
+    received_at: float | None = None  # monotonic, when the prefill's response arrived
+    wall_at_receipt: float | None = None  # the wall clock then (only for params <= 1.2)
 
 
 class DecodeLeg:
@@ -81,6 +83,12 @@ class DecodeLeg:
             log.info("lease release (%s) at the prefill: %s, request %s", reason, outcome,
                      headers.get(REQUEST_ID_HEADER))
 
+    def _may_reuse(self, kv_params: dict[str, Any], lease: Lease | None) -> bool:
+        if lease is None or lease.received_at is None:
+            return False  # no time of receipt: the lease cannot be placed on our clock
+        return lease_allows_reuse(kv_params, time.monotonic(), self.config.lease_margin_s,
+                                  received_at=lease.received_at, wall_at_receipt=lease.wall_at_receipt)
+
     async def _decode_attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
                                body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
                                kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
@@ -94,7 +102,7 @@ class DecodeLeg:
             tried.add(url)
             if attempt:
                 self.metrics.retries.labels(DECODE).inc()
-                if kv_params is not None and not lease_allows_reuse(kv_params, time.time(), cfg.lease_margin_s):
+                if kv_params is not None and not self._may_reuse(kv_params, lease):
                     kv_params = None
                     if lease is not None and lease.params:
                         self._release_unread(lease, body, headers, lease_release.LEASE_EXPIRED)

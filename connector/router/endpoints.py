@@ -155,16 +155,21 @@ class Outstanding:
             self.counts.pop(url, None)
 
 
-def lease_allows_reuse(kv_transfer_params: Mapping[str, object] | None, now: float, margin_s: float) -> bool:
+def lease_allows_reuse(kv_transfer_params: Mapping[str, object] | None, now: float, margin_s: float, *,
+                       received_at: float, wall_at_receipt: float | None = None) -> bool:
     """Whether prefill's KV blocks may still be read by another decode.
 
-    The prefill engine holds the blocks until the params' lease expiry (unix seconds,
-    read through the contract's schema). Without a readable expiry, or params of a
-    version this router cannot read, the router cannot know, so it does not reuse them
-    (a decode-only retry recomputes instead).
+    Times are the router's monotonic clock: ``received_at`` when the prefill's response arrived,
+    ``now``. The lease ends at the contract's ``lease_deadline`` (1.3: ``received_at`` + the
+    params' lease seconds; older params: their unix expiry converted with ``wall_at_receipt``, the
+    router's wall clock at that moment). That is an upper bound (the params were on their way for
+    a while); ``margin_s`` covers it, and a reuse that comes too late is still safe: the decode's
+    pull needs the prefill's ack and recomputes without it. Without a readable lease, or params of
+    a version this router cannot read, the router cannot know, so it does not reuse them (a
+    decode-only retry recomputes instead).
     """
     try:
-        expiry = kv_params.lease_expiry(kv_transfer_params)
+        deadline = kv_params.lease_deadline(kv_transfer_params, received_at, wall_at_receipt)
     except kv_params.UnsupportedVersion:
         return False
-    return expiry is not None and expiry - now >= margin_s
+    return deadline is not None and deadline - now >= margin_s

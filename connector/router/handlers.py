@@ -123,7 +123,8 @@ class Handlers:
         if prefill.kv_transfer_params is None:
             self.metrics.fallbacks.labels("prefill_failed").inc()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
-        lease = Lease(prefill.url, prefill.kv_transfer_params) if prefill.kv_transfer_params and prefill.url else None
+        lease = (Lease(prefill.url, prefill.kv_transfer_params, prefill.received_at, prefill.wall_at_receipt)
+                 if prefill.kv_transfer_params and prefill.url else None)
         return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers,
                                       prefill.kv_transfer_params, lease)
 

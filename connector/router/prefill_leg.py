@@ -26,6 +26,10 @@ class PrefillResult:
     kv_transfer_params: dict[str, Any] | None = None
     client_error: web.Response | None = None  # a 4xx from prefill, relayed as is
     url: str | None = None  # the prefill that holds the lease
+    # When the response arrived: monotonic (the lease's clock, kv_params.lease_deadline) and, for
+    # params <= 1.2 that carry a unix expiry, the wall clock at the same moment.
+    received_at: float | None = None
+    wall_at_receipt: float | None = None
 
 
 class PrefillLeg:
@@ -65,6 +69,7 @@ class PrefillLeg:
         try:
             async with self.session.post(target(url, path), data=payload, headers=headers,
                                          timeout=self._prefill_timeout) as resp:
+                received_at, wall_at_receipt = time.monotonic(), time.time()  # the headers: the earliest sign
                 data = await resp.read()
                 if resp.status >= 500 or resp.status in RETRYABLE_4XX:
                     return f"http_{resp.status}"
@@ -87,7 +92,7 @@ class PrefillLeg:
             return "invalid_json"
         if not isinstance(params, dict):
             return "no_kv_transfer_params"
-        return PrefillResult(kv_transfer_params=params)
+        return PrefillResult(kv_transfer_params=params, received_at=received_at, wall_at_receipt=wall_at_receipt)
 
     async def _hand_back(self, group: RevisionEndpoints, path: str, body: dict[str, Any], headers: dict[str, str],
                          kv_params: dict[str, Any], *, chat: bool) -> None:

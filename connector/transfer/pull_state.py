@@ -100,7 +100,10 @@ class PullState:
     remote_engine_id: str
     started: float                                 # monotonic
     remote_instance_id: Optional[str] = None       # from the request's params
-    remote_lease_expiry: Optional[float] = None    # source's unix time, from the request's params
+    remote_lease_expiry: Optional[float] = None    # source's unix time, from params <= 1.2
+    # An upper bound of the lease (monotonic; params >= 1.3: accepted + remote_lease_seconds). It
+    # bounds heartbeat retries and lets a READ start; it is never a reason to complete.
+    lease_bound: Optional[float] = None
     config: Config = Config()
     phase: Phase = Phase.HANDSHAKE
     where: str = ""                                # "host:port" of the source, for messages
@@ -338,14 +341,17 @@ def _deadline_from_expiry(s: PullState, now: float, wall: float) -> Optional[flo
 
 
 def _may_post(s: PullState, now: float, wall: float) -> tuple[PullState, bool]:
-    # Safe mode needs a deadline: from the lease ack, or from the advertised expiry
-    # corrected for clock offset; eager mode posts as soon as the instance is known.
-    # Either way the request completes only once an ack confirmed the lease.
+    # Safe mode needs a deadline (from the lease ack, or a 1.2 expiry corrected for clock offset)
+    # or a 1.3 lease bound with time left; eager mode posts as soon as the instance is known.
+    # Starting a READ on the bound (an upper bound: the params spent some time in transit) risks
+    # only a wasted READ, never wrong bytes: the request completes only once an ack confirmed
+    # the source held the blocks for the whole READ.
     if not s.verified:
         return s, False
     if s.deadline is None and s.remote_lease_expiry is not None and s.peer_instance is not None:
         s = replace(s, deadline=_deadline_from_expiry(s, now, wall))
-    return s, s.config.eager or s.deadline is not None
+    bound_left = s.lease_bound is not None and s.lease_bound - now > EXPIRY_SAFETY_MARGIN
+    return s, s.config.eager or s.deadline is not None or bound_left
 
 
 def _try_post(s: PullState, now: float, wall: float) -> Result:
@@ -384,13 +390,15 @@ def _posted(s: PullState, e: Posted) -> Result:
 
 def _retry_horizon(s: PullState, now: float, wall: float) -> Optional[float]:
     """How long heartbeats may be retried (monotonic): the lease deadline, or before the first ack
-    the advertised expiry on our clock, its offset's error bound taken off. Only for retrying:
-    a pull still completes only once an ack confirmed the lease."""
+    the lease's upper bound (``lease_bound``, no clock of the source involved) and/or the
+    advertised expiry on our clock, its offset's error bound taken off; the earlier of those known.
+    Only for retrying: a pull still completes only once an ack confirmed the lease."""
     if s.deadline is not None:
         return s.deadline
-    if s.remote_lease_expiry is None or s.peer_instance is None or not math.isfinite(s.clock_error):
-        return None
-    return now + (s.remote_lease_expiry - s.clock_offset - wall - s.clock_error)
+    known = [] if s.lease_bound is None else [s.lease_bound]
+    if s.remote_lease_expiry is not None and s.peer_instance is not None and math.isfinite(s.clock_error):
+        known.append(now + (s.remote_lease_expiry - s.clock_offset - wall - s.clock_error))
+    return min(known) if known else None
 
 
 def _heartbeat_result(s: PullState, e: Union[HeartbeatAnswer, HeartbeatBad, HeartbeatFailed]) -> Result:

@@ -293,6 +293,7 @@ class KVSink:
         local_block_ids: list[int],
         remote_tp_size: int | None = None,
         remote_lease_expiry: float | None = None,
+        remote_lease_deadline: float | None = None,
     ) -> None:
         """Start pulling; never raises for bad input (the request is reported failed by ``poll``).
 
@@ -300,6 +301,11 @@ class KVSink:
         request (its ``hold`` return value or a lower bound of it, on the source's clock).
         With it, the READs can be posted before the first lease ack arrives, against a
         deadline corrected by the clock offset measured in the handshake.
+
+        ``remote_lease_deadline`` (optional): an upper bound of the source's lease on this host's
+        monotonic clock (params 1.3: when decode accepted them + ``remote_lease_seconds``). With time
+        left it lets the READs start before the first ack, and it limits how long unanswered
+        heartbeats are retried; being an upper bound it never completes a pull: only an ack does.
         """
         rid = request_id if isinstance(request_id, str) else repr(request_id)
         try:
@@ -321,6 +327,13 @@ class KVSink:
                 or not math.isfinite(remote_lease_expiry)
             ):
                 raise ValueError(f"remote_lease_expiry must be a unix time or None, got {remote_lease_expiry!r}")
+            if remote_lease_deadline is not None and (
+                isinstance(remote_lease_deadline, bool)
+                or not isinstance(remote_lease_deadline, (int, float))
+                or not math.isfinite(remote_lease_deadline)
+            ):
+                raise ValueError("remote_lease_deadline must be a monotonic time or None,"
+                                 f" got {remote_lease_deadline!r}")
             remote_ids, local_ids = validate_block_ids(
                 remote_block_ids, local_block_ids, local_num_blocks=self._min_local_blocks
             )
@@ -334,6 +347,7 @@ class KVSink:
         now = time.monotonic()
         state = ps.PullState(rid, remote_engine_id, now, remote_instance_id or None,
                              None if remote_lease_expiry is None else float(remote_lease_expiry),
+                             lease_bound=None if remote_lease_deadline is None else float(remote_lease_deadline),
                              config=self._config, where=f"{endpoint[0]}:{endpoint[1]}")
         p = _Pull(state, endpoint, remote_ids, local_ids, readers=self._readers(remote_tp_size))
         self._pulls[rid] = p

@@ -623,10 +623,11 @@ async def wall_clock_step(cf: ChaosFleet, notes: list[str], probes: list[Req], a
     ``step`` seconds ahead (default: the lease + 5 s; when leases ran on the wall clock, such a step
     freed every lease held at that moment), stays there ``seconds``, then jumps back. The probes
     (prompts decode pulls) are sent just before the step, so that their leases are held across it.
-    Leases run on the monotonic clock: nothing may expire, fail or differ. Still on the wall clock:
-    ``remote_lease_expiry`` in kv_transfer_params, which decode's scheduler checks against its own
-    clock, so params made before a forward step and checked after it can be refused (the prompt is
-    then computed on decode: counted as params_rejected, correct output). (The default step stays
+    Leases run on the monotonic clock: nothing may expire, fail or differ. Until kv_transfer_params
+    1.3 the params carried ``remote_lease_expiry``, which decode's scheduler checked against its own
+    clock, so params made before a forward step and checked after it could be refused (computed on
+    decode: counted as params_rejected, correct output); 1.3 params carry ``remote_lease_seconds``,
+    a duration read on decode's monotonic clock, so none should be. (The default step stays
     inside the side channel's 30 s replay window: a larger one also drops, counted, the few messages
     signed before it and read after it; they are retried.)"""
     step = float(cf.lease + 5 if step is None else step)

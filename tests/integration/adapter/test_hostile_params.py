@@ -58,7 +58,9 @@ def test_row5_swapped_block_ids_or_host_are_refused_because_the_prefill_signed_t
     attacks = {
         "swapped block ids": {**mine, "remote_block_ids": theirs["remote_block_ids"]},
         "another host (row 4)": {**mine, "remote_host": "169.254.169.254", "remote_port": 80},
-        "longer lease": {**mine, "remote_lease_expiry": mine["remote_lease_expiry"] + 600},
+        "longer lease": {**mine, "remote_lease_seconds": mine["remote_lease_seconds"] + 600},
+        "a wall-clock expiry added": {**mine, "remote_lease_expiry": time.time() + 600},
+        "passed off as 1.2": {**mine, "pdfleet_params_version": "1.2"},
         "signature removed": {k: v for k, v in mine.items() if k != "pdfleet_signature"},
         "signature of another request": {**mine, "pdfleet_signature": theirs["pdfleet_signature"]},
         "garbage signature": {**mine, "pdfleet_signature": "v1.zz.zz"},
@@ -80,7 +82,10 @@ def test_row11_absurd_expiry_and_a_million_block_ids_are_refused_at_once_and_ref
     prefill, decode = side(key_file, producer=True), side(key_file, producer=False)
     n = 3 * BLOCK
     good = produced(prefill, "r1", [0, 1, 2], n)
-    count, reason = decode_verdict(decode, "far", {**good, "remote_lease_expiry": 1e308}, n)
+    count, reason = decode_verdict(decode, "far", {**good, "remote_lease_seconds": 1e308}, n)
+    assert count == 0 and "remote_lease_seconds" in reason and "3600" in reason
+    count, reason = decode_verdict(decode, "far-1.2", {**good, "pdfleet_params_version": "1.2",
+                                                      "remote_lease_expiry": 1e308}, n)
     assert count == 0 and "remote_lease_expiry" in reason and "ahead" in reason
     huge = {**good, "remote_block_ids": [list(range(1_000_000))]}
     t0 = time.perf_counter()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +102,7 @@ class FakeEngine:
             answer["kv_transfer_params"] = producer_params(
                 block_ids=[1, 2, 3], engine_id=self.name, request_id=request.headers.get("X-Request-Id") or "",
                 host="127.0.0.1", port=SIDE_CHANNEL, tp_size=1, instance_id=None,
-                lease_expiry=time.time() + self.lease_s, num_tokens=48)
+                lease_seconds=self.lease_s, num_tokens=48)
         return web.json_response(answer)
 
     async def _decode_answer(self, request: web.Request, body: dict) -> web.StreamResponse:

@@ -181,3 +181,36 @@ def test_advertised_lease_expiry_lets_the_read_start_before_the_ack(source_facto
     pull(sink, src, "bad", [6], [6], remote_lease_expiry="soon")
     ok, reason = wait_for(sink, "bad")
     assert not ok and "remote_lease_expiry must be a unix time" in reason
+
+
+def test_a_1_3_lease_bound_starts_the_read_but_only_an_ack_completes_it(source_factory, sink_factory, local_kv):
+    """params 1.3: ``remote_lease_deadline`` is an upper bound of the lease (decode's monotonic time of
+    acceptance + remote_lease_seconds). With time left it lets the READ start at once, as an advertised
+    expiry did; within the safety margin it does not. Either way the pull completes only after an ack."""
+    src = source_factory(lease=30.0)
+    sink = sink_factory(local_kv)
+    src.hold("w", [1])
+    pull(sink, src, "w", [1], [1])
+    assert wait_for(sink, "w")[0]  # handshake done: the next pull attaches inside pull()
+    posted = sink.stats()["descriptors"]
+
+    src.hold("bounded", [2, 3])
+    pull(sink, src, "bounded", [2, 3], [2, 3], remote_lease_deadline=time.monotonic() + 30)
+    per_run = sink.stats()["descriptors"] - posted  # posted at once, before any ack
+    assert per_run > 0
+    assert wait_for(sink, "bounded") == (True, "")
+    assert matches(local_kv, src, [2, 3], [2, 3])
+    # control: a bound within the safety margin does not start the READ; the ack does
+    src.hold("near", [4])
+    pull(sink, src, "near", [4], [4], remote_lease_deadline=time.monotonic() + 0.1)
+    assert sink.stats()["descriptors"] == posted + per_run
+    assert wait_for(sink, "near") == (True, "")
+    assert sink.stats()["descriptors"] == posted + 2 * per_run  # one run of blocks each
+    # the bound never completes a pull: blocks the source holds no lease on are read, yet the pull fails
+    pull(sink, src, "gone", [5], [5], remote_lease_deadline=time.monotonic() + 30)
+    ok, reason = wait_for(sink, "gone")
+    assert not ok, reason
+
+    pull(sink, src, "bad", [6], [6], remote_lease_deadline=float("nan"))
+    ok, reason = wait_for(sink, "bad")
+    assert not ok and "remote_lease_deadline must be a monotonic time" in reason

@@ -26,27 +26,43 @@ def good(**over):
         port=5600,
         tp_size=1,
         instance_id="abc",
-        lease_expiry=NOW + 30,
+        lease_seconds=30,
         num_tokens=80,
     )
     p.update(over)
     return p
 
 
+MONO = 5_000.0  # the decode scheduler's monotonic clock when it accepted the params
+OLD = {"pdfleet_params_version": "1.2"}  # params of a not yet upgraded prefill: a wall-clock expiry
+
+
 def parse(params, n=80, tp=1):
-    return parse_remote_prefill(params, num_prompt_tokens=n, block_size=BS, local_tp_size=tp, now=NOW)
+    return parse_remote_prefill(params, num_prompt_tokens=n, block_size=BS, local_tp_size=tp, now=NOW,
+                                accepted_at=MONO)
 
 
 def test_round_trip_of_producer_params():
     r = parse(good())
     assert r.remote_block_ids == (4, 5, 6)
     assert (r.remote_host, r.remote_port, r.remote_engine_id, r.remote_request_id) == ("10.0.0.7", 5600, "prefill-0", "cmpl-1")
-    assert r.remote_instance_id == "abc" and r.remote_lease_expiry == NOW + 30
+    assert r.remote_instance_id == "abc" and r.remote_lease_seconds == 30.0 and r.lease_deadline == MONO + 30
+    assert r.remote_lease_expiry is None
+
+
+def test_1_2_params_keep_their_wall_clock_expiry():
+    r = parse({**good(), **OLD, "remote_lease_expiry": NOW + 30})
+    assert r.remote_lease_expiry == NOW + 30 and r.lease_deadline is None and r.remote_lease_seconds is None
+
+
+def test_a_1_3_lease_needs_no_time_of_acceptance_to_be_valid():
+    r = parse_remote_prefill(good(), num_prompt_tokens=80, block_size=BS, local_tp_size=1, now=NOW)
+    assert r.remote_lease_seconds == 30.0 and r.lease_deadline is None
 
 
 def test_remote_hosts_round_trip_and_name_each_ranks_host():
     p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
-                        tp_size=4, instance_id=None, lease_expiry=NOW + 30, num_tokens=80,
+                        tp_size=4, instance_id=None, lease_seconds=30, num_tokens=80,
                         hosts=("10.0.0.7", "pf-0-1.pf.ns"))
     r = parse(p, tp=4)
     assert r.hosts == ("10.0.0.7", "pf-0-1.pf.ns")
@@ -86,8 +102,17 @@ def test_flat_block_list_is_accepted():
         ({"tp_size": 3}, "tp_size"),  # does not divide decode TP 2 (see below)
         ({"tp_size": 0}, "tp_size"),
         ({"remote_instance_id": "a,b"}, "remote_instance_id"),
-        ({"remote_lease_expiry": NOW - 1}, "remote_lease_expiry"),
-        ({"remote_lease_expiry": "soon"}, "remote_lease_expiry"),
+        ({**OLD, "remote_lease_expiry": NOW - 1}, "remote_lease_expiry"),
+        ({**OLD, "remote_lease_expiry": "soon"}, "remote_lease_expiry"),
+        ({**OLD, "remote_lease_expiry": NOW + 3601}, "remote_lease_expiry"),
+        ({"remote_lease_seconds": -1.0}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": 0}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": float("nan")}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": float("inf")}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": True}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": "30"}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": 3600.5}, "remote_lease_seconds"),
+        ({"remote_lease_seconds": 1e308}, "remote_lease_seconds"),
         ({"remote_num_tokens": 10}, "remote_num_tokens"),
         ({"remote_hosts": "10.0.0.7"}, "remote_hosts"),
         ({"remote_hosts": []}, "remote_hosts"),
@@ -102,6 +127,20 @@ def test_bad_params_name_the_field(override, field):
         parse(good(**override, **({"tp_size": 2} if "remote_hosts" in override else {})), tp=2)
     assert exc.value.field == field
     assert str(exc.value).startswith(f"kv_transfer_params.{field}:")
+
+
+@pytest.mark.parametrize("override", [
+    {"remote_lease_expiry": NOW - 1},  # 1.3: an instant is not read, so a stale one refuses nothing
+    {"remote_lease_expiry": "soon"},
+    {"remote_lease_seconds": None},  # optional: then only the acks bound the pull
+], ids=["1.3 ignores an expiry", "1.3 ignores a bad expiry", "1.3 without seconds"])
+def test_1_3_params_read_no_wall_clock(override):
+    assert parse(good(**override)).remote_lease_expiry is None
+
+
+def test_the_refusals_of_a_lease_say_what_is_allowed():
+    with pytest.raises(InvalidTransferParams, match=r"remote_lease_seconds: must be a number of seconds in \(0, 3600\]"):
+        parse(good(remote_lease_seconds=-1))
 
 
 def test_missing_keys_are_named():
@@ -183,8 +222,20 @@ def _signed(key: bytes = b"k" * 32) -> dict:
     from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
 
     p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
-                        tp_size=1, instance_id="i0", lease_expiry=NOW + 30, num_tokens=40, hosts=())
+                        tp_size=1, instance_id="i0", lease_seconds=30, num_tokens=40, hosts=())
     p[SIGNATURE_KEY] = sign_params(p, key)
+    return p
+
+
+def _signed_1_2(key: bytes = b"k" * 32) -> dict:
+    """What a not yet upgraded (1.2) prefill returns: a unix expiry, signed v1."""
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+
+    p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
+                        tp_size=1, instance_id="i0", lease_seconds=30, num_tokens=40, hosts=())
+    del p["remote_lease_seconds"]
+    p |= {"pdfleet_params_version": "1.2", "remote_lease_expiry": NOW + 30}
+    p[SIGNATURE_KEY] = sign_params(p, key, "v1")
     return p
 
 
@@ -196,15 +247,19 @@ def test_signed_params_verify_after_a_json_round_trip():
 
     p = json.loads(json.dumps(_signed()))
     verify_params(p, KeyRing(b"k" * 32))
-    p["remote_lease_expiry"] = int(p["remote_lease_expiry"]) if p["remote_lease_expiry"] == int(
-        p["remote_lease_expiry"]) else p["remote_lease_expiry"]
+    p["remote_lease_seconds"] = int(p["remote_lease_seconds"])  # 30.0 written as 30 by some encoder
     verify_params(p, KeyRing(b"k" * 32))
+    old = json.loads(json.dumps(_signed_1_2()))
+    old["remote_lease_expiry"] = int(old["remote_lease_expiry"])
+    verify_params(old, KeyRing(b"k" * 32))
 
 
 @pytest.mark.parametrize("field,value", [
     ("remote_engine_id", "prefill-1"), ("remote_request_id", "cmpl-2"), ("remote_host", "10.0.0.8"),
     ("remote_hosts", ["10.0.0.7"]), ("remote_port", 5601), ("tp_size", 2), ("remote_block_ids", [[4, 5, 7]]),
-    ("remote_instance_id", "i1"), ("remote_lease_expiry", NOW + 31), ("remote_num_tokens", 41),
+    ("remote_instance_id", "i1"), ("remote_lease_seconds", 31.0), ("remote_num_tokens", 41),
+    ("remote_lease_expiry", NOW + 31),  # v2 signs it absent: none can be added
+    ("pdfleet_params_version", "1.2"),  # nor can 1.3 params pass for 1.2 (read the wall-clock way)
 ])  # fmt: skip
 def test_every_signed_field_is_bound(field, value):
     from pdfleet.connector.adapter.params import SIGNED_FIELDS, verify_params
@@ -216,8 +271,9 @@ def test_every_signed_field_is_bound(field, value):
 
 
 @pytest.mark.parametrize("sig,problem", [
-    (None, "is required"), ("", "must be"), ("v2.aa.bb", "must be"), ("v1.xx.yy", "hex"),
-    ("v1." + "00" * 8 + "." + "00" * 32, "does not accept"), (5, "must be"),
+    (None, "is required"), ("", "must be"), ("v3.aa.bb", "must be"), ("v2.xx.yy", "hex"),
+    ("v2." + "00" * 8 + "." + "00" * 32, "does not accept"), (5, "must be"),
+    ("v1.xx.yy", "version 1.2 or older only"),
 ])  # fmt: skip
 def test_bad_signatures_are_named(sig, problem):
     from pdfleet.connector.adapter.params import SIGNATURE_KEY, verify_params
@@ -238,12 +294,39 @@ def test_parse_checks_the_signature_with_a_ring_and_bounds_expiry_first():
     ring = KeyRing(b"k" * 32)
     ok = parse_remote_prefill(_signed(), num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW, ring=ring)
     assert ok.remote_block_ids == (4, 5, 6)
+    with pytest.raises(InvalidTransferParams, match="remote_lease_seconds.*3600"):
+        parse_remote_prefill({**_signed(), "remote_lease_seconds": 1e308}, num_prompt_tokens=40, block_size=BS,
+                             local_tp_size=1, now=NOW, ring=ring)
     with pytest.raises(InvalidTransferParams, match="remote_lease_expiry.*ahead"):
-        parse_remote_prefill({**_signed(), "remote_lease_expiry": 1e308}, num_prompt_tokens=40, block_size=BS,
+        parse_remote_prefill({**_signed_1_2(), "remote_lease_expiry": 1e308}, num_prompt_tokens=40, block_size=BS,
                              local_tp_size=1, now=NOW, ring=ring)
     with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
         parse_remote_prefill(_signed(b"x" * 32), num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW,
                              ring=ring)
+
+
+def test_a_1_3_decode_verifies_a_1_2_prefills_v1_signature():
+    """Rolling upgrade: a 1.2 prefill (v1 over SIGNED_FIELDS_V1) is still pulled from by a 1.3 decode."""
+    from pdfleet.connector.adapter.params import SIGNED_FIELDS, SIGNED_FIELDS_V1, verify_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    ring = KeyRing(b"k" * 32)
+    old = _signed_1_2()
+    assert old["pdfleet_signature"].startswith("v1.") and _signed()["pdfleet_signature"].startswith("v2.")
+    assert set(SIGNED_FIELDS) - set(SIGNED_FIELDS_V1) == {"remote_lease_seconds", "pdfleet_params_version"}
+    r = parse_remote_prefill(old, num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW, ring=ring,
+                             accepted_at=MONO)
+    assert r.remote_lease_expiry == NOW + 30 and r.lease_deadline is None
+    with pytest.raises(InvalidTransferParams, match="pdfleet_signature.*match"):
+        verify_params({**old, "remote_lease_expiry": NOW + 31}, ring)  # v1 still binds its fields
+    # A v1 signature does not cover the duration nor the version: 1.2 params passed off as 1.3 (which
+    # would read an unsigned remote_lease_seconds) are refused...
+    with pytest.raises(InvalidTransferParams, match="1.2 or older only"):
+        verify_params({**old, "pdfleet_params_version": "1.3", "remote_lease_seconds": 3000.0}, ring)
+    # ...and a duration added to 1.2 params is not read, so it gains nothing
+    r = parse_remote_prefill({**old, "remote_lease_seconds": 3000.0}, num_prompt_tokens=40, block_size=BS,
+                             local_tp_size=1, now=NOW, ring=ring, accepted_at=MONO)
+    assert r.remote_lease_seconds is None and r.lease_deadline is None
 
 
 def test_read_bounds_are_configurable():

@@ -109,32 +109,69 @@ def test_outstanding_counts_up_and_down():
     assert o.counts == {"a": 1}
 
 
-EXPIRY, VERSION = kv_params.REMOTE_LEASE_EXPIRY, kv_params.VERSION_KEY
+EXPIRY, SECONDS, VERSION = kv_params.REMOTE_LEASE_EXPIRY, kv_params.REMOTE_LEASE_SECONDS, kv_params.VERSION_KEY
+V13 = {VERSION: "1.3"}
+RECEIVED, WALL = 100.0, 990.0  # the router's monotonic and wall clocks when prefill's answer arrived
 
 
 @pytest.mark.parametrize(
-    "params, expected",
+    "params, now, expected",
     [
-        (None, False),
-        ({}, False),
-        ({EXPIRY: None}, False),
-        ({EXPIRY: "1000"}, False),
-        ({EXPIRY: True}, False),
-        ({EXPIRY: float("nan")}, False),
-        ({EXPIRY: 1000.0}, True),  # now=990, margin 1: 10 s left
-        ({EXPIRY: 1000}, True),
-        ({EXPIRY: 990.5}, False),  # 0.5 s left < margin
-        ({EXPIRY: 900.0}, False),  # expired
-        ({EXPIRY: 5.0}, False),  # a perf_counter value, not unix time
-        ({EXPIRY: 1000, VERSION: "1.1"}, True),
-        ({EXPIRY: 1000, VERSION: "1.9"}, True),  # a newer minor version only adds keys
-        ({EXPIRY: 1000, VERSION: "2.0"}, False),  # a newer major version: not read, not reused
-        ({EXPIRY: 1000, VERSION: 1.1}, False),  # malformed version
-        ({"remote_blocks_expiry_time": 1000}, False),  # upstream vLLM's key is not pdfleet's schema
+        (None, RECEIVED, False),
+        ({}, RECEIVED, False),
+        # 1.3: a duration from receipt, on the monotonic clock
+        ({**V13, SECONDS: 10.0}, RECEIVED, True),
+        ({**V13, SECONDS: 10}, RECEIVED + 8.5, True),  # 1.5 s left, margin 1
+        ({**V13, SECONDS: 10.0}, RECEIVED + 9.5, False),  # 0.5 s left < margin
+        ({**V13, SECONDS: 10.0}, RECEIVED + 11, False),  # expired
+        ({**V13, SECONDS: 0.5}, RECEIVED, False),  # never had the margin
+        ({**V13}, RECEIVED, False),  # missing
+        ({**V13, SECONDS: None}, RECEIVED, False),
+        ({**V13, SECONDS: -10.0}, RECEIVED - 20, False),  # negative: refused, not "10 s in the past"
+        ({**V13, SECONDS: float("nan")}, RECEIVED, False),
+        ({**V13, SECONDS: float("inf")}, RECEIVED, False),
+        ({**V13, SECONDS: True}, RECEIVED, False),
+        ({**V13, SECONDS: "10"}, RECEIVED, False),
+        ({**V13, SECONDS: kv_params.MAX_LEASE_SECONDS}, RECEIVED, True),
+        ({**V13, SECONDS: kv_params.MAX_LEASE_SECONDS + 1}, RECEIVED, False),  # > MAX: absurd
+        ({**V13, SECONDS: 1e308}, RECEIVED, False),
+        ({**V13, EXPIRY: 1000.0}, RECEIVED, False),  # 1.3 params: an instant is not read
+        ({VERSION: "1.9", SECONDS: 10.0}, RECEIVED, True),  # a newer minor version only adds keys
+        ({VERSION: "2.0", SECONDS: 10.0}, RECEIVED, False),  # a newer major version: not read, not reused
+        # up to 1.2: the prefill's unix expiry, converted with the router's wall clock at receipt
+        ({EXPIRY: None}, RECEIVED, False),
+        ({EXPIRY: "1000"}, RECEIVED, False),
+        ({EXPIRY: True}, RECEIVED, False),
+        ({EXPIRY: float("nan")}, RECEIVED, False),
+        ({EXPIRY: 1000.0}, RECEIVED, True),  # 10 s left at receipt
+        ({EXPIRY: 1000}, RECEIVED + 8.5, True),
+        ({EXPIRY: 1000.0}, RECEIVED + 9.5, False),  # 0.5 s left < margin
+        ({EXPIRY: 990.5}, RECEIVED, False),
+        ({EXPIRY: 900.0}, RECEIVED, False),  # expired
+        ({EXPIRY: 5.0}, RECEIVED, False),  # a perf_counter value, not unix time
+        ({EXPIRY: 1e308}, RECEIVED, False),  # absurdly far
+        ({EXPIRY: 1000, SECONDS: 3000.0}, RECEIVED + 20, False),  # 1.2 params: a duration is not read
+        ({EXPIRY: 1000, VERSION: "1.1"}, RECEIVED, True),
+        ({EXPIRY: 1000, VERSION: "1.2"}, RECEIVED, True),
+        ({EXPIRY: 1000, VERSION: 1.1}, RECEIVED, False),  # malformed version
+        ({"remote_blocks_expiry_time": 1000}, RECEIVED, False),  # upstream vLLM's key is not pdfleet's schema
     ],
 )
-def test_lease_allows_reuse(params, expected):
-    assert lease_allows_reuse(params, now=990.0, margin_s=1.0) is expected
+def test_lease_allows_reuse(params, now, expected):
+    assert lease_allows_reuse(params, now=now, margin_s=1.0, received_at=RECEIVED, wall_at_receipt=WALL) is expected
+
+
+def test_a_1_3_lease_is_reused_whatever_the_wall_clock_says():
+    """The point of 1.3: a router whose wall clock is an hour off (or steps) reuses within the lease."""
+    for wall in (WALL - 3600, WALL, WALL + 3600, None):
+        assert lease_allows_reuse({**V13, SECONDS: 10.0}, now=RECEIVED + 5, margin_s=1.0, received_at=RECEIVED,
+                                  wall_at_receipt=wall)
+    # negative control: the 1.2 form of the same lease (a unix instant from the prefill's clock) read by
+    # a router whose wall clock is an hour ahead of the prefill's is refused
+    assert lease_allows_reuse({EXPIRY: WALL + 10}, now=RECEIVED + 5, margin_s=1.0, received_at=RECEIVED,
+                              wall_at_receipt=WALL)
+    assert not lease_allows_reuse({EXPIRY: WALL + 10}, now=RECEIVED + 5, margin_s=1.0, received_at=RECEIVED,
+                                  wall_at_receipt=WALL + 3600)
 
 
 def test_prefill_body_completion_and_chat():
