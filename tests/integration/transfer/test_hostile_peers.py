@@ -368,7 +368,13 @@ def test_row7_another_key_holder_cannot_release_complete_or_preempt_a_decodes_le
     decode = sink_factory(local_kv, secret=SECRET)
     from transfer_harness import LocalKV
 
-    thief = sink_factory(LocalKV(), secret=SECRET, eager_post=True, unknown_grace=0.5)
+    from pdfleet.connector.transfer.release_retry import ReleaseRetry
+
+    # Sent once: the row is about a release that arrives before the hold (an honest sink sends a release
+    # again until the source has acted on it, and any key holder can send one after the hold; binding the
+    # lease to its first reader is what protects it then, checked with "mine").
+    thief = sink_factory(LocalKV(), secret=SECRET, eager_post=True, unknown_grace=0.5,
+                         release_retry_policy=ReleaseRetry(max_sends=1))
     src.hold("mine", [1])
     src.hold("read-by-thief", [2])
     decode.keep_alive(["mine", "read-by-thief"], host=HOST, port=src.base_port)  # bound to this decode

@@ -142,13 +142,15 @@ def local_kv() -> LocalKV:
 
 @pytest.fixture
 def sink_factory():
-    sinks: list[KVSink] = []
+    # Each sink with its buffers: NIXL keeps them registered (and READs land in them) until the sink
+    # closes, so they must outlive it (a LocalKV() made in the call was freed first: a segfault at close).
+    sinks: list[tuple[KVSink, LocalKV]] = []
 
     def make(local: LocalKV, **kw) -> KVSink:
         sink = make_sink(local, **kw)
-        sinks.append(sink)
+        sinks.append((sink, local))
         return sink
 
     yield make
-    for sink in sinks:
+    for sink, _ in sinks:
         sink.close()
