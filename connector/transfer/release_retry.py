@@ -19,7 +19,9 @@ course, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Optional, Sequence
+from typing import Collection, Sequence
+
+from pdfleet.connector.transfer.retry import check_backoff
 
 __all__ = ["ReleaseRetry", "ReleaseDecision", "release_retry", "unconfirmed"]
 
@@ -32,12 +34,7 @@ class ReleaseRetry:
     max_sends: int = 12
 
     def __post_init__(self) -> None:
-        for name in ("budget_seconds", "first_delay", "max_delay"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"ReleaseRetry.{name} must be a number >= 0, got {value!r}")
-        if self.first_delay > self.max_delay:
-            raise ValueError("ReleaseRetry.first_delay must not exceed max_delay")
+        check_backoff(self, "budget_seconds", "first_delay", "max_delay")
         if not isinstance(self.max_sends, int) or isinstance(self.max_sends, bool) or self.max_sends < 1:
             raise ValueError(f"ReleaseRetry.max_sends must be an int >= 1, got {self.max_sends!r}")
 

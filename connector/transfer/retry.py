@@ -20,7 +20,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["HeartbeatRetry", "RetryDecision", "heartbeat_retry"]
+__all__ = ["HeartbeatRetry", "RetryDecision", "check_backoff", "heartbeat_retry"]
+
+
+def check_backoff(policy: object, *names: str) -> None:
+    """Refuse a backoff policy whose ``names`` are not numbers >= 0, or whose first_delay exceeds
+    max_delay (the error names the field)."""
+    kind = type(policy).__name__
+    for name in names:
+        value = getattr(policy, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise ValueError(f"{kind}.{name} must be a number >= 0, got {value!r}")
+    if getattr(policy, "first_delay") > getattr(policy, "max_delay"):
+        raise ValueError(f"{kind}.first_delay must not exceed max_delay")
 
 
 @dataclass(frozen=True)
@@ -31,12 +43,7 @@ class HeartbeatRetry:
     margin_seconds: float = 0.25
 
     def __post_init__(self) -> None:
-        for name in ("budget_seconds", "first_delay", "max_delay", "margin_seconds"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"HeartbeatRetry.{name} must be a number >= 0, got {value!r}")
-        if self.first_delay > self.max_delay:
-            raise ValueError("HeartbeatRetry.first_delay must not exceed max_delay")
+        check_backoff(self, "budget_seconds", "first_delay", "max_delay", "margin_seconds")
 
 
 @dataclass(frozen=True)
