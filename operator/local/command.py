@@ -3,8 +3,9 @@
 Validates the resource with the API models, generates the built-in tiny model when
 the resource names it, starts the prefill and decode engines (the plan's vLLM
 command, on loopback, free ports, each pinned to its own CPUs), waits until they
-are healthy, starts the P/D router in this process and prints exactly one line
-`router: http://127.0.0.1:PORT` on stdout. Progress and diagnostics go to stderr.
+are healthy, starts the P/D router in this process, warms every prefill/decode pair
+with a request of its own (warmup.py; --warmup-rounds 0: none) and prints exactly one
+line `router: http://127.0.0.1:PORT` on stdout. Progress and diagnostics go to stderr.
 
 Without --smoke it serves until Ctrl-C or SIGTERM, restarting an engine that
 exits (a few times, like a StatefulSet would). With --smoke it sends a few
@@ -55,6 +56,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the fabric preflight (KVTransport), print it and exit: 0 if True, 1 if False")
     parser.add_argument("--max-restarts", type=int, default=3,
                         help="times an engine that exits is started again before the fleet stops (default 3)")
+    parser.add_argument("--warmup-rounds", type=_non_negative_int, default=None, metavar="N",
+                        help="P/D requests each prefill/decode pair serves before the router line (handshakes,"
+                             " first transfers; default 2, 0: none)")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
 
 
 def _err(message: str) -> None:
@@ -171,6 +185,7 @@ class LocalRunner:
         if not await self._wait_healthy():
             return EXIT_FAILED
         await self._start_router()
+        await self._warm_up()
         self._write_state(healthy=True)
         print(f"router: {self.router_url}", flush=True)
         if self.args.smoke:
@@ -366,6 +381,20 @@ class LocalRunner:
             _err(f"the router's tokenizer is still loading after {ROUTER_TOKENIZER_WAIT_S:g}s; serving anyway"
                  " (prefix routing scores by what the router routed until it is loaded)")
 
+    async def _warm_up(self) -> None:
+        from pdfleet.operator.local import warmup
+        from pdfleet.operator.plan.engine import served_model_name
+
+        rounds = warmup.DEFAULT_ROUNDS if self.args.warmup_rounds is None else self.args.warmup_rounds
+        plan = warmup.warmup_plan([l.url for l in self.launches.values() if l.role == "prefill"],
+                                  [l.url for l in self.launches.values() if l.role == "decode"], rounds)
+        if not plan:
+            return
+        result = await warmup.warm_up(plan, served_model_name(self.spec))
+        _err(f"warm-up: {result.answered}/{result.pairs} P/D requests answered, {result.pulled} KV pulls,"
+             f" {result.seconds:.1f}s" + (f"; {len(result.errors)} failed: {'; '.join(result.errors[:3])}"
+                                         if result.errors else ""))
+
     # --- running ----------------------------------------------------------------
 
     async def _supervise(self) -> None:
@@ -405,6 +434,8 @@ class LocalRunner:
         results = []
         timeout = aiohttp.ClientTimeout(total=300)
         async with aiohttp.ClientSession(timeout=timeout) as session:
+            # The warm-up moved KV too: count what the smoke requests moved.
+            moved_before = await self._decode_transferred(session)
             for req in smoke.smoke_requests(model):
                 if self.stop.is_set():
                     break
@@ -417,17 +448,14 @@ class LocalRunner:
             for name, launch in self.launches.items():
                 engines.append((name, launch.role, await smoke.fetch_metrics(session, launch.url)))
             router_metrics = await smoke.fetch_metrics(session, self.router_url)
-        print("KV transfer:", flush=True)
+        print("KV transfer (the warm-up included):", flush=True)
         for line in format_table([engine_figures(*e) for e in engines], router_metrics):
             print(f"  {line}", flush=True)
         if self.args.metrics_raw:
             print("Metrics:", flush=True)
             for line in smoke.format_transfer_stats(engines, router_metrics):
                 print(f"  {line}", flush=True)
-        transferred = sum(
-            smoke.tokens_by_source(text).get("external_kv_transfer", 0.0)
-            for name, role, text in engines if role == "decode" and text
-        )
+        transferred = smoke.decode_transferred(engines) - moved_before
         passed = sum(r.ok for r in results)
         total = len(smoke.smoke_requests(model))
         ok = passed == total and transferred > 0
@@ -436,6 +464,13 @@ class LocalRunner:
         print(f"smoke: {passed}/{total} requests passed, {int(transferred)} prompt tokens moved by KV transfer"
               f" -> {'PASS' if ok else 'FAIL'}", flush=True)
         return EXIT_OK if ok else EXIT_FAILED
+
+    async def _decode_transferred(self, session: Any) -> float:
+        from pdfleet.operator.local import smoke
+
+        engines = [(name, l.role, await smoke.fetch_metrics(session, l.url))
+                   for name, l in self.launches.items() if l.role == "decode"]
+        return smoke.decode_transferred(engines)
 
     # --- teardown ----------------------------------------------------------------
 

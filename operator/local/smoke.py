@@ -2,7 +2,8 @@
 
 A smoke request passes when it answers 200 with text, was served by prefill and
 decode (no `x-pdfleet-fallback` header), and streaming ends with [DONE]. After the
-requests, decode's /metrics must show prompt tokens that came by KV transfer.
+requests, decode's /metrics must show prompt tokens that came by KV transfer since they
+were sent (the warm-up before the router line moved some too).
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def tokens_by_source(metrics_text: str) -> dict[str, float]:
         source = sample[start + len(marker):sample.index('"', start + len(marker))]
         out[source] = out.get(source, 0.0) + value
     return out
+
+
+def decode_transferred(engines: Iterable[tuple[str, str, Optional[str]]]) -> float:
+    """Prompt tokens the decode engines received by KV transfer, from (name, role, /metrics text)."""
+    return sum(tokens_by_source(text).get("external_kv_transfer", 0.0)
+               for _, role, text in engines if role == "decode" and text)
 
 
 async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> Optional[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 
@@ -80,6 +81,9 @@ def fleet(tmp_path_factory, reference):  # `reference` first: its server is gone
         # GIL of the router's process under the first requests); this test asserts scoring from the
         # engines' events, which needs exact token hashes.
         assert httpx.get(f.router + "/health", timeout=10).json()["prefix_routing"]["tokenizer"]
+        # ... and once every prefill/decode pair served its warm-up requests (2 rounds x 2 pairs), with KV moved
+        warm = re.search(r"warm-up: (\d+)/(\d+) P/D requests answered, (\d+) KV pulls", f.stderr())
+        assert warm and warm.group(1) == warm.group(2) == "4" and int(warm.group(3)) >= 1, f.stderr()[-2000:]
         yield f
 
 
