@@ -5,7 +5,9 @@
 
 The workload (issue 17): 32 completions (max_tokens 8, temperature 0) over 8 system prompts of about
 150 words, each with 4 different user tails, sent by 4 concurrent clients through the fleet's router
-(leastOutstanding). Each fleet is fresh: round 1 starts right after the router line. Per round:
+(leastOutstanding). Each fleet is fresh: round 1 starts right after the router line (which
+`pdfleet local` prints once every prefill/decode pair is warmed; --warmup-baseline adds fleets
+started with --warmup-rounds 0). Per round:
 requests/min, p50/p99/max latency, failed requests. Per fleet: failed pulls by reason (from decode's
 log), decode's prompt tokens by source (computed itself, pulled; vLLM's counters),
 and the side channel's reply latency (a signed heartbeat to every prefill every 50 ms while
@@ -156,7 +158,8 @@ def prompt_tokens(decode_urls: list[str]) -> tuple[float, float]:
     return local, pulled
 
 
-def run_fleet(work: Path, prefill: int, reqs: list, rounds: int, engine_env: dict | None = None) -> dict:
+def run_fleet(work: Path, prefill: int, reqs: list, rounds: int, engine_env: dict | None = None,
+              runner_args: tuple[str, ...] = ()) -> dict:
     cr = yaml.safe_load(TINY_CR.read_text())
     if engine_env:
         engine = cr["spec"].setdefault("engine", {})
@@ -167,7 +170,7 @@ def run_fleet(work: Path, prefill: int, reqs: list, rounds: int, engine_env: dic
     work.mkdir(parents=True)
     path = work / "cr.yaml"
     path.write_text(yaml.safe_dump(cr))
-    with local_fleet(work, cr=path) as fleet:
+    with local_fleet(work, cr=path, extra_args=tuple(runner_args)) as fleet:
         state = fleet.state()
         prefills = [("127.0.0.1", e["side_channel_port"]) for e in state["engines"] if e["role"] == "prefill"]
         decodes = [e for e in state["engines"] if e["role"] == "decode"]
@@ -199,6 +202,9 @@ def main() -> int:
     parser.add_argument("--spin-baseline", action="store_true",
                         help="after each 2 + 1 fleet, a fresh one whose engines spin as vLLM does (1 s after a read:"
                              f" {SHM_SPIN_ENV}=1000), the baseline for the spin cap `pdfleet local` sets on shared CPUs")
+    parser.add_argument("--warmup-baseline", action="store_true",
+                        help="after each 2 + 1 fleet, a fresh one started with --warmup-rounds 0: the baseline for"
+                             " the pair warm-up `pdfleet local` runs before its router line")
     args = parser.parse_args()
 
     mdir = model_dir()
@@ -213,14 +219,16 @@ def main() -> int:
             with reference_server(work, mdir) as url:
                 for k in range(args.rounds):
                     print(fmt_round("plain server", k + 1, asyncio.run(one_round(url, reqs))), flush=True)
-        targets = [] if args.skip_1p1d else [("1P+1D", 1, None)]
+        targets = [] if args.skip_1p1d else [("1P+1D", 1, None, ())]
         for i in range(args.fleets):
-            targets.append((f"2P+1D #{i + 1}", 2, None))
+            targets.append((f"2P+1D #{i + 1}", 2, None, ()))
             if args.spin_baseline:
-                targets.append((f"2P+1D #{i + 1} 1s", 2, {SHM_SPIN_ENV: "1000"}))
+                targets.append((f"2P+1D #{i + 1} 1s", 2, {SHM_SPIN_ENV: "1000"}, ()))
+            if args.warmup_baseline:
+                targets.append((f"2P+1D #{i + 1} cold", 2, None, ("--warmup-rounds", "0")))
         summaries = []
-        for i, (name, prefill, env) in enumerate(targets):
-            res = run_fleet(work / f"fleet-{i}", prefill, reqs, args.rounds, env)
+        for i, (name, prefill, env, runner_args) in enumerate(targets):
+            res = run_fleet(work / f"fleet-{i}", prefill, reqs, args.rounds, env, runner_args)
             for k, r in enumerate(res["rounds"]):
                 print(fmt_round(name, k + 1, r), flush=True)
             summaries.append((name, res))
