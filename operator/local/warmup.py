@@ -3,8 +3,9 @@
 A fresh fleet's first request on each pair pays for what later ones reuse: the side-channel
 handshake, NIXL's peer metadata and UCX endpoints, the peer's prepared descriptor lists, and the
 engines' first shapes. On a 2 + 1 fleet on 2 CPUs the first four requests took 680-800 ms against
-230-400 ms later (docs/reliability.md), and the first workload right after the router line ran at
-425-560 requests/min without a warm-up, 615-694 with one (issue 17). So `pdfleet local` sends each
+230-400 ms later (docs/reliability.md). Over two runs of fresh fleets the first workload after the
+router line ran at a median of 609 requests/min warmed against 564 cold, a modest gain inside the
+machine's fleet-to-fleet noise (issue 17). So `pdfleet local` sends each
 pair a short request of its own (prefill with ``do_remote_decode``, then decode with the params it
 returned), every pair at once, ``rounds`` times, and announces the router after that.
 
@@ -24,6 +25,7 @@ import aiohttp
 
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.contract.kv_params import remote_decode_request
+from pdfleet.operator.local.smoke import fetch_metrics, parse_metric_lines
 
 __all__ = ["WarmRequest", "WarmResult", "warmup_plan", "warm_up"]
 
@@ -62,25 +64,11 @@ def warmup_plan(prefills: Sequence[str], decodes: Sequence[str], rounds: int) ->
              for j, d in enumerate(decodes)] for r in range(rounds)]
 
 
-def _metric(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + " ", name + "{")):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                pass
-    return total
-
-
 async def _pulls(session: aiohttp.ClientSession, decodes: Sequence[str]) -> float:
     total = 0.0
     for url in decodes:
-        try:
-            async with session.get(url + "/metrics") as resp:
-                total += _metric(await resp.text(), PULLS)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass
+        text = await fetch_metrics(session, url)
+        total += sum(v for sample, v in parse_metric_lines(text or "", (PULLS,)) if sample.split("{")[0] == PULLS)
     return total
 
 
