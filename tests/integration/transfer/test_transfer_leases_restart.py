@@ -179,9 +179,14 @@ def test_a_release_that_overtakes_the_hold_is_sent_again_until_the_source_holds_
     once = sink_factory(local_kv, release_retry_policy=ReleaseRetry(max_sends=1))  # the old fire-and-forget
     sink.release(["overtaken"], host=HOST, port=src.base_port)
     once.release(["overtaken-once"], host=HOST, port=src.base_port)
-    _poll_for(sink, 0.5)
-    _poll_for(once, 0.2)
-    assert sink.stats()["release_retries"] >= 1  # answered "not held": sent again
+    # Both answered "not held yet": the sink sends its release again, the one sent once gives up.
+    end = time.monotonic() + 10.0  # a liveness bound (replies come in milliseconds on an idle machine)
+    while time.monotonic() < end and not (sink.stats()["release_retries"] >= 1
+                                          and once.stats()["releases_unconfirmed"] == 1):
+        sink.poll()
+        once.poll()
+        time.sleep(0.005)
+    assert sink.stats()["release_retries"] >= 1
     assert once.stats()["release_retries"] == 0 and once.stats()["releases_unconfirmed"] == 1
     src.hold("overtaken", [3])
     src.hold("overtaken-once", [4])
@@ -206,6 +211,10 @@ def test_a_release_no_source_answers_is_given_up_within_its_budget(sink_factory,
     sink = sink_factory(local_kv, heartbeat_timeout=0.1,
                         release_retry_policy=ReleaseRetry(budget_seconds=1.0, first_delay=0.05, max_delay=0.2))
     sink.release(["nobody-home"], host=HOST, port=free_port())
-    _poll_for(sink, 2.0)
+    end = time.monotonic() + 10.0  # a liveness bound: given up about 1.1 s after the first send
+    while time.monotonic() < end and sink.stats()["releases_unconfirmed"] == 0:
+        sink.poll()
+        time.sleep(0.005)
+    _poll_for(sink, 0.5)  # and nothing is sent after that
     stats = sink.stats()
     assert 1 <= stats["release_retries"] <= 8 and stats["releases_unconfirmed"] == 1, stats
