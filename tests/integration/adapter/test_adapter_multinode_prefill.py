@@ -35,14 +35,15 @@ def _prefill_over_two_nodes(tiny_model, env) -> tuple[Side, Side]:
     return leader, node1
 
 
-def _pull_with_two_decode_ranks(tiny_model, env, params: dict) -> tuple[list[Side], object, list, dict]:
+def _pull_with_two_decode_ranks(tiny_model, env, params: dict,
+                                extra: dict | None = None) -> tuple[list[Side], object, list, dict]:
     env.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
     env.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     env.delenv(NODE_HOSTS_ENV)
     ranks = []
     for rank in (0, 1):
         env.setattr(worker_mod, "tensor_parallel_rank", lambda rank=rank: rank)
-        ranks.append(Side(tiny_model, "kv_consumer", tp=2, heads=1))
+        ranks.append(Side(tiny_model, "kv_consumer", tp=2, heads=1, extra=extra))
     sched = ranks[0]
     dreq = request(3 * BLOCK + 2, dict(params), seed=4)
     sched.add(dreq)
@@ -92,7 +93,9 @@ def test_without_remote_hosts_rank_1_dials_the_leader_and_fails(tiny_model, env)
         _, params, _ = prefill_request(leader, 3 * BLOCK + 2, seed=4)
         del params["remote_hosts"]
         params = signed(params)  # as a prefill that does not know its nodes would have signed them
-        decodes, dreq, _, results = _pull_with_two_decode_ranks(tiny_model, env, params)
+        # Rank 1's handshakes go unanswered: one short attempt each instead of 3 x 5 s.
+        decodes, dreq, _, results = _pull_with_two_decode_ranks(
+            tiny_model, env, params, extra={"handshake_timeout": 1.0, "handshake_retries": 1})
         assert results[0].finished_recving == {dreq.request_id} and not results[0].failed_recving
         assert dreq.request_id in (results[1].failed_recving or set())  # reported failed: vLLM recomputes
     finally:
