@@ -19,6 +19,10 @@ VLLM_SHM_RECHECK_MS = "PDFLEET_VLLM_SHM_RECHECK_MS"
 # Set by `pdfleet local` for engines that share a CPU with another engine: pdfleet's connector caps
 # how long vLLM's shared-memory readers spin (sched_yield) after a read before they park.
 VLLM_SHM_SPIN_MS = "PDFLEET_VLLM_SHM_SPIN_MS"
+# Set by `pdfleet local` beside VLLM_SHM_SPIN_MS: inside that spin window the readers sleep this many
+# microseconds between polls instead of calling sched_yield, so a waiting reader leaves the CPU to the
+# process working beside it (connector/adapter/vllm_workarounds.py).
+VLLM_SHM_SPIN_NAP_US = "PDFLEET_VLLM_SHM_SPIN_NAP_US"
 # Test-only fault hooks (connector/testhooks.py), off unless set to an absolute file path; while
 # that file exists: a decode's NIXL READs are never posted (they stay in progress, a stuck READ),
 # or the engine's wall clock (time.time) is stepped by the seconds the file holds.

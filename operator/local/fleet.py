@@ -24,6 +24,9 @@ LOCAL_SHM_RECHECK_MS = 50
 # How long vLLM's readers of an engine may spin after a read when it shares a CPU with another engine or
 # has a rank on a single CPU, beside the unpinned router and API servers (spin_capped_engines).
 LOCAL_SHARED_CPU_SPIN_MS = 5
+# ... and how long they sleep between polls inside that window instead of sched_yield (a yielding reader
+# still takes its fair share of the CPU; 2 + 1 fleets on 2 CPUs: 121-142 ms of CPU per request, not 180-214).
+LOCAL_SHARED_CPU_SPIN_NAP_US = 1000
 # KV cache per engine (GiB) unless the spec's env sets one: a local fleet shares one machine.
 DEFAULT_KVCACHE_GIB = "1"
 
@@ -233,6 +236,7 @@ def plan_local(
         env.setdefault(env_names.VLLM_SHM_RECHECK_MS, str(LOCAL_SHM_RECHECK_MS))
         if n in capped:  # its readers' spinning would take the CPU from the processes beside it
             env.setdefault(env_names.VLLM_SHM_SPIN_MS, str(LOCAL_SHARED_CPU_SPIN_MS))
+            env.setdefault(env_names.VLLM_SHM_SPIN_NAP_US, str(LOCAL_SHARED_CPU_SPIN_NAP_US))
         engines.append(EngineLaunch(
             name=f"{role}-{i}",
             role=role,

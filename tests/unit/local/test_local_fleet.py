@@ -136,6 +136,8 @@ def test_replicas_beyond_the_cpus_warn_and_share():
     assert {e.env["PDFLEET_VLLM_SHM_RECHECK_MS"] for e in plan.engines} == {"50"}
     # every CPU is an engine's: all spin at most 5 ms after a read (the router and API servers need them too)
     assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_MS") for e in plan.engines] == ["5", "5", "5"]
+    # ... and poll inside that window with a 1 ms sleep, not sched_yield
+    assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_NAP_US") for e in plan.engines] == ["1000", "1000", "1000"]
     assert plan.warnings and "share" in plan.warnings[0]
 
 
@@ -143,7 +145,8 @@ def test_engines_with_cpus_to_spare_spin_as_vllm_does():
     spec = resource(prefill={"replicas": 1}, decode={"replicas": 1}).spec
     plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1, 2, 3], ports=ports_for(spec), base_env={})
     assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in plan.engines] == ["0,1", "2,3"]
-    assert all("PDFLEET_VLLM_SHM_SPIN_MS" not in e.env for e in plan.engines)
+    assert all("PDFLEET_VLLM_SHM_SPIN_MS" not in e.env and "PDFLEET_VLLM_SHM_SPIN_NAP_US" not in e.env
+               for e in plan.engines)
     # one CPU each: the router and API servers run on them too, so both are capped
     plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
     assert [e.env.get("PDFLEET_VLLM_SHM_SPIN_MS") for e in plan.engines] == ["5", "5"]
@@ -151,9 +154,11 @@ def test_engines_with_cpus_to_spare_spin_as_vllm_does():
 
 def test_a_spec_env_sets_the_spin_either_way():
     spec = resource(prefill={"replicas": 1}, decode={"replicas": 1},
-                    engine={"blockSize": 32, "env": [{"name": "PDFLEET_VLLM_SHM_SPIN_MS", "value": "1000"}]}).spec
+                    engine={"blockSize": 32, "env": [{"name": "PDFLEET_VLLM_SHM_SPIN_MS", "value": "1000"},
+                                                     {"name": "PDFLEET_VLLM_SHM_SPIN_NAP_US", "value": "0"}]}).spec
     plan = plan_local(spec, revision="r", model_path=None, cpus=[0, 1], ports=ports_for(spec), base_env={})
     assert [e.env["PDFLEET_VLLM_SHM_SPIN_MS"] for e in plan.engines] == ["1000", "1000"]
+    assert [e.env["PDFLEET_VLLM_SHM_SPIN_NAP_US"] for e in plan.engines] == ["0", "0"]
 
 
 @pytest.mark.parametrize("pinning, shared", [
