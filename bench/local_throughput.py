@@ -7,7 +7,7 @@ The workload (issue 17): 32 completions (max_tokens 8, temperature 0) over 8 sys
 150 words, each with 4 different user tails, sent by 4 concurrent clients through the fleet's router
 (leastOutstanding). Each fleet is fresh: round 1 starts right after the router line (which
 `pdfleet local` prints once every prefill/decode pair is warmed; --warmup-baseline adds fleets
-started with --warmup-rounds 0). Per round:
+started with --warmup-rounds 0, --nap-baseline fleets whose readers spin with sched_yield). Per round:
 requests/min, p50/p99/max latency, failed requests. Per fleet: failed pulls by reason (from decode's
 log), decode's prompt tokens by source (computed itself, pulled; vLLM's counters),
 and the side channel's reply latency (a signed heartbeat to every prefill every 50 ms while
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 from local_fleet import TINY_CR, Answer, ask, completion, local_fleet, metric_sum, model_dir, reference_server  # noqa: E402
 
 from pdfleet.connector.transfer import wire  # noqa: E402
-from pdfleet.contract.env import VLLM_SHM_SPIN_MS as SHM_SPIN_ENV  # noqa: E402
+from pdfleet.contract.env import VLLM_SHM_SPIN_MS as SHM_SPIN_ENV, VLLM_SHM_SPIN_NAP_US as SHM_NAP_ENV  # noqa: E402
 from pdfleet.contract.routing import LEAST_OUTSTANDING  # noqa: E402
 from pdfleet.connector.transfer.sidechannel import SideChannelClient, SideChannelError  # noqa: E402
 from pdfleet.operator.local.tiny_model import build_corpus  # noqa: E402
@@ -205,6 +206,9 @@ def main() -> int:
     parser.add_argument("--warmup-baseline", action="store_true",
                         help="after each 2 + 1 fleet, a fresh one started with --warmup-rounds 0: the baseline for"
                              " the pair warm-up `pdfleet local` runs before its router line")
+    parser.add_argument("--nap-baseline", action="store_true",
+                        help=f"after each 2 + 1 fleet, a fresh one whose capped readers spin with sched_yield ({SHM_NAP_ENV}=0):"
+                             " the baseline for the sleep between polls `pdfleet local` sets")
     args = parser.parse_args()
 
     mdir = model_dir()
@@ -213,33 +217,45 @@ def main() -> int:
           f" {CLIENTS} clients; {args.rounds} rounds per target", flush=True)
     print(f"{'target':14}{'round':>6}{'req/min':>10}{'p50 s':>9}{'p99 s':>9}{'max s':>9}{'failed':>8}"
           f"{'fallback':>9}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="pdfleet-throughput-") as tmp:
-        work = Path(tmp)
-        if not args.skip_plain:
-            with reference_server(work, mdir) as url:
-                for k in range(args.rounds):
-                    print(fmt_round("plain server", k + 1, asyncio.run(one_round(url, reqs))), flush=True)
-        targets = [] if args.skip_1p1d else [("1P+1D", 1, None, ())]
-        for i in range(args.fleets):
-            targets.append((f"2P+1D #{i + 1}", 2, None, ()))
-            if args.spin_baseline:
-                targets.append((f"2P+1D #{i + 1} 1s", 2, {SHM_SPIN_ENV: "1000"}, ()))
-            if args.warmup_baseline:
-                targets.append((f"2P+1D #{i + 1} cold", 2, None, ("--warmup-rounds", "0")))
-        summaries = []
-        for i, (name, prefill, env, runner_args) in enumerate(targets):
+    # Kept when a fleet fails, so that its engines' logs can be read (local_fleet names the run dir).
+    work = Path(tempfile.mkdtemp(prefix="pdfleet-throughput-"))
+    if not args.skip_plain:
+        with reference_server(work, mdir) as url:
+            for k in range(args.rounds):
+                print(fmt_round("plain server", k + 1, asyncio.run(one_round(url, reqs))), flush=True)
+    targets = [] if args.skip_1p1d else [("1P+1D", 1, None, ())]
+    for i in range(args.fleets):
+        targets.append((f"2P+1D #{i + 1}", 2, None, ()))
+        if args.spin_baseline:
+            targets.append((f"2P+1D #{i + 1} 1s", 2, {SHM_SPIN_ENV: "1000"}, ()))
+        if args.warmup_baseline:
+            targets.append((f"2P+1D #{i + 1} cold", 2, None, ("--warmup-rounds", "0")))
+        if args.nap_baseline:
+            targets.append((f"2P+1D #{i + 1} yield", 2, {SHM_NAP_ENV: "0"}, ()))
+    summaries = []
+    failed_starts = 0
+    for i, (name, prefill, env, runner_args) in enumerate(targets):
+        try:
             res = run_fleet(work / f"fleet-{i}", prefill, reqs, args.rounds, env, runner_args)
-            for k, r in enumerate(res["rounds"]):
-                print(fmt_round(name, k + 1, r), flush=True)
-            summaries.append((name, res))
-        print("\nper fleet: side-channel reply latency under load (ms), decode's prompt tokens (computed itself /"
-              " pulled), failed pulls by reason")
-        for name, res in summaries:
-            print(f"{name:14} p50 {res['sc_p50_ms']:.1f}  p99 {res['sc_p99_ms']:.1f}  max {res['sc_max_ms']:.1f}"
-                  f"  ({res['sc_samples']} samples, {res['sc_lost']} lost)  tokens local {res['local_tokens']:.0f} / pulled {res['pulled_tokens']:.0f}"
-                  f"  CPUs {res['cpus']}")
-            for reason, n in res["pull_failures"].most_common():
-                print(f"{'':14}   {n:4d} x {reason}")
+        except AssertionError as exc:  # an engine that did not start: reported, and the run goes on
+            failed_starts += 1
+            print(f"{name:14} did not start: {str(exc).splitlines()[0]} (logs in {work / f'fleet-{i}'})", flush=True)
+            continue
+        for k, r in enumerate(res["rounds"]):
+            print(fmt_round(name, k + 1, r), flush=True)
+        summaries.append((name, res))
+    print("\nper fleet: side-channel reply latency under load (ms), decode's prompt tokens (computed itself /"
+          " pulled), failed pulls by reason")
+    for name, res in summaries:
+        print(f"{name:14} p50 {res['sc_p50_ms']:.1f}  p99 {res['sc_p99_ms']:.1f}  max {res['sc_max_ms']:.1f}"
+              f"  ({res['sc_samples']} samples, {res['sc_lost']} lost)  tokens local {res['local_tokens']:.0f} / pulled {res['pulled_tokens']:.0f}"
+              f"  CPUs {res['cpus']}")
+        for reason, n in res["pull_failures"].most_common():
+            print(f"{'':14}   {n:4d} x {reason}")
+    if failed_starts:
+        print(f"{failed_starts} fleet(s) did not start; their logs are kept in {work}")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
