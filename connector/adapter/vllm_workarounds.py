@@ -26,8 +26,9 @@ gives an always-runnable thread its share of a CPU whatever it yields, so a read
 next step took up to half of the CPU from the engine working beside it. With
 ``PDFLEET_VLLM_SHM_SPIN_NAP_US`` also set (``pdfleet local`` sets 1,000 with the cap), a reader
 inside its spin window sleeps that long between polls instead: off the run queue while it waits,
-at most one nap late to a step. Measured on a 2 + 1 fleet on 2 CPUs: 121-142 ms of CPU per request
-instead of 180-214, and round 1 at 720-893 requests/min instead of 530-609 (docs/reliability.md).
+at most one nap late to a step. Measured on 2 + 1 fleets on 2 CPUs: 121-142 ms of the fleet's CPU
+per request instead of 180-214, and a fresh fleet's first round at 600-798 requests/min instead of
+491-679 (docs/reliability.md).
 """
 
 from __future__ import annotations

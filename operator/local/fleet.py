@@ -84,10 +84,10 @@ def local_errors(spec: DisaggregatedInferenceSpec, *, has_gpu: bool) -> list[Fie
 
 
 # What sharing costs, measured (bench/local_throughput.py, 2 cores, docs/reliability.md): on the issue-17
-# workload a 2 prefill + 1 decode fleet served about 400-900 requests/min where 1 + 1 served about 850-1,200
-# and one plain vLLM server about 1,400-1,700.
-SHARING_COST = ("engines on the same CPU slow each other down (vLLM's CPU engines spin while they wait for"
-                " work; measured here: 2 prefill + 1 decode on 2 CPUs ~400-900 requests/min, 1 + 1 ~850-1,200)")
+# workload a 2 prefill + 1 decode fleet served about 600-1,050 requests/min where 1 + 1 served about
+# 1,200-1,400 and one plain vLLM server about 1,250-2,800.
+SHARING_COST = ("engines on the same CPU slow each other down (vLLM's CPU engines poll while they wait for"
+                " work; measured here: 2 prefill + 1 decode on 2 CPUs ~600-1,050 requests/min, 1 + 1 ~1,200-1,400)")
 
 
 def _split(cpus: Sequence[int], n: int) -> list[list[int]]:
