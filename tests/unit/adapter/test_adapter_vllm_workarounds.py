@@ -75,6 +75,13 @@ def _reader(spin_condition):
     return ctx, writer, reader
 
 
+def _close(ctx, writer, reader) -> None:
+    for s in (writer.local_notify_socket, reader.local_notify_socket, reader.read_cancel_socket,
+              reader.write_cancel_socket):
+        s.close(linger=0)
+    ctx.term()
+
+
 def test_caps_the_spin_of_readers_built_before_it(spin_condition):
     ctx, writer, reader = _reader(spin_condition)
     try:
@@ -87,10 +94,7 @@ def test_caps_the_spin_of_readers_built_before_it(spin_condition):
         reader.wait(timeout_ms=10)
         assert reader.busy_loop_s == 0.005
     finally:
-        for s in (writer.local_notify_socket, reader.local_notify_socket, reader.read_cancel_socket,
-                  reader.write_cancel_socket):
-            s.close(linger=0)
-        ctx.term()
+        _close(ctx, writer, reader)
 
 
 def test_spin_is_left_alone_when_unset_or_bad(spin_condition, caplog):
@@ -144,10 +148,7 @@ def test_a_reader_inside_its_spin_window_naps_instead_of_yielding(spin_condition
         reader.wait(timeout_ms=10)
         assert (calls.naps, calls.yields) == (naps, yields)
     finally:
-        for s in (writer.local_notify_socket, reader.local_notify_socket, reader.read_cancel_socket,
-                  reader.write_cancel_socket):
-            s.close(linger=0)
-        ctx.term()
+        _close(ctx, writer, reader)
 
 
 def test_a_nap_without_a_spin_cap_or_out_of_range_is_ignored_with_a_warning(spin_condition, caplog):
