@@ -23,7 +23,7 @@ writer notifies after every write, so a parked reader wakes on the notification 
 
 The third is how it spins: ``sched_yield`` keeps the reader runnable, and the kernel's fair scheduler
 gives an always-runnable thread its share of a CPU whatever it yields, so a reader waiting for the
-next step took up to half of the CPU from the engine working beside it. With
+next step can take up to half of the CPU from the engine working beside it. With
 ``PDFLEET_VLLM_SHM_SPIN_NAP_US`` also set (``pdfleet local`` sets 1,000 with the cap), a reader
 inside its spin window sleeps that long between polls instead: off the run queue while it waits,
 at most one nap late to a step. Measured on 2 + 1 fleets on 2 CPUs: 121-142 ms of the fleet's CPU

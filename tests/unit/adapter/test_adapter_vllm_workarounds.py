@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pdfleet.connector.adapter import vllm_workarounds
@@ -122,7 +124,7 @@ class _Calls:
         self.naps: list[float] = []
         self.yields = 0
         monkeypatch.setattr(vllm_workarounds, "time", type("T", (), {
-            "monotonic": staticmethod(__import__("time").monotonic), "sleep": staticmethod(self.naps.append)}))
+            "monotonic": staticmethod(time.monotonic), "sleep": staticmethod(self.naps.append)}))
 
         def counted_yield():
             self.yields += 1
