@@ -103,13 +103,13 @@ def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> we
 
     async def lifecycle(app: web.Application):
         await router.open()
-        await router.prefix.start()
+        await router.picker.start()
         task = asyncio.create_task(discovery(router)) if discovery is not None else None
         yield
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        await router.prefix.stop()
+        await router.picker.stop()
         await router.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -96,7 +96,7 @@ class DecodeLeg:
         tried: set[str] = set()
         cfg = self.config
         for attempt in range(cfg.decode_attempts):
-            url = self._pick(DECODE, candidates, tried, body, path.endswith("chat/completions"))
+            url = self.picker.pick(DECODE, candidates, tried, body, path.endswith("chat/completions"))
             if url is None:
                 break
             tried.add(url)
@@ -112,7 +112,7 @@ class DecodeLeg:
             if kv_params is not None:
                 decode_body["kv_transfer_params"] = kv_params
             started = time.perf_counter()
-            self._acquire(DECODE, url)
+            self.picker.acquire(DECODE, url)
             resp = None
             detail = ""
             try:
@@ -144,13 +144,13 @@ class DecodeLeg:
                     else:
                         reason = f"http_{resp.status}"
                 self.metrics.leg_failures.labels(DECODE, reason).inc()
-                self._eject(url)
+                self.picker.eject(url)
                 log.warning("decode leg to %s failed (%s%s), request %s", url, reason, detail[:300],
                             headers[REQUEST_ID_HEADER])
             finally:
                 if resp is not None:
                     resp.release()
-                self._release(DECODE, url)
+                self.picker.release(DECODE, url)
                 self._latency[DECODE].observe(time.perf_counter() - started)
         if lease is not None and lease.params:
             self._release_unread(lease, body, headers, lease_release.DECODE_FAILED)

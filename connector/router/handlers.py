@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdfleet.connector.router import canary, timing
+from pdfleet.connector.router import timing
 from pdfleet.connector.router.decode_leg import Lease
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.errors import error_response
@@ -91,7 +91,7 @@ class Handlers:
         if body.pop("kv_transfer_params", None) is not None:
             self.metrics.client_kv_params_dropped.inc()
 
-        group = canary.choose(self.selection, body, chat=chat, request_id=request_id)  # both legs on this pair
+        group = self.picker.choose_pair(body, chat=chat, request_id=request_id)  # both legs on this pair
         if group is None:
             self.metrics.errors.labels("no_endpoints").inc()
             return error_response(503, f"no endpoints to serve: {self.selection.reason}", headers=reply_headers)
@@ -147,7 +147,7 @@ class Handlers:
             return error_response(503, f"no endpoints to serve: {self.selection.reason}")
         tried: set[str] = set()
         for _ in range(self.config.decode_attempts):
-            url = self._pick(DECODE, group.ready(DECODE), tried)
+            url = self.picker.pick(DECODE, group.ready(DECODE), tried)
             if url is None:
                 break
             tried.add(url)
@@ -160,7 +160,7 @@ class Handlers:
                                             content_type=resp.content_type or "application/json")
             except (asyncio.TimeoutError, aiohttp.ClientError):
                 pass
-            self._eject(url)
+            self.picker.eject(url)
         return error_response(502, "no decode endpoint answered /v1/models")
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -171,7 +171,7 @@ class Handlers:
             "reason": self.selection.reason,
             "prefill_ready": len(group.ready(PREFILL)) if group else 0,
             "decode_ready": len(group.ready(DECODE)) if group else 0,
-            "revisions": sorted(self._groups),
+            "revisions": sorted(self.groups),
             "canary": ({"revision": self.selection.canary.revision, "weight": self.selection.canary_weight}
                        if self.selection.canary else None),
             "prefix_routing": self.prefix.status(),

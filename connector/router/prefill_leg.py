@@ -46,7 +46,7 @@ class PrefillLeg:
         candidates = group.ready(PREFILL)
         tried: set[str] = set()
         for attempt in range(self.config.prefill_attempts):
-            url = self._pick(PREFILL, candidates, tried, body, chat)
+            url = self.picker.pick(PREFILL, candidates, tried, body, chat)
             if url is None:
                 break
             tried.add(url)
@@ -57,7 +57,7 @@ class PrefillLeg:
                 reason.url = url
                 return reason
             self.metrics.leg_failures.labels(PREFILL, reason).inc()
-            self._eject(url)
+            self.picker.eject(url)
             log.warning("prefill leg to %s failed (%s), request %s", url, reason, headers[REQUEST_ID_HEADER])
         return PrefillResult()
 
@@ -65,7 +65,7 @@ class PrefillLeg:
                            headers: dict[str, str]) -> PrefillResult | str:
         """One prefill attempt: a result, or the reason it failed."""
         started = time.perf_counter()
-        self._acquire(PREFILL, url)
+        self.picker.acquire(PREFILL, url)
         try:
             async with self.session.post(target(url, path), data=payload, headers=headers,
                                          timeout=self._prefill_timeout) as resp:
@@ -84,7 +84,7 @@ class PrefillLeg:
         except aiohttp.ClientError:
             return "protocol"
         finally:
-            self._release(PREFILL, url)
+            self.picker.release(PREFILL, url)
             self._latency[PREFILL].observe(time.perf_counter() - started)
         try:
             params = json_decode(data).get("kv_transfer_params")
@@ -97,14 +97,14 @@ class PrefillLeg:
     async def _hand_back(self, group: RevisionEndpoints, path: str, body: dict[str, Any], headers: dict[str, str],
                          kv_params: dict[str, Any], *, chat: bool) -> None:
         """One-token decode leg whose only purpose is to consume (and so release) prefill's blocks."""
-        url = self._pick(DECODE, group.ready(DECODE), set())
+        url = self.picker.pick(DECODE, group.ready(DECODE), set())
         if url is None:
             return
-        self._acquire(DECODE, url)
+        self.picker.acquire(DECODE, url)
         try:
             async with self.session.post(target(url, path), headers=headers,
                                          data=json_encode(release_body(body, kv_params, chat=chat)),
                                          timeout=self._prefill_timeout) as resp:
                 await resp.read()
         finally:
-            self._release(DECODE, url)
+            self.picker.release(DECODE, url)

@@ -1,0 +1,150 @@
+"""The router's decision core: which pair serves a request and which endpoint takes each leg.
+
+One object, so that every front end asks the same questions of the same state: the router's
+HTTP handlers (handlers.py) and the gateway's Endpoint Picker (connector/epp/). It holds
+
+- the fleet's revisions and the one that serves, with its canary beside it (endpoints.py:
+  ``select_revision``), and the per-request pairing (canary.py: ``choose``);
+- the endpoints' load (requests in flight) and the ones ejected after a failure;
+- KV-cache-aware scoring (kvaware/prefix_routing.py) and its index of the engines' KV events;
+- flow control (flow/gate.py), the gate a request passes before either leg.
+
+It does no HTTP of its own. The rules live in the pure modules it calls; this object keeps their
+state and the metrics that describe it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from pdfleet.connector.router import canary, timing
+from pdfleet.connector.router.endpoint_labels import EndpointLabels
+from pdfleet.connector.router.endpoints import (
+    DECODE,
+    PREFILL,
+    Outstanding,
+    RevisionEndpoints,
+    Selection,
+    pick_least_outstanding,
+    select_revision,
+)
+from pdfleet.connector.router.flow.gate import FlowGate
+from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting
+from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.contract.router_config import RouterConfig
+
+log = logging.getLogger("pdfleet.router")
+
+
+class Picker:
+    """The state and the decisions every front end shares (see the module docstring)."""
+
+    def __init__(self, config: RouterConfig, metrics: RouterMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.outstanding = Outstanding()
+        self.labels = EndpointLabels()  # what endpoints are called in metrics (never their URL: a pod IP)
+        self.prefix = PrefixRouting(config, metrics, labels=self.labels)
+        self.flow = FlowGate(config.flow_control, metrics.registry)  # open when disabled
+        self.selection = Selection(None, "no endpoints known yet")
+        self._groups: dict[str, RevisionEndpoints] = {}
+        self._ejected: dict[str, float] = {}
+        self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
+        # prometheus children resolved once: labels() costs more than the update itself
+        self._in_flight: dict[tuple[str, str], Any] = {}
+
+    # ---- endpoints -------------------------------------------------------
+
+    def set_endpoints(self, groups: Iterable[RevisionEndpoints]) -> None:
+        """Replace every known revision; called by discovery on each change."""
+        self._groups = {g.revision: g for g in groups}
+        old = self.selection.revision.revision if self.selection.revision else None
+        self.selection = select_revision(self._groups.values())
+        new = self.selection.revision
+        if (new.revision if new else None) != old:
+            log.info("serving revision %s (%s)", new.revision if new else None, self.selection.reason)
+        known: dict[str, str] = {}
+        for g in self._groups.values():
+            for role, eps in ((PREFILL, g.prefill), (DECODE, g.decode)):
+                for e in eps:
+                    known.setdefault(e.url, role)
+        # Series of endpoints that left go first, under their old names (which may then be reused).
+        self._forget_gone_endpoints(known)
+        self.prefix.set_endpoints(self._groups.values())
+        self.labels.update(known, keep=self.outstanding.counts.keys())
+        self.flow.set_ready_decodes(len(new.ready(DECODE)) if new is not None else 0)
+        self.metrics.revision.clear()
+        self.metrics.endpoints.clear()
+        if new is not None:
+            self.metrics.revision.labels(new.revision).set(1)
+            for role, eps in ((PREFILL, new.prefill), (DECODE, new.decode)):
+                ready = sum(e.ready for e in eps)
+                self.metrics.endpoints.labels(role, "true").set(ready)
+                self.metrics.endpoints.labels(role, "false").set(len(eps) - ready)
+
+    def _forget_gone_endpoints(self, known: dict[str, str]) -> None:
+        """Drop the in-flight series of endpoints that left every revision (pods churn)."""
+        for role, url in list(self._in_flight):
+            if url not in known and not self.outstanding.counts.get(url):
+                del self._in_flight[(role, url)]
+                self.metrics.in_flight.remove(role, self.labels(url))
+
+    @property
+    def groups(self) -> dict[str, RevisionEndpoints]:
+        return dict(self._groups)
+
+    # ---- decisions -------------------------------------------------------
+
+    def choose_pair(self, body: Mapping[str, Any], *, chat: bool, request_id: str) -> RevisionEndpoints | None:
+        """The revision pair that serves this request (both legs); None when no pair can."""
+        return canary.choose(self.selection, body, chat=chat, request_id=request_id)
+
+    def pick(self, role: str, candidates: Collection[str], tried: Collection[str] = (),
+             body: Mapping[str, Any] | None = None, chat: bool = False) -> str | None:
+        """The endpoint of ``role`` among ``candidates`` that takes a leg, never one in ``tried``:
+        KV-cache-aware when a body is given and the role's policy asks for it, else the least
+        loaded. Recently failed endpoints are taken only when nothing else is left."""
+        now = time.monotonic()
+        ejected = [u for u, until in self._ejected.items() if until > now]
+        if len(ejected) != len(self._ejected):
+            self._ejected = {u: self._ejected[u] for u in ejected}
+        candidates = tuple(candidates)
+        if body is not None and self.prefix.enabled(role):
+            return self.prefix.pick(role, candidates, body, chat=chat, outstanding=self.outstanding.counts,
+                                    exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role]))
+        return pick_least_outstanding(
+            candidates, self.outstanding.counts, exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role])
+        )
+
+    def eject(self, url: str) -> None:
+        """``url`` failed a leg: avoid it for ``eject_s``."""
+        if self.config.eject_s > 0:
+            self._ejected[url] = time.monotonic() + self.config.eject_s
+
+    # ---- load ------------------------------------------------------------
+
+    def acquire(self, role: str, url: str) -> None:
+        """A leg of ``role`` started on ``url`` (release it exactly once)."""
+        self.outstanding.acquire(url)
+        timing.leg_started(role)
+        gauge = self._in_flight.get((role, url))
+        if gauge is None:
+            gauge = self._in_flight[(role, url)] = self.metrics.in_flight.labels(role, self.labels(url))
+        gauge.inc()
+
+    def release(self, role: str, url: str) -> None:
+        self.outstanding.release(url)
+        timing.leg_ended(role)
+        self._in_flight[(role, url)].dec()
+
+    # ---- lifecycle -------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.prefix.start()
+
+    async def stop(self) -> None:
+        await self.prefix.stop()
