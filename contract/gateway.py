@@ -1,0 +1,23 @@
+"""The Gateway API Inference Extension's Endpoint Picker Protocol, as the gateway and the EPP spell it.
+
+GAIE (inference.networking.k8s.io) docs, "Endpoint Picker Protocol": the EPP is an Envoy ext_proc
+server that names the chosen ``ip:port`` in a request header and in dynamic metadata under the
+same key; the proxy may hand it a subset to pick from. Standard library only.
+"""
+
+from __future__ import annotations
+
+# The chosen endpoint, "ip:port": request header (read by the ORIGINAL_DST cluster) and the key in
+# the dynamic metadata namespace below.
+DESTINATION_ENDPOINT_HEADER = "x-gateway-destination-endpoint"
+DESTINATION_METADATA_NAMESPACE = "envoy.lb"
+# The proxy's subset hint: metadata namespace and key; a list of "ip:port" (or one comma-separated string).
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
+
+EPP_GRPC = 9002  # the EPP's ext_proc gRPC port (GAIE's default for endpointPickerRef.port)
+EPP_METRICS = 9090  # the EPP's /metrics and /health (HTTP)
+
+FAIL_OPEN = "FailOpen"  # InferencePool endpointPickerRef.failureMode: the proxy routes on without the EPP
+FAIL_CLOSE = "FailClose"  # the proxy answers 5xx when the EPP cannot be reached
+FAILURE_MODES = (FAIL_OPEN, FAIL_CLOSE)
