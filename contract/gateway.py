@@ -18,6 +18,12 @@ SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
 EPP_GRPC = 9002  # the EPP's ext_proc gRPC port (GAIE's default for endpointPickerRef.port)
 EPP_METRICS = 9090  # the EPP's /metrics and /health (HTTP)
 
+# `pdfleet epp` takes the router's flags (contract/router_config.py: endpoint discovery, picking,
+# limits; its --host/--port are the EPP's HTTP listener for /health and /metrics, EPP_METRICS in a
+# pod) plus this one, the ext_proc gRPC port the InferencePool's endpointPickerRef names.
+GRPC_PORT_FLAG = "--grpc-port"
+GRPC_PORT_NAME = "grpc"  # the ext_proc port's name on the EPP's container and Service
+
 FAIL_OPEN = "FailOpen"  # InferencePool endpointPickerRef.failureMode: the proxy routes on without the EPP
 FAIL_CLOSE = "FailClose"  # the proxy answers 5xx when the EPP cannot be reached
 FAILURE_MODES = (FAIL_OPEN, FAIL_CLOSE)

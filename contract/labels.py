@@ -5,7 +5,7 @@ from __future__ import annotations
 
 PREFIX = "pdfleet.io/"
 FLEET = "pdfleet.io/fleet"  # on every child: the DisaggregatedInference's name
-ROLE = "pdfleet.io/role"  # prefill | decode | router
+ROLE = "pdfleet.io/role"  # prefill | decode | router | epp
 REVISION = "pdfleet.io/revision"  # the fleet template's hash (plan/naming.py: revision)
 GROUP = "pdfleet.io/group"  # replica index of a per-replica LeaderWorkerSet (gang scheduling)
 # On the engine Services (and so on their EndpointSlices) of the revision that serves new
@@ -29,4 +29,5 @@ ROLLOUT_ABORT = "abort"
 ROLE_PREFILL = "prefill"
 ROLE_DECODE = "decode"
 ROLE_ROUTER = "router"
+ROLE_EPP = "epp"  # the Endpoint Picker behind a Gateway (spec.gateway.inferencePool)
 ENGINE_ROLES = (ROLE_PREFILL, ROLE_DECODE)
