@@ -15,3 +15,6 @@ ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
 REVISION_OUTCOME = "outcome"  # also the outcome label of ROUTER_KV_RELEASES
 OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the pair's fault)
 OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair
+# counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
+# (connector/router/disaggregation.py); exposed with the suffix _total
+ROUTER_DISAGGREGATION_DECISIONS = "pdfleet_router_disaggregation_decisions"

@@ -16,3 +16,14 @@ DEFAULT_HASH_SEED = "vllm-none-hash"
 FALLBACK_HEADER = "x-pdfleet-fallback"  # served without P/D, and why (e.g. decode-only)
 FALLBACK_DECODE_ONLY = "decode-only"
 REVISION_HEADER = "x-pdfleet-revision"  # the revision that served the request
+
+# Whether a request's prompt is prefilled remotely (spec.router.disaggregation.policy).
+DISAGGREGATION_ALWAYS = "Always"  # every request prefill -> decode (decode alone only when P/D cannot serve it)
+DISAGGREGATION_CONDITIONAL = "Conditional"  # per request: remote prefill only when it pays (router/disaggregation.py)
+DISAGGREGATION_POLICIES = (DISAGGREGATION_ALWAYS, DISAGGREGATION_CONDITIONAL)
+# The decision per request: the decisions metric's label `decision` and the header below.
+REMOTE_PREFILL = "remote_prefill"
+DECODE_ONLY = "decode_only"
+# Response header: the decision and its reason, e.g. "decode_only; reason=short_prompt". Unlike
+# FALLBACK_HEADER, a chosen decode-only is no failure of P/D.
+DISAGGREGATION_HEADER = "x-pdfleet-disaggregation"
