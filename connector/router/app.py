@@ -42,11 +42,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from pdfleet.connector.router.decode_leg import DecodeLeg
 from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.router.errors import error_body, error_response
 from pdfleet.connector.router.handlers import Handlers
-from pdfleet.connector.router.prefill_leg import PrefillLeg
 from pdfleet.connector.router.router_state import RouterState
 from pdfleet.connector.router.upstream import REQUEST_ID_HEADER
 from pdfleet.contract.router_config import RouterConfig
@@ -58,8 +56,8 @@ STATIC_REVISION = "static"
 Discovery = Callable[["Router"], Awaitable[None]]
 
 
-class Router(Handlers, PrefillLeg, DecodeLeg, RouterState):
-    """One router: its state (router_state.py), its two legs (prefill_leg.py, decode_leg.py) and
+class Router(Handlers, RouterState):
+    """One router: its parts (router_state.py: the picker, the two legs, the lease releaser) and
     what each route answers (handlers.py)."""
 
 

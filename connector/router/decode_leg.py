@@ -5,11 +5,9 @@ release of a lease no decode will read (lease_release.py)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
@@ -17,7 +15,10 @@ from aiohttp import web
 from pdfleet.connector.router import lease_release, timing
 from pdfleet.connector.router.endpoints import DECODE, RevisionEndpoints, lease_allows_reuse
 from pdfleet.connector.router.errors import error_response
+from pdfleet.connector.router.lease_release import Lease
+from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.outcome import StreamEnd
+from pdfleet.connector.router.picker import Picker
 from pdfleet.connector.router.upstream import (
     CLIENT_LEFT,
     DELIVERED,
@@ -27,6 +28,7 @@ from pdfleet.connector.router.upstream import (
     json_encode,
     target,
 )
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER
 
 log = logging.getLogger("pdfleet.router")
@@ -36,52 +38,36 @@ class BrokeBeforeFirstByte(Exception):
     """Decode's answer broke while the router still held all of it back."""
 
 
-@dataclass
-class Lease:
-    """A prefill's lease on its way to decode (released at the prefill when no decode will read it)."""
-
-    url: str
-    params: dict[str, Any]
-    received_at: float | None = None  # monotonic, when the prefill's response arrived
-    wall_at_receipt: float | None = None  # the wall clock then (only for params <= 1.2)
-
-
 class DecodeLeg:
-    """Mixin of app.Router."""
+    """The decode leg of a request, on the endpoints the picker chooses, relayed to the client.
+    Its collaborators: the picker, the lease releaser, the router's metrics and upstream session."""
 
-    async def _decode_leg(self, request: web.Request, group: RevisionEndpoints, path: str,
+    def __init__(self, config: RouterConfig, picker: Picker, metrics: RouterMetrics,
+                 session: Callable[[], aiohttp.ClientSession], releaser: lease_release.LeaseReleaser) -> None:
+        self.config = config
+        self.picker = picker
+        self.metrics = metrics
+        self._session = session
+        self.releaser = releaser
+        self._latency = metrics.leg_latency.labels(DECODE)
+        self._first_byte = metrics.leg_latency.labels("decode_first_byte")
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        return self._session()
+
+    async def run(self, request: web.Request, group: RevisionEndpoints, path: str,
                           body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
                           kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
         """Decode with prefill's kv_params; ``lease`` (until a decode takes the request) is released at
         the prefill on every path where no decode will read it (lease_release.py)."""
         try:
-            return await self._decode_attempts(request, group, path, body, headers, reply_headers, kv_params,
+            return await self._attempts(request, group, path, body, headers, reply_headers, kv_params,
                                                lease)
         except asyncio.CancelledError:
             if lease is not None and lease.params:  # the client left before a decode took the request
-                self._release_unread(lease, body, headers, lease_release.CLIENT_GONE)
+                self.releaser.release_unread(lease, body, headers, lease_release.CLIENT_GONE)
             raise
-
-    def _release_unread(self, lease: Lease, body: dict[str, Any], headers: dict[str, str], reason: str) -> None:
-        params, lease.params = lease.params, {}  # once per request
-        if not self.releases.start(functools.partial(self._send_release, lease.url, body, headers, params, reason)):
-            self.metrics.kv_releases.labels(reason, lease_release.SKIPPED).inc()
-
-    async def _send_release(self, url: str, body: dict[str, Any], headers: dict[str, str], params: dict[str, Any],
-                            reason: str) -> None:
-        status, data = None, b""
-        try:
-            async with self.session.post(target(url, "/v1/completions"), headers=headers,
-                                         data=json_encode(lease_release.release_body(body, params)),
-                                         timeout=self._prefill_timeout) as resp:
-                status, data = resp.status, await resp.read()
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            log.info("releasing an unread lease at %s failed: %r", url, exc)
-        outcome = lease_release.release_outcome(status, data)
-        self.metrics.kv_releases.labels(reason, outcome).inc()
-        if outcome != lease_release.ACCEPTED:
-            log.info("lease release (%s) at the prefill: %s, request %s", reason, outcome,
-                     headers.get(REQUEST_ID_HEADER))
 
     def _may_reuse(self, kv_params: dict[str, Any], lease: Lease | None) -> bool:
         if lease is None or lease.received_at is None:
@@ -89,7 +75,7 @@ class DecodeLeg:
         return lease_allows_reuse(kv_params, time.monotonic(), self.config.lease_margin_s,
                                   received_at=lease.received_at, wall_at_receipt=lease.wall_at_receipt)
 
-    async def _decode_attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
+    async def _attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
                                body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
                                kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
         candidates = group.ready(DECODE)
@@ -105,7 +91,7 @@ class DecodeLeg:
                 if kv_params is not None and not self._may_reuse(kv_params, lease):
                     kv_params = None
                     if lease is not None and lease.params:
-                        self._release_unread(lease, body, headers, lease_release.LEASE_EXPIRED)
+                        self.releaser.release_unread(lease, body, headers, lease_release.LEASE_EXPIRED)
                     self.metrics.fallbacks.labels("lease_expired").inc()
                     reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
             decode_body = dict(body)
@@ -126,13 +112,13 @@ class DecodeLeg:
                 except aiohttp.ClientError as exc:
                     reason, detail = "protocol", f": {exc!r}"
                 else:
-                    self._latency["decode_first_byte"].observe(time.perf_counter() - started)
+                    self._first_byte.observe(time.perf_counter() - started)
                     timing.first_byte()
                     if resp.status < 500 and resp.status not in RETRYABLE_4XX:
                         taken = None
                         if lease is not None and lease.params and kv_params is not None:
                             if resp.status >= 400:  # refused before its engine ran: it reads nothing
-                                self._release_unread(lease, body, headers, lease_release.DECODE_REFUSED)
+                                self.releaser.release_unread(lease, body, headers, lease_release.DECODE_REFUSED)
                             else:  # this decode reads the blocks (or releases them itself)
                                 taken, lease.params = lease.params, {}
                         try:
@@ -151,9 +137,9 @@ class DecodeLeg:
                 if resp is not None:
                     resp.release()
                 self.picker.release(DECODE, url)
-                self._latency[DECODE].observe(time.perf_counter() - started)
+                self._latency.observe(time.perf_counter() - started)
         if lease is not None and lease.params:
-            self._release_unread(lease, body, headers, lease_release.DECODE_FAILED)
+            self.releaser.release_unread(lease, body, headers, lease_release.DECODE_FAILED)
         self.metrics.errors.labels("decode_failed").inc()
         return error_response(502, f"decode failed on {len(tried)} endpoint(s) of revision {group.revision}",
                               headers=reply_headers)

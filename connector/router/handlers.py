@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pdfleet.connector.router import timing
-from pdfleet.connector.router.decode_leg import Lease
+from pdfleet.connector.router.lease_release import Lease
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.errors import error_response
 from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
@@ -35,7 +35,7 @@ class _TooLarge(Exception):
 
 
 class Handlers:
-    """Mixin of app.Router: what each route answers."""
+    """Mixin of app.Router: what each route answers, over the router's parts (router_state.py)."""
 
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle_generate(request, "/v1/completions", chat=False)
@@ -108,25 +108,26 @@ class Handlers:
         if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
             self.metrics.fallbacks.labels(FAN_OUT).inc()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
-            return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers, None, None)
-        leg = asyncio.ensure_future(self._prefill_leg(group, path, body, upstream_headers, chat=chat))
+            return await self.decode.run(request, group, path, body, upstream_headers, reply_headers, None, None)
+        leg = asyncio.ensure_future(self.prefill.run(group, path, body, upstream_headers, chat=chat))
         try:
             # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
             prefill = await asyncio.shield(leg)
         except asyncio.CancelledError:
-            self.abandoned.hand_back(leg, functools.partial(self._hand_back, group, path, body, upstream_headers,
+            self.abandoned.hand_back(leg, functools.partial(self.prefill.hand_back, group, path, body, upstream_headers,
                                                             chat=chat))
             raise
-        if prefill.client_error is not None:
-            prefill.client_error.headers.update(reply_headers)
-            return prefill.client_error
+        if prefill.client_error is not None:  # a 4xx: the client's mistake, relayed as is
+            error = prefill.client_error
+            return web.Response(status=error.status, body=error.body, content_type=error.content_type,
+                                headers=reply_headers)
         if prefill.kv_transfer_params is None:
             self.metrics.fallbacks.labels("prefill_failed").inc()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
         lease = (Lease(prefill.url, prefill.kv_transfer_params, prefill.received_at, prefill.wall_at_receipt)
                  if prefill.kv_transfer_params and prefill.url else None)
-        return await self._decode_leg(request, group, path, body, upstream_headers, reply_headers,
-                                      prefill.kv_transfer_params, lease)
+        return await self.decode.run(request, group, path, body, upstream_headers, reply_headers,
+                                     prefill.kv_transfer_params, lease)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes

@@ -16,7 +16,9 @@ the lease is its own, and frees it unless a reader has claimed it, so a decode t
 be reading is never cut off. Cost: one one-token prefill step, against blocks held for a
 whole lease.
 
-Pure: the body and the outcome. I/O edge: ``Background``, bounded fire-and-forget sends.
+Pure: the body and the outcome. I/O edge: ``Background``, bounded fire-and-forget sends, and
+``LeaseReleaser``, which sends a release through them (the router's decode leg and the gateway's
+Endpoint Picker both release with it).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import msgspec
 
+from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_encode, target
 from pdfleet.contract.kv_params import ERROR_KEY, RELEASE_KEY, release_request
 
 log = logging.getLogger("pdfleet.router")
@@ -97,3 +102,54 @@ class Background:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@dataclass
+class Lease:
+    """A prefill's lease on its way to decode (released at the prefill when no decode will read it)."""
+
+    url: str
+    params: dict[str, Any]
+    received_at: float | None = None  # monotonic, when the prefill's response arrived
+    wall_at_receipt: float | None = None  # the wall clock then (only for params <= 1.2)
+
+
+class LeaseReleaser:
+    """Sends, in the background, the release of a lease no decode will read (at most once per lease)."""
+
+    def __init__(self, metrics: Any, session: Callable[[], aiohttp.ClientSession], timeout: aiohttp.ClientTimeout,
+                 limit: int = MAX_IN_FLIGHT) -> None:
+        self.metrics = metrics
+        self._session = session
+        self._timeout = timeout
+        self._background = Background(limit)
+
+    def release_unread(self, lease: Lease, body: Mapping[str, Any], headers: Mapping[str, str], reason: str) -> None:
+        params, lease.params = lease.params, {}  # once per request
+        if not params:
+            return
+        if not self._background.start(lambda: self._send(lease.url, body, headers, params, reason)):
+            self.metrics.kv_releases.labels(reason, SKIPPED).inc()
+
+    async def _send(self, url: str, body: Mapping[str, Any], headers: Mapping[str, str], params: dict[str, Any],
+                    reason: str) -> None:
+        status, data = None, b""
+        try:
+            async with self._session().post(target(url, "/v1/completions"), headers=dict(headers),
+                                            data=json_encode(release_body(body, params)),
+                                            timeout=self._timeout) as resp:
+                status, data = resp.status, await resp.read()
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            log.info("releasing an unread lease at %s failed: %r", url, exc)
+        outcome = release_outcome(status, data)
+        self.metrics.kv_releases.labels(reason, outcome).inc()
+        if outcome != ACCEPTED:
+            log.info("lease release (%s) at the prefill: %s, request %s", reason, outcome,
+                     headers.get(REQUEST_ID_HEADER))
+
+    async def settle(self) -> None:
+        """Until the sends started so far are done (tests)."""
+        await self._background.settle()
+
+    async def close(self) -> None:
+        await self._background.close()

@@ -11,17 +11,19 @@ import aiohttp
 
 from pdfleet.connector.router import lease_release
 from pdfleet.connector.router.abandon import Abandoned
-from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
+from pdfleet.connector.router.decode_leg import DecodeLeg
+from pdfleet.connector.router.endpoints import RevisionEndpoints
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.connector.router.picker import Picker
+from pdfleet.connector.router.prefill_leg import PrefillLeg
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.router")
 
 
 class RouterState:
-    """State of one router: the picker, metrics, the upstream HTTP session (the legs and
-    handlers are mixins over it; app.Router puts them together)."""
+    """One router's parts: the picker, its two legs, the lease releaser, metrics, and the upstream
+    HTTP session they share (handlers.py answers the routes over them; app.Router is both)."""
 
     def __init__(self, config: RouterConfig, metrics: RouterMetrics | None = None) -> None:
         self.config = config
@@ -33,14 +35,14 @@ class RouterState:
         self.prefix = self.picker.prefix
         self.flow = self.picker.flow
         self._requests: dict[tuple[str, int], Any] = {}
-        self._latency = {leg: self.metrics.leg_latency.labels(leg) for leg in (PREFILL, DECODE, "decode_first_byte")}
         self._session: aiohttp.ClientSession | None = None
         self.abandoned = Abandoned()
-        self.releases = lease_release.Background()
-        self._prefill_timeout = aiohttp.ClientTimeout(
-            total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s
-        )
-        # Decode's first byte and idle gaps are bounded per read (see _decode_leg).
+        prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s)
+        session = lambda: self.session  # noqa: E731 (opened later, in open())
+        self.releases = lease_release.LeaseReleaser(self.metrics, session, prefill_timeout)
+        self.prefill = PrefillLeg(config, self.picker, self.metrics, session)
+        self.decode = DecodeLeg(config, self.picker, self.metrics, session, self.releases)
+        # Decode's first byte and idle gaps are bounded per read (see decode_leg.py).
         self._decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
         self._models_timeout = aiohttp.ClientTimeout(
             total=config.models_timeout_s, sock_connect=config.connect_timeout_s

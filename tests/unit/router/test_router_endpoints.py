@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.app import Router, static_groups
+from pdfleet.connector.router.app import static_groups
+from pdfleet.connector.router.prefill_leg import PrefillLeg
 from pdfleet.contract import kv_params
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.connector.router.endpoints import (
@@ -177,11 +178,11 @@ def test_a_1_3_lease_is_reused_whatever_the_wall_clock_says():
 def test_prefill_body_completion_and_chat():
     body = {"model": "m", "prompt": "p", "max_tokens": 50, "stream": True, "stream_options": {"include_usage": True},
             "min_tokens": 4, "temperature": 0.3}
-    out = Router.prefill_body(body, chat=False)
+    out = PrefillLeg.prefill_body(body, chat=False)
     assert out == {"model": "m", "prompt": "p", "max_tokens": 1, "stream": False, "temperature": 0.3,
                    "kv_transfer_params": {"do_remote_decode": True}}
     assert body["max_tokens"] == 50 and body["stream"] is True  # the client's body is not touched
-    chat = Router.prefill_body({"model": "m", "messages": [], "max_completion_tokens": 9}, chat=True)
+    chat = PrefillLeg.prefill_body({"model": "m", "messages": [], "max_completion_tokens": 9}, chat=True)
     assert chat["max_tokens"] == 1 and chat["max_completion_tokens"] == 1 and chat["stream"] is False
 
 
