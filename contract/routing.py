@@ -12,6 +12,10 @@ PREFIX_HASH_ALGO = "sha256_cbor"
 # vLLM's seed of the first block's parent hash unless PYTHONHASHSEED is set.
 DEFAULT_HASH_SEED = "vllm-none-hash"
 
+# The longest id kv_transfer_params may carry (request ids, engine ids, hosts): decode refuses
+# longer ones, so the router keeps the request ids it makes under it (router/request_id.py).
+MAX_ID_LEN = 256
+
 # Response headers the router adds (clients and the smoke check read them).
 FALLBACK_HEADER = "x-pdfleet-fallback"  # served without P/D, and why (e.g. decode-only)
 FALLBACK_DECODE_ONLY = "decode-only"

@@ -21,7 +21,13 @@ Signature versions (the contract's docstring, 1.3): ``v2`` over ``SIGNED_FIELDS`
 prefill writes; ``v1`` over ``SIGNED_FIELDS_V1`` (a not yet upgraded 1.2 prefill) is still
 accepted, on params of version 1.2 or older only.
 
-The lease (1.3): ``remote_lease_seconds`` is a duration, checked for range only; the decode turns
+Since 1.4 a prefill signs ``v3`` over ``SIGNED_FIELDS_V3`` (``v2`` plus ``remote_lease_id``); ``v2`` is
+accepted on params of version 1.3 or older only. 1.4 params must carry ``remote_lease_id`` (the
+hold's random id, hex): decode names it in every lease message, and the READ waits for the source's
+grant of that id (contract docstring, 1.4).
+
+The lease (1.3): ``remote_lease_seconds`` is a duration, checked for range only (a number that is not
+finite, or too large for a float, is refused like any other out-of-range value); the decode turns
 it into a monotonic upper bound of the lease (``accepted_at`` + seconds) that lets a READ start
 and bounds heartbeat retries; only the source's ack completes a pull. Params of 1.2 or older carry a wall-clock expiry, checked against
 ``now`` as before.
@@ -32,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -42,6 +47,7 @@ import msgspec
 from pdfleet.connector.transfer import auth
 
 from pdfleet.contract import kv_params as K
+from pdfleet.contract import routing
 from pdfleet.contract.kv_params import produce as producer_params
 
 __all__ = [
@@ -68,9 +74,12 @@ SIGNED_FIELDS_V1 = K.SIGNED_FIELDS_V1
 # Signature version -> (HMAC domain, fields). A prefill signs with _SIG_VERSION.
 _SIG_SCHEMES = {
     "v1": (b"pdfleet-kv-transfer-params-v1", SIGNED_FIELDS_V1),
-    "v2": (b"pdfleet-kv-transfer-params-v2", SIGNED_FIELDS),
+    "v2": (b"pdfleet-kv-transfer-params-v2", K.SIGNED_FIELDS_V2),
+    "v3": (b"pdfleet-kv-transfer-params-v3", K.SIGNED_FIELDS_V3),
 }
-_SIG_VERSION = "v2"
+# The newest params version each signature may cover: an older scheme leaves newer keys unsigned.
+_SIG_COVERS = {"v1": (1, 2), "v2": (1, 3), "v3": K.VERSION}
+_SIG_VERSION = "v3"
 # Numbers a JSON encoder may write as integers (30.0 as 30): signed as floats.
 _FLOAT_FIELDS = (K.REMOTE_LEASE_EXPIRY, K.REMOTE_LEASE_SECONDS)
 # A lease further ahead than this is nonsense (leases are seconds to minutes).
@@ -78,7 +87,7 @@ MAX_LEASE_AHEAD_SECONDS = K.MAX_LEASE_SECONDS
 # Refused params carrying more block ids than this are not checked for a release.
 MAX_RELEASE_BLOCK_IDS = 65536
 
-MAX_ID_LEN = 256
+MAX_ID_LEN = routing.MAX_ID_LEN
 # Block ids index a local cache; anything past this is nonsense whatever the cache size.
 MAX_BLOCK_ID = 2**31 - 1
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
@@ -107,6 +116,7 @@ class RemotePrefill:
     remote_lease_expiry: float | None = None  # params <= 1.2: the prefill's unix time
     remote_hosts: tuple[str, ...] = ()  # one per prefill node; () = every rank at remote_host
     remote_lease_seconds: float | None = None  # params >= 1.3: the lease's length
+    remote_lease_id: bytes | None = None  # params >= 1.4: the hold's id, named in every lease message
     # params >= 1.3: an upper bound of the lease on this host's monotonic clock (accepted_at + seconds)
     lease_deadline: float | None = None
 
@@ -240,21 +250,40 @@ def _expiry(params: Mapping[str, Any]) -> float | None:
     value = params.get(K.REMOTE_LEASE_EXPIRY)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"must be a unix time (number), got {value!r}")
-    return float(value)
+    number = K._number(value)  # never raises: 10**400 is no float
+    if number is None:
+        raise InvalidTransferParams(K.REMOTE_LEASE_EXPIRY, f"must be a finite unix time (number), got {_short(value)}")
+    return number
 
 
 def _lease_seconds(params: Mapping[str, Any]) -> float | None:
     value = params.get(K.REMOTE_LEASE_SECONDS)
     if value is None:
         return None
-    allowed = f"a number of seconds in (0, {MAX_LEASE_AHEAD_SECONDS:g}]"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {value!r}")
-    if not 0 < value <= MAX_LEASE_AHEAD_SECONDS:
-        raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {value:.6g}")
-    return float(value)
+    allowed = f"a finite number of seconds in (0, {MAX_LEASE_AHEAD_SECONDS:g}]"
+    number = K._number(value)  # never raises: 10**400 is no float
+    if number is None:
+        raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {_short(value)}")
+    if not 0 < number <= MAX_LEASE_AHEAD_SECONDS:
+        raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {number:.6g}")
+    return number
+
+
+def _short(value: Any) -> str:
+    """A value for an error message, bounded (a 400-digit integer is not echoed whole)."""
+    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) or abs(value) < 10**30 else (
+        f"an integer of {len(str(abs(value)))} digits")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _lease_id(params: Mapping[str, Any]) -> bytes:
+    lease_id = K.lease_id_of(params)
+    if lease_id is None:
+        raise InvalidTransferParams(K.REMOTE_LEASE_ID, f"is required in params of version"
+                                                       f" {K.version_string(K.LEASE_ID_SINCE)} or newer:"
+                                                       f" {2 * K.LEASE_ID_BYTES} lowercase hex characters,"
+                                                       f" got {_short(params.get(K.REMOTE_LEASE_ID))}")
+    return lease_id
 
 
 def num_tokens_to_pull(num_prompt_tokens: int, block_size: int) -> int:
@@ -337,7 +366,9 @@ def parse_remote_prefill(
             K.REMOTE_BLOCK_IDS,
             f"has {len(block_ids)} ids but a {num_prompt_tokens}-token prompt spans at most {most}",
         )
-    expiry = seconds = deadline = None
+    expiry = seconds = deadline = lease_id = None
+    if version >= K.LEASE_ID_SINCE:
+        lease_id = _lease_id(params)
     if version >= K.LEASE_SECONDS_SINCE:
         seconds = _lease_seconds(params)  # a duration: no clock of another host is read
         if seconds is not None and accepted_at is not None:
@@ -364,6 +395,7 @@ def parse_remote_prefill(
         remote_hosts=hosts,
         remote_lease_seconds=seconds,
         lease_deadline=deadline,
+        remote_lease_id=lease_id,
     )
 
 
@@ -372,12 +404,12 @@ def _canonical(params: Mapping[str, Any], version: str = _SIG_VERSION) -> bytes:
     JSON would carry them."""
     domain, fields = _SIG_SCHEMES[version]
     values = []
-    for key in fields:
-        value = params.get(key)
-        if key in _FLOAT_FIELDS and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)  # a JSON encoder may write 1.7e9 as an integer
-        values.append(value)
     try:
+        for key in fields:
+            value = params.get(key)
+            if key in _FLOAT_FIELDS and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)  # a JSON encoder may write 1.7e9 as an integer (10**400: OverflowError)
+            values.append(value)
         return msgspec.msgpack.encode([domain, values])
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidTransferParams(SIGNATURE_KEY, f"the signed fields cannot be encoded: {exc}") from None
@@ -398,17 +430,18 @@ def verify_params(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
                                                    " prefill of the fleet signed")
     parts = value.split(".") if isinstance(value, str) and len(value) <= 200 else []
     if len(parts) != 3 or parts[0] not in _SIG_SCHEMES:
-        raise InvalidTransferParams(SIGNATURE_KEY, f"must be '{_SIG_VERSION}.<key id>.<hmac>' (hex), or 'v1.…'"
-                                                   " on params of version 1.2 or older")
-    if parts[0] == "v1":
+        raise InvalidTransferParams(SIGNATURE_KEY, f"must be '{_SIG_VERSION}.<key id>.<hmac>' (hex), or 'v2.…' on"
+                                                   " params of version 1.3 or older, 'v1.…' on 1.2 or older")
+    covers = _SIG_COVERS[parts[0]]
+    if covers < K.VERSION:
         try:
-            old = K.version_of(params) < K.LEASE_SECONDS_SINCE
+            version = K.version_of(params)
         except K.UnsupportedVersion as exc:
             raise InvalidTransferParams(exc.field, exc.problem) from None
-        if not old:  # v1 covers neither the lease duration nor the version
-            raise InvalidTransferParams(SIGNATURE_KEY, f"a v1 signature covers params of version 1.2 or older only;"
-                                                       f" these are {params.get(K.VERSION_KEY)}: sign them"
-                                                       f" {_SIG_VERSION}")
+        if version > covers:  # an older scheme leaves the newer keys (duration, version, lease id) unsigned
+            raise InvalidTransferParams(SIGNATURE_KEY, f"a {parts[0]} signature covers params of version"
+                                                       f" {K.version_string(covers)} or older only; these are"
+                                                       f" {params.get(K.VERSION_KEY)}: sign them {_SIG_VERSION}")
     try:
         kid, mac = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
     except ValueError:

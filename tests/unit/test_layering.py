@@ -1,8 +1,12 @@
-"""The operator's import arrows point one way, and no product code reaches into kopf's internals.
+"""The import arrows point one way, and no product code reaches into kopf's internals.
 
-plan (pure) <- kube (observed records, the client) <- autoscale, reconcile; reconcile may call
-autoscale, autoscale never imports reconcile. Read from the source with `ast`, so a lazy import
-inside a function counts too.
+Operator: plan (pure) <- kube (observed records, the client) <- autoscale, reconcile; reconcile may
+call autoscale, autoscale never imports reconcile.
+Connector: the transfer core knows nothing of vLLM (nor of the adapter over it, the router or the
+operator); the router and the gateway's Endpoint Picker never import the adapter (what they share
+with it lives in pdfleet.contract) nor vLLM; no connector code imports the operator; the contract
+imports nothing of either half.
+Read from the source with `ast`, so a lazy import inside a function counts too.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ FORBIDDEN = {
     "operator/plan": ("pdfleet.operator.reconcile", "pdfleet.operator.autoscale", "pdfleet.operator.kube"),
     "operator/kube": ("pdfleet.operator.reconcile", "pdfleet.operator.autoscale"),
     "operator/autoscale": ("pdfleet.operator.reconcile",),
+    "connector/transfer": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.operator"),
+    "connector/router": ("vllm", "pdfleet.connector.adapter", "pdfleet.operator"),
+    "connector/epp": ("vllm", "pdfleet.connector.adapter", "pdfleet.operator"),
+    "connector/fabric": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.operator"),
+    "connector/adapter": ("pdfleet.connector.router", "pdfleet.operator"),
+    "contract": ("vllm", "pdfleet.operator", "pdfleet.connector"),
 }
 
 
@@ -64,3 +74,20 @@ def test_the_checks_catch_what_they_look_for() -> None:
     assert violations("from pdfleet.operator.kube.observed import ChildRef\n", FORBIDDEN["operator/autoscale"]) == []
     assert private_kopf("from kopf._cogs.clients import api\n") == ["kopf._cogs.clients", "kopf._cogs.clients.api"]
     assert private_kopf("import kopf\nkopf.ConnectionInfo\n") == []
+
+
+@pytest.mark.parametrize("folder, source, caught", [
+    ("connector/transfer", "import vllm\n", ["vllm"]),
+    ("connector/transfer", "def f():\n    from vllm.config import VllmConfig\n", ["vllm.config", "vllm.config.VllmConfig"]),
+    ("connector/transfer", "import numpy\n", []),
+    ("connector/router", "from pdfleet.connector.adapter.params import MAX_ID_LEN\n",
+     ["pdfleet.connector.adapter.params", "pdfleet.connector.adapter.params.MAX_ID_LEN"]),
+    ("connector/router", "from pdfleet.contract.routing import MAX_ID_LEN\n", []),
+    ("connector/epp", "from pdfleet.connector import adapter\n", ["pdfleet.connector.adapter"]),
+    ("contract", "from pdfleet.connector.router import canary\n",
+     ["pdfleet.connector.router", "pdfleet.connector.router.canary"]),
+])
+def test_the_connector_rules_catch_what_they_look_for(folder: str, source: str, caught: list[str]) -> None:
+    """Negative controls: a test file that added `import vllm` to transfer/, or an adapter import to
+    the router, would be flagged by the rule that guards its folder."""
+    assert violations(source, FORBIDDEN[folder]) == caught
