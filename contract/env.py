@@ -28,3 +28,5 @@ VLLM_SHM_SPIN_NAP_US = "PDFLEET_VLLM_SHM_SPIN_NAP_US"
 # or the engine's wall clock (time.time) is stepped by the seconds the file holds.
 TEST_STUCK_READS = "PDFLEET_TEST_STUCK_READS"
 TEST_WALL_CLOCK_STEP = "PDFLEET_TEST_WALL_CLOCK_STEP"
+# Every test-only hook's name starts so: a fleet spec may never set one (validate, CRD, plan refuse it).
+TEST_PREFIX = "PDFLEET_TEST_"

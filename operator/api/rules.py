@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from pdfleet.contract import env as env_names
 from pdfleet.contract import labels, ports
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec, RoleSpec
 
@@ -163,7 +164,27 @@ def _cpu_cel(role: str) -> str:
     return f"(has(self.{role}.resources.gpus) && self.{role}.resources.gpus == 0)"
 
 
-SPEC_RULES: tuple[Rule, ...] = (
+def _no_test_hooks(path: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
+    def check(spec: DisaggregatedInferenceSpec) -> bool:
+        env = spec.engine.env if path == "engine" else spec.role(path).env
+        return not any(v.name.startswith(env_names.TEST_PREFIX) for v in env)
+
+    return check
+
+
+# Test-only fault hooks (e.g. one corrupts every pulled block) must never reach a fleet's pods.
+TEST_HOOK_RULES: tuple[Rule, ...] = tuple(
+    Rule(
+        field=f"{path}.env",
+        message=f"variables named {env_names.TEST_PREFIX}* are test-only fault hooks and may not be set in a fleet",
+        check=_no_test_hooks(path),
+        cel=f"!has(self.{path}.env) || self.{path}.env.all(e, !e.name.startsWith('{env_names.TEST_PREFIX}'))",
+    )
+    for path in ("engine", *ROLES)
+)
+
+
+SPEC_RULES: tuple[Rule, ...] = TEST_HOOK_RULES + (
     Rule(
         field="decode.tensorParallelSize",
         message="must be a multiple of, and not smaller than, prefill.tensorParallelSize "

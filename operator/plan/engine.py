@@ -135,7 +135,8 @@ UCX_CUDA_IPC_GET_ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
 def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     """Plain environment of an engine. The side-channel host is not here: pods
     take it from the downward API (status.podIP), local runs use loopback.
-    A variable the user sets in the spec's env always wins."""
+    A variable the user sets in the spec's env always wins, except a test-only hook
+    (PDFLEET_TEST_*): validation refuses it, and the plan never renders one either."""
     env = {env_names.SIDE_CHANNEL_PORT: str(spec.kv_transfer.side_channel_port),
            UCX_TCP_PORT_RANGE_VAR: "{}-{}".format(*UCX_TCP_PORT_RANGE)}
     net = spec.network
@@ -146,6 +147,7 @@ def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     if spec.kv_transfer.buffer_device == "cuda":  # CPU-only UCX would warn about an unused variable
         env[UCX_CUDA_IPC_GET_ZCOPY] = "y"
     for var in [*spec.engine.env, *spec.role(role).env]:
-        env[var.name] = var.value
+        if not var.name.startswith(env_names.TEST_PREFIX):
+            env[var.name] = var.value
     return env
 

@@ -110,6 +110,14 @@ INVALID = [
     ("pdb-bad-percentage", mutate(spec(disruption={"prefill": {"maxUnavailable": "half"}})), "spec.disruption.prefill.maxUnavailable", False),
     ("env-bad-name", mutate(spec(engine={"env": [{"name": "1 BAD", "value": "x"}]})), "spec.engine.env[0].name", True),
     ("backends-empty", mutate(spec(kvTransfer={"backends": []})), "spec.kvTransfer.backends", True),
+    # Test-only fault hooks (issue 30): PDFLEET_TEST_CORRUPT_PULLED_BLOCKS=1 corrupts every pulled block.
+    ("env-test-hook-engine", mutate(spec(engine={"env": [{"name": "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", "value": "1"}]})),
+     "spec.engine.env", True),
+    ("env-test-hook-prefill", mutate(spec(prefill={"env": [{"name": "A", "value": "1"},
+                                                           {"name": "PDFLEET_TEST_STUCK_READS", "value": "/f"}]})),
+     "spec.prefill.env", True),
+    ("env-test-hook-decode", mutate(spec(decode={"env": [{"name": "PDFLEET_TEST_WALL_CLOCK_STEP", "value": "/f"}]})),
+     "spec.decode.env", True),
     # Operator-only rules: the CRD admits these, the operator refuses them (InvalidSpec).
     ("extra-args-owned-flag", mutate(spec(engine={"extraArgs": ["--kv-transfer-config={}"]})), "spec.engine.extraArgs[0]", False),
     ("pod-label-reserved", mutate(spec(decode={"podLabels": {"pdfleet.io/role": "x"}})), "spec.decode.podLabels.pdfleet.io/role", False),
@@ -162,3 +170,17 @@ def test_strict_types_no_silent_coercion() -> None:
 
 def test_not_a_mapping() -> None:
     assert [e.field for e in errors_of(["not", "a", "resource"])] == ["(root)"]
+
+
+def test_env_names_near_the_test_prefix_stay_valid() -> None:
+    # the negative side of the PDFLEET_TEST_* rule: other pdfleet and look-alike names pass both checks
+    ok = mutate(spec(engine={"env": [{"name": "PDFLEET_TESTS", "value": "1"}, {"name": "PDFLEET_FLEET", "value": "x"},
+                                     {"name": "pdfleet_test_x", "value": "1"}]}))
+    assert errors_of(ok) == []
+    assert admission_errors(ok) == []
+
+
+def test_a_test_hook_message_names_the_rule() -> None:
+    errors = errors_of(INVALID[[c[0] for c in INVALID].index("env-test-hook-decode")][1])
+    assert [str(e) for e in errors] == ["spec.decode.env: variables named PDFLEET_TEST_* are test-only fault hooks "
+                                        "and may not be set in a fleet"]
