@@ -20,6 +20,9 @@ MAX_ID_LEN = 256
 FALLBACK_HEADER = "x-pdfleet-fallback"  # served without P/D, and why (e.g. decode-only)
 FALLBACK_DECODE_ONLY = "decode-only"
 REVISION_HEADER = "x-pdfleet-revision"  # the revision that served the request
+# Request header: the client's conversation id. The canary keeps every request carrying one id on
+# one revision pair (router/canary.py: ``conversation_key``); the first explicit key it looks for.
+SESSION_HEADER = "x-session-id"
 
 # Whether a request's prompt is prefilled remotely (spec.router.disaggregation.policy).
 DISAGGREGATION_ALWAYS = "Always"  # every request prefill -> decode (decode alone only when P/D cannot serve it)

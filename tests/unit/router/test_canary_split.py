@@ -43,17 +43,18 @@ def test_share_is_stable_across_processes() -> None:
 
 
 @pytest.mark.parametrize("body,chat,expected", [
-    ({"prompt": "tell me"}, False, "tell me"),
-    ({"prompt": "x" * 600}, False, "x" * 512),
+    ({"prompt": "tell me"}, False, "prompt:tell me"),
+    ({"prompt": "x" * 3000}, False, "prompt:" + "x" * 2048),  # no cue: the first WINDOW_CHARS
+    ({"prompt": ["tell me"]}, False, "prompt:tell me"),
     ({"prompt": [1, 2, 3]}, False, None),
     ({}, False, None),
     ({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
                    {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]}, True,
-     "system:be brief\nuser:hi"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, True, None),
+     "chat:system:be brief\nuser:hi"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}, True, "chat:user:x"),
     ({"messages": "nope"}, True, None),
 ])
-def test_prefix_key_is_the_start_of_the_conversation(body, chat, expected) -> None:
+def test_prefix_key_is_the_first_turn_of_the_conversation(body, chat, expected) -> None:
     assert prefix_key(body, chat=chat) == expected
 
 
