@@ -32,8 +32,7 @@ class ScalingEdge:
         errors: list[str] = []
         for manifest in plan.create:
             try:
-                await self.client._call("create", SCALER_KIND.plural, "post", SCALER_KIND.path(namespace),
-                                        payload=manifest)
+                await self.client.create(SCALER_KIND, manifest)
             except ApiFailure as exc:
                 if exc.status != 409:  # already there: the watch has not told us yet
                     errors.append(f"create scaler {manifest['metadata']['name']}: {exc.status} {exc.message}")
@@ -64,11 +63,8 @@ class ScalingEdge:
             if (c.ref.kind != STS_KIND.kind or c.revision != serving or c.deleting or c.role not in plan.autoscaled
                     or c.replicas == plan.result.replicas[c.role]):
                 continue
-            url = STS_KIND.path(namespace, c.ref.name)
             try:
-                await self.client._call("patch", "statefulsets", "patch", url,
-                                        payload={"spec": {"replicas": plan.result.replicas[c.role]}},
-                                        headers={"Content-Type": "application/merge-patch+json"})
+                await self.client.merge_patch(c.ref, STS_KIND, {"spec": {"replicas": plan.result.replicas[c.role]}})
             except ApiFailure as exc:
                 errors.append(f"scale {c.ref}: {exc.status} {exc.message}")
         return errors

@@ -129,10 +129,7 @@ class PlannerEdge:
             if want != plan.result.requested[role]:
                 name = scaler_api.scaler_name(cr.metadata.name, role)
                 try:
-                    await self.client._call("patch", f"{SCALER_KIND.plural}/scale", "patch",
-                                            SCALER_KIND.path(key[0], name, "scale"),
-                                            payload={"spec": {"replicas": want}},
-                                            headers={"Content-Type": "application/merge-patch+json"})
+                    await self.client.patch_scale(SCALER_KIND, key[0], name, want)
                     changed.append(f"{role} {plan.result.requested[role]} -> {want}")
                 except ApiFailure as exc:
                     logger.warning("%s/%s: planner could not scale %s: %s", key[0], key[1], name, exc)

@@ -23,7 +23,7 @@ import aiohttp
 import kopf
 
 from pdfleet.operator.kube.observed import ChildRef, kind_of
-from pdfleet.operator.plan.kinds import Kind
+from pdfleet.operator.plan.kinds import EVENT, Kind
 
 logger = logging.getLogger("pdfleet.operator")
 
@@ -201,6 +201,16 @@ class KubeClient:
         """A JSON merge patch of one object (null removes a key)."""
         return await self._call("patch", kind.plural, "patch", kind.path(ref.namespace, ref.name),
                                 payload=dict(patch), headers={"Content-Type": "application/merge-patch+json"})
+
+    async def patch_scale(self, kind: Kind, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+        """Set replicas through the /scale subresource (what an HPA or the planner writes)."""
+        return await self._call("patch", f"{kind.plural}/scale", "patch", kind.path(namespace, name, "scale"),
+                                payload={"spec": {"replicas": replicas}},
+                                headers={"Content-Type": "application/merge-patch+json"})
+
+    async def post_event(self, namespace: Optional[str], event: Mapping[str, Any]) -> Any:
+        """Create a core/v1 Event (best effort is the caller's choice)."""
+        return await self._call("create", "events", "post", EVENT.path(namespace), payload=dict(event))
 
     async def patch_status(self, kind: Kind, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the status with a merge patch on the /status subresource.

@@ -44,7 +44,6 @@ logger = logging.getLogger("pdfleet.operator")
 
 Key = tuple[str, str]  # (namespace, name)
 CR_KIND = ch.Kind(api.API_VERSION, api.KIND, api.PLURAL)
-EVENT_KIND = kinds.EVENT
 
 
 @dataclasses.dataclass
@@ -403,7 +402,7 @@ class Reconciler:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            await self.client._call("create", "events", "post", EVENT_KIND.path(meta.get("namespace")), payload=event)
+            await self.client.post_event(meta.get("namespace"), event)
         except ApiFailure as exc:  # events are best effort: never fail a reconcile for one
             logger.warning("could not post event %s for %s/%s: %s", reason, meta.get("namespace"), meta["name"], exc)
 
