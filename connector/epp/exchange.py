@@ -1,0 +1,304 @@
+"""One request's ext_proc exchange: the proxy's messages in, the EPP's answers out.
+
+The P/D design (docs/gateway.md): once the request's body is whole, the EPP itself runs the prefill
+leg (the router's prefill_leg.py, through the shared decision core picker.py), and hands the proxy
+the decode body carrying prefill's ``kv_transfer_params`` with the chosen decode of the same
+revision pair as the destination. The proxy relays decode's answer to the client chunk by chunk;
+the EPP sees only decode's response headers. A prefill lease no decode will read (decode answered
+4xx/5xx, or the exchange ended before decode's headers came: the client left, or the proxy gave
+up) is released at the prefill as the router does (lease_release.py).
+
+Body modes: BUFFERED (the proxy sends the whole body once; the EPP answers the headers at once and
+mutates the body) and FULL_DUPLEX_STREAMED (the proxy streams the body without waiting; the EPP
+answers the headers and then the new body once the old one is whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from google.protobuf.json_format import MessageToDict
+
+from pdfleet.connector.epp import messages, protocol
+from pdfleet.connector.epp.admission import Admission
+from pdfleet.connector.router import lease_release
+from pdfleet.connector.router.lease_release import Lease
+from pdfleet.connector.router.endpoints import DECODE
+from pdfleet.connector.router.errors import error_body
+from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
+from pdfleet.connector.router.request_id import upstream_request_id
+from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_decode, json_encode
+from pdfleet.contract.gateway import DESTINATION_ENDPOINT_HEADER
+from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+
+log = logging.getLogger("pdfleet.epp")
+
+Send = Callable[[pb.ProcessingResponse], Awaitable[None]]
+_JSON = {"content-type": "application/json"}
+
+
+class Refused(Exception):
+    """The EPP answers the client itself (4xx/5xx), with no upstream."""
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None, reason: str = "") -> None:
+        super().__init__(status, reason)
+        self.status, self.body, self.headers, self.reason = status, body, headers or {}, reason
+
+
+def _refuse(status: int, message: str, reason: str, headers: dict[str, str] | None = None) -> Refused:
+    return Refused(status, error_body(status, message), {**_JSON, **(headers or {})}, reason)
+
+
+class Exchange:
+    """The state of one request between the proxy and the EPP (one gRPC stream)."""
+
+    def __init__(self, epp: Any, send: Send) -> None:
+        self.epp = epp  # server.EndpointPicker: .router (the router's parts: picker, legs, releaser), .metrics
+        self.router = epp.router
+        self.picker = epp.router.picker
+        self.send = send
+        self.duplex = False
+        self.headers: dict[str, str] = {}
+        self.subset: frozenset[str] | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.decided = False
+        self.decode_url: str | None = None
+        self.lease: Lease | None = None
+        self.body: dict[str, Any] = {}
+        self.upstream_headers: dict[str, str] = {}
+        self.reply_headers: dict[str, str] = {}
+        self.admission: Admission | None = None
+        self.outcome = "unfinished"
+        self.with_body = False
+        self.new_body = b""
+        self.status: int | None = None
+
+    # ---- messages from the proxy ---------------------------------------------------
+
+    async def on_message(self, msg: pb.ProcessingRequest) -> None:
+        kind = msg.WhichOneof("request")
+        if msg.HasField("protocol_config"):
+            self.duplex = msg.protocol_config.request_body_mode == ProcessingMode.FULL_DUPLEX_STREAMED
+        if msg.HasField("metadata_context") and self.subset is None:
+            try:
+                self.subset = protocol.subset_hint(MessageToDict(msg.metadata_context).get("filterMetadata", {}))
+            except protocol.BadSubset as exc:
+                await self._immediate(_refuse(400, str(exc), "bad_subset"))
+                return
+        if kind == "request_headers":
+            hs = msg.request_headers.headers.headers
+            self.headers = protocol.header_map((h.key, h.raw_value or h.value) for h in hs)
+            if msg.request_headers.end_of_stream:
+                await self._decide(b"", with_body=False)
+            elif not self.duplex:
+                await self.send(messages.continue_headers())  # BUFFERED: the body follows
+        elif kind == "request_body":
+            if self.decided:
+                return
+            chunk = msg.request_body.body
+            self.size += len(chunk)
+            if self.size > self.router.config.max_body_bytes:
+                await self._immediate(_refuse(
+                    413, f"request body exceeds the EPP's limit of {self.router.config.max_body_bytes} bytes",
+                    "client_too_large"))
+                return
+            self.chunks.append(chunk)
+            if msg.request_body.end_of_stream:
+                await self._decide(b"".join(self.chunks), with_body=True)
+        elif kind == "request_trailers":
+            if not self.decided:
+                await self._decide(b"".join(self.chunks), with_body=True)
+            if not self.duplex:
+                await self.send(messages.empty_trailers())
+        elif kind == "response_headers":
+            hs = protocol.header_map((h.key, h.raw_value or h.value) for h in msg.response_headers.headers.headers)
+            await self._on_response(int(hs.get(":status", "0") or 0))
+            if msg.response_headers.end_of_stream:
+                self._answered()
+        elif kind == "response_body":
+            # Decode's answer passes through unchanged (STREAMED: one ack per chunk); its end is when
+            # the request stops holding the decode and its flow-control slot.
+            await self.send(pb.ProcessingResponse(response_body=pb.BodyResponse()))
+            if msg.response_body.end_of_stream:
+                self._answered()
+        elif kind == "response_trailers":
+            await self.send(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
+            self._answered()
+
+    # ---- the decision --------------------------------------------------------------
+
+    async def _decide(self, raw: bytes, *, with_body: bool) -> None:
+        self.decided = True
+        self.with_body = with_body
+        path = self.headers.get(":path", "/").split("?", 1)[0]
+        try:
+            if path in protocol.GENERATE_PATHS:
+                await self._decide_generate(path, raw, chat=protocol.GENERATE_PATHS[path])
+            else:
+                self._decide_other(raw)
+        except Refused as refused:
+            await self._immediate(refused)
+            return
+        await self._route()
+
+    def _decide_other(self, raw: bytes) -> None:
+        """Any other route (/v1/models, ...): a ready decode of the serving revision, unchanged."""
+        started = time.perf_counter()
+        group = self.picker.selection.revision
+        if group is None:
+            raise _refuse(503, f"no endpoints to serve: {self.picker.selection.reason}", "no_endpoints")
+        url = self.picker.pick(DECODE, self._decodes(group), ())
+        self.epp.metrics.decision.observe(time.perf_counter() - started)
+        if url is None:
+            raise _refuse(503, "no ready decode endpoint", "no_endpoints")
+        self._take_decode(url)
+        self.new_body = raw
+
+    async def _decide_generate(self, path: str, raw: bytes, *, chat: bool) -> None:
+        router, metrics = self.router, self.router.metrics
+        request_id = upstream_request_id(self.headers.get("x-request-id"))
+        self.reply_headers = {REQUEST_ID_HEADER.lower(): request_id}
+        self.admission = Admission(self.picker.flow)
+        shed = await self.admission.enter(self.headers)
+        if shed is not None:
+            raise Refused(shed.status, shed.body, {**_JSON, **{k.lower(): v for k, v in shed.headers.items()
+                                                                if k.lower() != "content-type"}}, "shed")
+        try:
+            body = json_decode(raw)
+        except msgspec.DecodeError as exc:
+            metrics.errors.labels("client_invalid_json").inc()
+            raise _refuse(400, f"request body is not valid JSON: {exc}", "client_invalid_json", self.reply_headers)
+        if not isinstance(body, dict):
+            metrics.errors.labels("client_not_object").inc()
+            raise _refuse(400, f"request body must be a JSON object, got {type(body).__name__}", "client_not_object",
+                          self.reply_headers)
+        if body.pop("kv_transfer_params", None) is not None:
+            metrics.client_kv_params_dropped.inc()
+        self.body = body
+
+        started = time.perf_counter()
+        group = self.picker.choose_pair(body, chat=chat, request_id=request_id)  # both legs on this pair
+        if group is None:
+            metrics.errors.labels("no_endpoints").inc()
+            raise _refuse(503, f"no endpoints to serve: {self.picker.selection.reason}", "no_endpoints",
+                          self.reply_headers)
+        decodes = self._decodes(group)
+        if not decodes:
+            metrics.errors.labels("no_endpoints").inc()
+            raise _refuse(503, f"no ready decode endpoint of revision {group.revision} is in the gateway's subset "
+                               f"({len(self.subset or ())} endpoint(s))", "empty_subset", self.reply_headers)
+        decided_s = time.perf_counter() - started
+        self.reply_headers[REVISION_HEADER] = group.revision
+        self.upstream_headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
+                                 "Accept-Encoding": "identity"}
+        for name in router.config.forward_headers:
+            value = self.headers.get(name.lower())
+            if value is not None:
+                self.upstream_headers[name] = value
+
+        kv_params = None
+        if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
+            metrics.fallbacks.labels(FAN_OUT).inc()
+            self.reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+        else:
+            leg = asyncio.ensure_future(router.prefill.run(group, path, body, self.upstream_headers, chat=chat))
+            try:
+                # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
+                prefill = await asyncio.shield(leg)
+            except asyncio.CancelledError:
+                router.abandoned.hand_back(leg, functools.partial(router.prefill.hand_back, group, path, body,
+                                                                  self.upstream_headers, chat=chat))
+                raise
+            if prefill.client_error is not None:
+                err = prefill.client_error
+                raise Refused(err.status, err.body, {"content-type": err.content_type, **self.reply_headers},
+                              "prefill_refused")
+            kv_params = prefill.kv_transfer_params
+            if kv_params is None:
+                metrics.fallbacks.labels("prefill_failed").inc()
+                self.reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+            elif prefill.url:
+                self.lease = Lease(prefill.url, kv_params, prefill.received_at, prefill.wall_at_receipt)
+        started = time.perf_counter()
+        url = self.picker.pick(DECODE, decodes, (), body, chat)
+        self.epp.metrics.decision.observe(decided_s + time.perf_counter() - started)
+        if url is None:  # cannot happen with decodes non-empty; kept as a guard
+            raise _refuse(503, "no ready decode endpoint", "no_endpoints", self.reply_headers)
+        self._take_decode(url)
+        self.new_body = json_encode(protocol.decode_body(body, kv_params))
+
+    def _decodes(self, group) -> tuple[str, ...]:
+        return protocol.within(group.ready(DECODE), self.subset)
+
+    def _take_decode(self, url: str) -> None:
+        self.decode_url = url
+        self.picker.acquire(DECODE, url)  # released when the exchange ends (decode's answer is over)
+
+    # ---- answers -------------------------------------------------------------------
+
+    async def _route(self) -> None:
+        assert self.decode_url is not None
+        address = protocol.endpoint_address(self.decode_url)
+        set_headers = {}
+        if REQUEST_ID_HEADER in self.upstream_headers:
+            set_headers["x-request-id"] = self.upstream_headers[REQUEST_ID_HEADER]
+        if not self.duplex:
+            if self.with_body:
+                await self.send(messages.route_buffered_body(address, set_headers, self.new_body))
+            else:
+                await self.send(messages.route_headers(address, set_headers))
+        else:
+            await self.send(messages.route_headers(address, set_headers,
+                                                   remove=("content-length",) if self.with_body else ()))
+            if self.with_body:
+                for reply in messages.streamed_body(self.new_body):
+                    await self.send(reply)
+        self.epp.metrics.routed.inc()
+        self.outcome = "routed"
+
+    async def _immediate(self, refused: Refused) -> None:
+        self.decided = True
+        self.outcome = refused.reason
+        self.epp.metrics.refused.labels(refused.reason or str(refused.status)).inc()
+        await self.send(messages.immediate(refused.status, refused.body, refused.headers, details=refused.reason))
+
+    async def _on_response(self, status: int) -> None:
+        self.status = status
+        if self.lease is not None and self.lease.params:
+            verdict = protocol.lease_verdict(status)
+            if verdict == protocol.TAKEN:
+                self.lease.params = {}
+            else:
+                self._release_lease(verdict)
+        if status >= 500 and self.decode_url is not None:
+            self.router.metrics.leg_failures.labels(DECODE, f"http_{status}").inc()
+            self.picker.eject(self.decode_url)
+        await self.send(messages.continue_headers(self.reply_headers, response=True))
+
+    def _release_lease(self, reason: str) -> None:
+        assert self.lease is not None
+        self.router.releases.release_unread(self.lease, self.body, self.upstream_headers, reason)
+
+    def _answered(self) -> None:
+        """Decode's whole answer went through the proxy: the decode and the flow slot are free."""
+        if self.decode_url is not None:
+            self.picker.release(DECODE, self.decode_url)
+            self.decode_url = None
+        if self.admission is not None:
+            self.admission.leave()
+            self.admission = None
+
+    def finish(self) -> None:
+        """The exchange is over (answered, refused, or the stream broke): give back what it holds."""
+        if self.lease is not None and self.lease.params:  # no decode took it: the client or proxy left first
+            self._release_lease(lease_release.CLIENT_GONE)
+        self._answered()

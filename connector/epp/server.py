@@ -1,0 +1,131 @@
+"""The Endpoint Picker as a gRPC (grpc.aio) ext_proc v3 server, and its /metrics and /health.
+
+The decision core and the legs are the router's own (router_state.RouterState: picker.py,
+prefill_leg.py, lease_release.py), driven by exchange.py instead of the router's HTTP handlers.
+
+Embedding (tests)::
+
+    epp = EndpointPicker(RouterConfig(prefill=(...), decode=(...)))
+    port = await epp.start("127.0.0.1", 0)
+    ...
+    await epp.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from pdfleet.connector.epp.exchange import Exchange
+from pdfleet.connector.router.app import Discovery, static_groups
+from pdfleet.connector.router.endpoints import DECODE, PREFILL
+from pdfleet.connector.router.router_state import RouterState
+from pdfleet.connector.router.upstream import json_encode
+from pdfleet.contract.router_config import RouterConfig
+
+log = logging.getLogger("pdfleet.epp")
+
+# Decision times are well under a millisecond: the buckets say how far under.
+_DECISION_BUCKETS = (5e-5, 1e-4, 2e-4, 3e-4, 5e-4, 7.5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
+
+
+class EppMetrics:
+    def __init__(self, registry) -> None:
+        self.decision = Histogram("pdfleet_epp_decision_seconds", "EPP time to choose the pair and the endpoints "
+                                  "of one request (prefix-aware scoring included; the prefill leg's I/O excluded)",
+                                  buckets=_DECISION_BUCKETS, registry=registry)
+        self.routed = Counter("pdfleet_epp_routed", "Requests the EPP sent on to a decode", registry=registry)
+        self.refused = Counter("pdfleet_epp_refused", "Requests the EPP answered itself, by reason", ["reason"],
+                               registry=registry)
+        self.streams = Counter("pdfleet_epp_streams", "ext_proc streams, by how they ended (done: the proxy "
+                               "closed it; cancelled: the proxy reset it, e.g. its client left)", ["end"],
+                               registry=registry)
+
+
+class EndpointPicker(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, config: RouterConfig, *, discovery: Discovery | None = None) -> None:
+        self.config = config
+        self.router = RouterState(config)  # the router's parts, without its HTTP handlers
+        self.metrics = EppMetrics(self.router.metrics.registry)
+        self._discovery = discovery
+        if discovery is None and config.kubernetes_fleet:
+            from pdfleet.connector.router.discovery import kubernetes_discovery
+
+            self._discovery = kubernetes_discovery(config)
+        if self._discovery is None:
+            self.router.set_endpoints(static_groups(config))
+        self._server: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._task: asyncio.Task | None = None
+
+    # ---- the ext_proc stream -----------------------------------------------------------
+
+    async def Process(self, request_iterator, context):  # noqa: N802 (the gRPC method's name)
+        exchange = Exchange(self, context.write)
+        end = "cancelled"
+        try:
+            async for message in request_iterator:
+                await exchange.on_message(message)
+            end = "done"
+        finally:
+            self.metrics.streams.labels(end).inc()
+            exchange.finish()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, *, metrics_port: int | None = None) -> int:
+        """Serve ext_proc on host:port (0: a free port); returns the bound port."""
+        await self.router.open()
+        await self.router.picker.start()
+        if self._discovery is not None:
+            self._task = asyncio.create_task(self._discovery(self.router))
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ExternalProcessorServicer_to_server(self, self._server)
+        bound = self._server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot bind the EPP's gRPC port {host}:{port}")
+        await self._server.start()
+        if metrics_port is not None:
+            app = web.Application()
+            app.router.add_get("/metrics", self._metrics)
+            app.router.add_get("/health", self._health)
+            self._http = web.AppRunner(app, access_log=None)
+            await self._http.setup()
+            await web.TCPSite(self._http, host, metrics_port).start()
+        log.info("endpoint picker serving ext_proc on %s:%d", host, bound)
+        return bound
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._http is not None:
+            await self._http.cleanup()
+        await self.router.picker.stop()
+        await self.router.releases.settle()
+        await self.router.close()
+
+    async def wait(self) -> None:
+        assert self._server is not None
+        await self._server.wait_for_termination()
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(self.router.metrics.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def _health(self, request: web.Request) -> web.Response:
+        group = self.router.picker.selection.revision
+        body = {"status": "ok" if group else "unavailable", "revision": group.revision if group else None,
+                "reason": self.router.picker.selection.reason,
+                "prefill_ready": len(group.ready(PREFILL)) if group else 0,
+                "decode_ready": len(group.ready(DECODE)) if group else 0}
+        return web.Response(status=200 if group else 503, body=json_encode(body), content_type="application/json")

@@ -1,0 +1,93 @@
+"""A real Envoy (pdfleet[gateway]) in front of the Endpoint Picker and fake engines (router_fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sys
+
+import aiohttp
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "router"))
+from router_fakes import FakeEngine  # noqa: E402
+
+from pdfleet.connector.epp.envoy_config import render  # noqa: E402
+from pdfleet.connector.epp.envoy_process import Envoy, free_port  # noqa: E402
+from pdfleet.connector.epp.server import EndpointPicker  # noqa: E402
+from pdfleet.contract.gateway import FAIL_CLOSE  # noqa: E402
+from pdfleet.contract.router_config import RouterConfig  # noqa: E402
+
+# As the router's integration tests: tight timeouts, and eject_s=0 keeps choice a function of load.
+FAST = dict(connect_timeout_s=1.0, prefill_timeout_s=2.0, decode_first_byte_timeout_s=2.0,
+            decode_idle_timeout_s=2.0, eject_s=0.0)
+
+
+class Gateway:
+    """Engines, one EPP and one Envoy; ``url`` is the gateway's."""
+
+    def __init__(self) -> None:
+        self.engines: list[FakeEngine] = []
+        self.epp: EndpointPicker | None = None
+        self.epp_port = 0
+        self.envoy: Envoy | None = None
+        self.url = ""
+        self.session: aiohttp.ClientSession | None = None
+        self.config: RouterConfig | None = None
+
+    async def engine(self, name: str, role: str, **kw) -> FakeEngine:
+        e = FakeEngine(name=name, role=role, **kw)
+        await e.start()
+        self.engines.append(e)
+        return e
+
+    async def start_epp(self, port: int = 0) -> int:
+        assert self.config is not None
+        self.epp = EndpointPicker(self.config)
+        self.epp_port = await self.epp.start("127.0.0.1", port)
+        return self.epp_port
+
+    async def stop_epp(self) -> None:
+        if self.epp is not None:
+            await self.epp.stop(grace=0)
+            self.epp = None
+
+    async def start(self, prefill, decode, *, mode: str = "buffered", failure_mode: str = FAIL_CLOSE,
+                    message_timeout_s: float = 30.0, epp: bool = True, extra_filters=(), **overrides) -> str:
+        settings = dict(FAST)
+        settings.update(overrides)
+        urls = lambda xs: tuple(x if isinstance(x, str) else x.url for x in xs)  # noqa: E731
+        self.config = RouterConfig(prefill=urls(prefill), decode=urls(decode), **settings)
+        if epp:
+            await self.start_epp()
+        else:
+            self.epp_port = free_port()
+        listen, admin = free_port(), free_port()
+        config = render(mode, listen_port=listen, epp_port=self.epp_port, admin_port=admin, decode_only=urls(decode),
+                        failure_mode=failure_mode, message_timeout_s=message_timeout_s, connect_timeout_s=1.0)
+        anchor = "          - name: envoy.filters.http.ext_proc\n"
+        for f in extra_filters:  # JSON is YAML: one flow-style list item, before ext_proc
+            config = config.replace(anchor, f"          - {f}\n" + anchor)
+        self.envoy = Envoy(config, admin)
+        await asyncio.to_thread(self.envoy.start)
+        self.url = f"http://127.0.0.1:{listen}"
+        return self.url
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        if self.envoy is not None:
+            await asyncio.to_thread(self.envoy.stop)
+        await self.stop_epp()
+        for e in self.engines:
+            await e.stop()
+
+
+@pytest.fixture
+async def gw():
+    g = Gateway()
+    g.session = aiohttp.ClientSession()
+    try:
+        yield g
+    finally:
+        await g.close()
