@@ -62,9 +62,17 @@ class Gateway:
             await self.start_epp()
         else:
             self.epp_port = free_port()
+        self._envoy_args = dict(mode=mode, decode_only=urls(decode), failure_mode=failure_mode,
+                                message_timeout_s=message_timeout_s, extra_filters=extra_filters)
+        return await self.start_envoy()
+
+    async def start_envoy(self, **changes) -> str:
+        """(Re)start Envoy, with ``changes`` to the arguments of the last start."""
+        args = dict(self._envoy_args, **changes)
+        extra_filters = args.pop("extra_filters")
         listen, admin = free_port(), free_port()
-        config = render(mode, listen_port=listen, epp_port=self.epp_port, admin_port=admin, decode_only=urls(decode),
-                        failure_mode=failure_mode, message_timeout_s=message_timeout_s, connect_timeout_s=1.0)
+        config = render(args.pop("mode"), listen_port=listen, epp_port=self.epp_port, admin_port=admin,
+                        connect_timeout_s=1.0, **args)
         anchor = "          - name: envoy.filters.http.ext_proc\n"
         for f in extra_filters:  # JSON is YAML: one flow-style list item, before ext_proc
             config = config.replace(anchor, f"          - {f}\n" + anchor)
@@ -72,6 +80,11 @@ class Gateway:
         await asyncio.to_thread(self.envoy.start)
         self.url = f"http://127.0.0.1:{listen}"
         return self.url
+
+    async def close_envoy(self) -> None:
+        if self.envoy is not None:
+            await asyncio.to_thread(self.envoy.stop)
+            self.envoy = None
 
     async def close(self) -> None:
         if self.session is not None:

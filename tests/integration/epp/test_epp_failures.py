@@ -1,0 +1,213 @@
+"""Failure modes of the gateway path (issue 29): the EPP down (FailOpen / FailClose), restarted
+under load, stuck, a slow prefill leg against the proxy's ext_proc timeouts, and the prefill lease
+released when no decode will read it. Each test holds its own negative control or says which
+removal makes it fail."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from pdfleet.connector.epp.exchange import Exchange
+from pdfleet.connector.router import lease_release
+from pdfleet.contract.gateway import FAIL_CLOSE, FAIL_OPEN
+from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER
+
+BODY = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
+
+
+def _releases(gw, reason: str) -> float:
+    return gw.epp.router.metrics.registry.get_sample_value(
+        "pdfleet_router_kv_releases_total", {"reason": reason, "outcome": lease_release.ACCEPTED}) or 0.0
+
+
+@pytest.mark.parametrize("mode, reason, status", [
+    ("http500", lease_release.DECODE_FAILED, 500),
+    ("http400", lease_release.DECODE_REFUSED, 400),
+])
+async def test_a_decode_that_fails_releases_the_prefill_lease(gw, mode, reason, status):
+    """Checked by hand: with the verdict on decode's status removed from exchange._on_response, the
+    lease is released only as client_gone when the exchange ends, and this test fails."""
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode", mode=mode)
+    await gw.start([p], [d])
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+        assert r.status == status
+    await gw.epp.router.releases.settle()
+    assert len(p.released) == 1
+    assert _releases(gw, reason) == 1
+
+
+async def test_a_decode_that_answers_keeps_the_lease(gw):
+    """Negative control of the above: a decode that took the request is never second-guessed."""
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d])
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 200
+    await asyncio.sleep(0.2)
+    await gw.epp.router.releases.settle()
+    assert p.released == []
+
+
+async def test_a_client_gone_before_decode_answered_releases_the_lease(gw):
+    """Checked by hand: without the release in exchange.finish, this test fails."""
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode", delay_s=2.0)
+    await gw.start([p], [d])
+    with pytest.raises(asyncio.TimeoutError):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY,
+                                   timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+            await r.read()
+    for _ in range(100):  # the proxy resets the exchange; the EPP releases what no decode took
+        if p.released:
+            break
+        await asyncio.sleep(0.02)
+    await gw.epp.router.releases.settle()
+    assert len(p.released) == 1 and _releases(gw, lease_release.CLIENT_GONE) == 1
+
+
+async def test_a_client_gone_during_the_prefill_leg_hands_the_blocks_back(gw):
+    """As the router (abandon.py): the prefill leg finishes under a grace and a one-token decode
+    consumes its blocks. Checked by hand: with the hand-back in exchange.py replaced by a cancel, it fails."""
+    p = await gw.engine("p1", "prefill", delay_s=0.6)
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d])
+    with pytest.raises(asyncio.TimeoutError):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY,
+                                   timeout=aiohttp.ClientTimeout(total=0.2)) as r:
+            await r.read()
+    for _ in range(150):
+        if d.received:
+            break
+        await asyncio.sleep(0.02)
+    assert len(d.received) == 1
+    assert d.received[0].body["max_tokens"] == 1 and d.received[0].body["kv_transfer_params"]["remote_engine_id"] == "p1"
+
+
+async def test_epp_down_fail_open_serves_decode_only_and_counts_it(gw):
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], failure_mode=FAIL_OPEN, epp=False)
+    for _ in range(3):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+            assert r.status == 200
+            assert r.headers[FALLBACK_HEADER] == FALLBACK_DECODE_ONLY
+            assert (await r.json())["served_by"] == "d1"
+    assert not p.received and all("kv_transfer_params" not in x.body for x in d.received)
+    stats = await asyncio.to_thread(gw.envoy.stats)
+    assert stats["cluster.decode_only.upstream_rq_completed"] == 3
+    assert stats["http.gateway.ext_proc.streams_failed"] >= 3 or stats.get(
+        "http.gateway.ext_proc.failure_mode_allowed", 0) >= 3
+
+
+async def test_epp_down_fail_close_is_a_fast_5xx(gw):
+    """The negative control of FailOpen: the same proxy with failure_mode_allow false."""
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], failure_mode=FAIL_CLOSE, epp=False)
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+            assert r.status >= 500
+            assert FALLBACK_HEADER not in r.headers
+    assert time.monotonic() - started < 2.0
+    assert not p.received and not d.received
+
+
+@pytest.mark.parametrize("failure_mode", [FAIL_CLOSE, FAIL_OPEN])
+async def test_epp_restarted_under_load_no_request_hangs(gw, failure_mode):
+    p = await gw.engine("p1", "prefill", delay_s=0.15)
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], failure_mode=failure_mode)
+    port = gw.epp_port
+    statuses: list[int] = []
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * 0.025)  # arrivals spread over a second: before, during and after
+        async with gw.session.post(gw.url + "/v1/completions", json=dict(BODY, prompt=f"p{i}")) as r:
+            await r.read()
+            statuses.append(r.status)
+
+    async def load() -> None:
+        await asyncio.gather(*(one(i) for i in range(40)))
+
+    async with asyncio.timeout(15):  # a hung request fails the test here
+        task = asyncio.create_task(load())
+        await asyncio.sleep(0.25)
+        await gw.stop_epp()  # streams in flight are cut
+        await asyncio.sleep(0.3)
+        await gw.start_epp(port)
+        await task
+    assert len(statuses) == 40
+    ok = statuses.count(200)
+    assert ok >= 10 and all(s == 200 or s >= 500 for s in statuses)
+    if failure_mode == FAIL_OPEN:
+        assert ok == 40  # the proxy routed on (decode-only) while the EPP was away
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:  # the proxy reconnected
+        assert r.status == 200 and FALLBACK_HEADER not in r.headers
+
+
+async def test_a_stuck_epp_is_cut_by_message_timeout(gw, monkeypatch):
+    """An EPP that accepts the stream and never answers: the proxy's message_timeout bounds the wait
+    (FailClose: 5xx). Negative control: with a long message_timeout the same request is still pending."""
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+
+    async def stuck(self, msg):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(Exchange, "on_message", stuck)
+    await gw.start([p], [d], message_timeout_s=0.5)
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+            assert r.status >= 500
+    assert time.monotonic() - started < 3.0
+    await gw.close_envoy()
+    await gw.start_envoy(message_timeout_s=30.0)
+    with pytest.raises(asyncio.TimeoutError):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY,
+                                   timeout=aiohttp.ClientTimeout(total=1.5)) as r:
+            await r.read()
+
+
+async def test_message_timeout_outlasts_a_slow_prefill_leg(gw):
+    """BUFFERED: a prefill leg slower than Envoy's default message_timeout (200 ms) still serves P/D
+    through the shipped config; negative control: the config with message_timeout 0.2 s cuts it."""
+    p = await gw.engine("p1", "prefill", delay_s=0.8)
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], prefill_timeout_s=5.0)  # the conftest's message_timeout: 30 s
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 200 and FALLBACK_HEADER not in r.headers
+        assert (await r.json())["kv_seen"]["remote_engine_id"] == "p1"
+    await gw.close_envoy()
+    await gw.start_envoy(message_timeout_s=0.2)
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+        assert r.status >= 500
+
+
+async def test_full_duplex_waits_on_the_prefill_leg_and_the_idle_timeout_bounds_it(gw, monkeypatch):
+    """FULL_DUPLEX_STREAMED: Envoy 1.40 applies no message_timeout (a 0.2 s one does not cut a 0.8 s
+    prefill leg); what bounds a stuck EPP there is the stream idle timeout (shipped: 300 s, above a
+    whole prefill leg). Negative control: a stuck EPP under a 1 s idle timeout is cut, not hung."""
+    p = await gw.engine("p1", "prefill", delay_s=0.8)
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], mode="full-duplex", prefill_timeout_s=5.0, message_timeout_s=0.2)
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 200 and FALLBACK_HEADER not in r.headers
+
+    async def stuck(self, msg):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(Exchange, "on_message", stuck)
+    await gw.close_envoy()
+    await gw.start_envoy(stream_idle_timeout_s=1.0)
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+            assert r.status >= 400
+    assert time.monotonic() - started < 3.0
