@@ -29,7 +29,7 @@ Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
   decides reuse with it (within ``--lease-margin-s``), decode starts its READ and bounds its
   heartbeat retries with it; a pull still completes only on the source's ack. A 1.3
   prefill no longer writes ``remote_lease_expiry`` (it was always optional). The signature
-  becomes ``v2`` over ``SIGNED_FIELDS`` (``SIGNED_FIELDS_V1`` plus ``remote_lease_seconds`` and
+  becomes ``v2`` over ``SIGNED_FIELDS_V2`` (``SIGNED_FIELDS_V1`` plus ``remote_lease_seconds`` and
   the version key itself, so that neither the duration nor the version can be changed); a verifier
   still accepts ``v1`` over ``SIGNED_FIELDS_V1``, but only on params of version 1.2 or older,
   which are then read the 1.2 way (the wall-clock expiry; ``remote_lease_seconds`` is ignored).
@@ -43,6 +43,25 @@ Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
   (correct output, no KV transfer; the prefill frees the blocks at lease expiry). So upgrade
   decodes and routers before prefills, as for 1.2.
 
+- 1.4: single-use leases. Each hold gets a random lease id (16 bytes from ``secrets``), carried as
+  ``remote_lease_id`` (32 lowercase hex characters) and signed: the signature becomes ``v3`` over
+  ``SIGNED_FIELDS_V3`` (v2's fields plus the lease id). Decode names the lease id in every heartbeat,
+  release and completion notification; the source refuses (and counts) any that names a held lease
+  without its id, and remembers spent ids (completed, released, expired), which never confirm or start
+  another pull. A 1.4 decode posts a 1.4 pull's READs only after the source's ack for that lease id
+  (a fresh grant; no READ on the duration alone, which a replay of old params also carries), and takes
+  no ``released_by_you`` for one. A verifier accepts ``v2`` only on params of 1.3 or older.
+
+  Rolling upgrade. 1.3 prefill + 1.4 decode/router: the 1.4 decode reads 1.3 params the 1.3 way
+  (no lease id in its messages, READ on the lease bound; the replay defence needs 1.4 prefills); the
+  router reads the duration as before. 1.4 prefill + 1.3 router: the router reads the duration (a
+  minor version; it ignores the lease id) and sends releases with the params as signed, which the
+  prefill checks. 1.4 prefill + 1.3 decode: a decode with a fleet key refuses the ``v3`` signature and
+  recomputes (the router's release or the lease's end frees the blocks); a decode without a key pulls
+  the 1.3 way, its id-less heartbeats are answered "gone" and its notification refused, so it
+  recomputes too (correct output, no KV transfer; the lease runs its course). So upgrade decodes
+  and routers before prefills, as for 1.2 and 1.3.
+
 A minor version only adds optional keys (1.3 also stops writing one), so a reader of 1.x reads
 any 1.y. A reader refuses a newer major version (``UnsupportedVersion``, naming both). Readers
 that check no signature (the router, decodes without a key) ignore ``pdfleet_signature``.
@@ -52,13 +71,19 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from typing import Any, Mapping
 
 VERSION_KEY = "pdfleet_params_version"
-VERSION = (1, 3)
+VERSION = (1, 4)
 # The first version whose lease is a duration (``remote_lease_seconds``) instead of an instant.
 LEASE_SECONDS_SINCE = (1, 3)
-SIG_KEY = "pdfleet_signature"  # the prefill's signature (1.2; v2 since 1.3), see SIGNED_FIELDS
+# The first version whose lease is single-use: ``remote_lease_id`` names it (required from then on).
+LEASE_ID_SINCE = (1, 4)
+# A lease id's length in bytes. Lower case on purpose: the plain number 16 elsewhere is not this value
+# (test_contract_spelled_once); code asks ``is_lease_id`` and makes ids with ``new_lease_id``.
+lease_id_bytes = 16
+SIG_KEY = "pdfleet_signature"  # the prefill's signature (1.2; v2 since 1.3, v3 since 1.4), see SIGNED_FIELDS
 ERROR_KEY = "pdfleet_error"  # why a prefill returned no usable params
 # A request key, not a produced one (no version change): the router sends a prefill's params back to
 # that prefill with this key true when no decode will read them; the prefill's reply carries it true
@@ -78,13 +103,17 @@ REMOTE_LEASE_EXPIRY = "remote_lease_expiry"  # up to 1.2: unix time (read only f
 REMOTE_LEASE_SECONDS = "remote_lease_seconds"  # 1.3: seconds held, counted from when prefill returned them
 REMOTE_NUM_TOKENS = "remote_num_tokens"
 REMOTE_HOSTS = "remote_hosts"
+REMOTE_LEASE_ID = "remote_lease_id"  # 1.4: the hold's random id, hex (lease_id_bytes bytes)
 # What the signature covers: every key decode acts on (where it dials, what it reads, for how long).
 # v1 (1.2 params): this list. Still verified, on params of version <= 1.2 only.
 SIGNED_FIELDS_V1 = (REMOTE_ENGINE_ID, REMOTE_REQUEST_ID, REMOTE_HOST, REMOTE_HOSTS, REMOTE_PORT, TP_SIZE,
                     REMOTE_BLOCK_IDS, REMOTE_INSTANCE_ID, REMOTE_LEASE_EXPIRY, REMOTE_NUM_TOKENS)
 # v2 (1.3 params): the v1 list (an absent expiry is signed as absent, so none can be added), the
 # lease duration, and the version, so that 1.3 params cannot be passed off as an older version.
-SIGNED_FIELDS = SIGNED_FIELDS_V1 + (REMOTE_LEASE_SECONDS, VERSION_KEY)
+SIGNED_FIELDS_V2 = SIGNED_FIELDS_V1 + (REMOTE_LEASE_SECONDS, VERSION_KEY)
+# v3 (1.4 params): the v2 list and the lease id (an absent one is signed as absent).
+SIGNED_FIELDS_V3 = SIGNED_FIELDS_V2 + (REMOTE_LEASE_ID,)
+SIGNED_FIELDS = SIGNED_FIELDS_V3  # what a prefill of this version signs
 # A lease further ahead than this is nonsense (leases are seconds to minutes); a float, so that
 # the number 3600 elsewhere is not taken for this value (test_contract_spelled_once).
 MAX_LEASE_SECONDS = 3600.0
@@ -166,10 +195,17 @@ def produce(
     lease_seconds: float,
     num_tokens: int,
     hosts: tuple[str, ...] = (),
+    lease_id: bytes | None = None,
 ) -> dict[str, Any]:
     """The params a prefill returns (this version); the router forwards them to decode as-is.
     ``lease_seconds``: how long the prefill holds the blocks from now (its lease length; the hold
-    is made after this, so the source's lease ends no earlier)."""
+    is made after this, so the source's lease ends no earlier). ``lease_id``: the hold's random id
+    (``lease_id_bytes`` bytes; the same one goes to the source's hold; None: a fresh one, read it
+    back with ``lease_id_of``)."""
+    if lease_id is None:
+        lease_id = new_lease_id()
+    if not is_lease_id(lease_id):
+        raise ValueError(f"lease_id must be {lease_id_bytes} random bytes, got {lease_id!r}")
     extra = {REMOTE_HOSTS: list(hosts)} if hosts else {}
     return extra | {
         VERSION_KEY: version_string(),
@@ -184,13 +220,40 @@ def produce(
         REMOTE_INSTANCE_ID: instance_id,
         REMOTE_LEASE_SECONDS: float(lease_seconds),
         REMOTE_NUM_TOKENS: num_tokens,
+        REMOTE_LEASE_ID: lease_id.hex(),
     }
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite float, or None: never raises (an integer too large for a float, 10**400 from JSON, is None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        out = float(value)
+    except OverflowError:
+        return None
+    return out if math.isfinite(out) else None
+
+
+_LEASE_ID = re.compile(r"^[0-9a-f]{%d}$" % (2 * lease_id_bytes))
+
+
+def new_lease_id() -> bytes:
+    """A fresh random lease id (params 1.4), for one hold."""
+    return secrets.token_bytes(lease_id_bytes)
+
+
+def is_lease_id(value: Any) -> bool:
+    return isinstance(value, bytes) and len(value) == lease_id_bytes
+
+
+def lease_id_of(params: Mapping[str, Any]) -> bytes | None:
+    """The lease id of 1.4 params as bytes, or None when the value is missing or not
+    ``2 * lease_id_bytes`` lowercase hex characters (older params carry none: None)."""
+    raw = params.get(REMOTE_LEASE_ID)
+    if not isinstance(raw, str) or not _LEASE_ID.match(raw):
+        return None
+    return bytes.fromhex(raw)
 
 
 def lease_seconds(params: Mapping[str, Any]) -> float | None:

@@ -260,7 +260,7 @@ def _lease_seconds(params: Mapping[str, Any]) -> float | None:
     value = params.get(K.REMOTE_LEASE_SECONDS)
     if value is None:
         return None
-    allowed = f"a finite number of seconds in (0, {MAX_LEASE_AHEAD_SECONDS:g}]"
+    allowed = f"a number of seconds in (0, {MAX_LEASE_AHEAD_SECONDS:g}]"
     number = K._number(value)  # never raises: 10**400 is no float
     if number is None:
         raise InvalidTransferParams(K.REMOTE_LEASE_SECONDS, f"must be {allowed}, got {_short(value)}")
@@ -281,7 +281,7 @@ def _lease_id(params: Mapping[str, Any]) -> bytes:
     if lease_id is None:
         raise InvalidTransferParams(K.REMOTE_LEASE_ID, f"is required in params of version"
                                                        f" {K.version_string(K.LEASE_ID_SINCE)} or newer:"
-                                                       f" {2 * K.LEASE_ID_BYTES} lowercase hex characters,"
+                                                       f" {2 * K.lease_id_bytes} lowercase hex characters,"
                                                        f" got {_short(params.get(K.REMOTE_LEASE_ID))}")
     return lease_id
 

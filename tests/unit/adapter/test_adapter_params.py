@@ -260,6 +260,8 @@ def test_signed_params_verify_after_a_json_round_trip():
     ("remote_instance_id", "i1"), ("remote_lease_seconds", 31.0), ("remote_num_tokens", 41),
     ("remote_lease_expiry", NOW + 31),  # v2 signs it absent: none can be added
     ("pdfleet_params_version", "1.2"),  # nor can 1.3 params pass for 1.2 (read the wall-clock way)
+    ("pdfleet_params_version", "1.3"),  # nor 1.4 params for 1.3 (read without their lease id)
+    ("remote_lease_id", "00" * 16),  # v3: a replayer cannot swap in another lease's id
 ])  # fmt: skip
 def test_every_signed_field_is_bound(field, value):
     from pdfleet.connector.adapter.params import SIGNED_FIELDS, verify_params
@@ -271,9 +273,10 @@ def test_every_signed_field_is_bound(field, value):
 
 
 @pytest.mark.parametrize("sig,problem", [
-    (None, "is required"), ("", "must be"), ("v3.aa.bb", "must be"), ("v2.xx.yy", "hex"),
-    ("v2." + "00" * 8 + "." + "00" * 32, "does not accept"), (5, "must be"),
+    (None, "is required"), ("", "must be"), ("v4.aa.bb", "must be"), ("v3.xx.yy", "hex"),
+    ("v3." + "00" * 8 + "." + "00" * 32, "does not accept"), (5, "must be"),
     ("v1.xx.yy", "version 1.2 or older only"),
+    ("v2." + "00" * 8 + "." + "00" * 32, "version 1.3 or older only"),  # v2 leaves the lease id unsigned
 ])  # fmt: skip
 def test_bad_signatures_are_named(sig, problem):
     from pdfleet.connector.adapter.params import SIGNATURE_KEY, verify_params
@@ -312,8 +315,9 @@ def test_a_1_3_decode_verifies_a_1_2_prefills_v1_signature():
 
     ring = KeyRing(b"k" * 32)
     old = _signed_1_2()
-    assert old["pdfleet_signature"].startswith("v1.") and _signed()["pdfleet_signature"].startswith("v2.")
-    assert set(SIGNED_FIELDS) - set(SIGNED_FIELDS_V1) == {"remote_lease_seconds", "pdfleet_params_version"}
+    assert old["pdfleet_signature"].startswith("v1.") and _signed()["pdfleet_signature"].startswith("v3.")
+    assert set(SIGNED_FIELDS) - set(SIGNED_FIELDS_V1) == {"remote_lease_seconds", "pdfleet_params_version",
+                                                          "remote_lease_id"}
     r = parse_remote_prefill(old, num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW, ring=ring,
                              accepted_at=MONO)
     assert r.remote_lease_expiry == NOW + 30 and r.lease_deadline is None
@@ -385,3 +389,95 @@ def test_a_prefill_releases_only_its_own_lease(make, keyed, expected):
     from pdfleet.connector.transfer.auth import KeyRing
 
     assert _own_release(make(), KeyRing(b"k" * 32) if keyed else None) == expected
+
+
+# -- single-use leases (params 1.4, issue 30) ---------------------------------------------------------
+def _signed_1_3(key: bytes = b"k" * 32) -> dict:
+    """What a not yet upgraded (1.3) prefill returns: no lease id, signed v2."""
+    from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+
+    p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
+                        tp_size=1, instance_id="i0", lease_seconds=30, num_tokens=40)
+    del p["remote_lease_id"]
+    p["pdfleet_params_version"] = "1.3"
+    p[SIGNATURE_KEY] = sign_params(p, key, "v2")
+    return p
+
+
+def test_1_4_params_carry_the_lease_id_decode_names():
+    from pdfleet.contract import kv_params as K
+
+    lease_id = bytes(range(16))
+    p = producer_params(block_ids=[4, 5, 6], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
+                        tp_size=1, instance_id="abc", lease_seconds=30, num_tokens=80, lease_id=lease_id)
+    assert p["pdfleet_params_version"] == "1.4" and p["remote_lease_id"] == lease_id.hex()
+    assert parse(p).remote_lease_id == lease_id
+    # a fresh random one per call when none is given (what the scheduler does for each hold)
+    assert K.lease_id_of(good()) != K.lease_id_of(good()) and len(K.lease_id_of(good())) == 16
+
+
+@pytest.mark.parametrize("value", [None, "", "00" * 15, "00" * 17, "AB" * 16, "zz" * 16, 5, ["00" * 16], b"\0" * 16])
+def test_a_1_4_lease_id_is_required_and_checked(value):
+    p = good()
+    if value is None:
+        del p["remote_lease_id"]
+    else:
+        p["remote_lease_id"] = value
+    with pytest.raises(InvalidTransferParams) as exc:
+        parse(p)
+    assert exc.value.field == "remote_lease_id" and "32 lowercase hex characters" in str(exc.value)
+    # negative control: the same params with a good id pass
+    assert parse({**p, "remote_lease_id": "ab" * 16}).remote_lease_id == bytes([0xAB]) * 16
+
+
+def test_rolling_upgrade_a_1_4_decode_reads_a_1_3_prefills_params_the_1_3_way():
+    from pdfleet.connector.adapter.params import verify_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    ring = KeyRing(b"k" * 32)
+    r = parse_remote_prefill(_signed_1_3(), num_prompt_tokens=40, block_size=BS, local_tp_size=1, now=NOW, ring=ring,
+                             accepted_at=MONO)
+    assert r.remote_lease_id is None and r.lease_deadline == MONO + 30  # no lease id: pulled as 1.3
+    # v2 does not cover a lease id: one added to 1.3 params is not read (nothing gained) ...
+    r = parse_remote_prefill({**_signed_1_3(), "remote_lease_id": "ab" * 16}, num_prompt_tokens=40, block_size=BS,
+                             local_tp_size=1, now=NOW, ring=ring)
+    assert r.remote_lease_id is None
+    # ... and 1.3 params passed off as 1.4 under their v2 signature are refused
+    with pytest.raises(InvalidTransferParams, match="v2 signature covers params of version 1.3 or older only"):
+        verify_params({**_signed_1_3(), "pdfleet_params_version": "1.4", "remote_lease_id": "ab" * 16}, ring)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("remote_lease_seconds", 10**400),  # a JSON integer too large for a float (was: OverflowError)
+    ("remote_lease_seconds", -(10**400)),
+    ("remote_lease_seconds", float("inf")),  # what JSON's 1e400 parses to
+    ("remote_lease_seconds", float("nan")),
+    ("remote_lease_seconds", -1.0),
+    ("remote_lease_seconds", 3600.001),  # above the documented most (kv_params.MAX_LEASE_SECONDS)
+    ("remote_lease_expiry", 10**400),
+    ("remote_lease_expiry", float("-inf")),
+])  # fmt: skip
+def test_an_unusable_lease_is_refused_as_invalid_params_never_an_overflow(field, value):
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    base = {**good(), **OLD} if field == "remote_lease_expiry" else good()
+    for ring in (None, KeyRing(b"k" * 32)):
+        with pytest.raises(InvalidTransferParams) as exc:
+            parse_remote_prefill({**base, field: value}, num_prompt_tokens=80, block_size=BS, local_tp_size=1, now=NOW,
+                                 ring=ring, accepted_at=MONO)
+        assert exc.value.field == field and len(str(exc.value)) < 200  # a 400-digit number is not echoed
+
+
+def test_signing_or_releasing_params_with_a_huge_number_is_a_refusal_not_an_overflow():
+    from pdfleet.connector.adapter.params import own_lease_to_release, release_target, sign_params, verify_params
+    from pdfleet.connector.transfer.auth import KeyRing
+
+    ring = KeyRing(b"k" * 32)
+    huge = {**_signed(), "remote_lease_seconds": 10**400}
+    with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
+        verify_params(huge, ring)
+    with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
+        sign_params(huge, b"k" * 32)
+    assert release_target(huge, ring) is None
+    with pytest.raises(InvalidTransferParams, match="pdfleet_signature"):
+        own_lease_to_release(huge, engine_id="prefill-0", ring=ring)

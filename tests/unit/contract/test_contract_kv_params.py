@@ -153,3 +153,40 @@ def test_a_signature_field_is_ignored_by_version_1_readers():
     params = produced() | {kv_params.SIG_KEY: "reserved-for-a-later-minor-version"}
     assert decode_reads(params).remote_engine_id == "prefill-0"
     assert reuse(params)
+
+
+# -- issue 30: an unusable lease is no lease, never an exception; params 1.4 carry a lease id ----------
+@pytest.mark.parametrize("seconds", [
+    10**400,  # a JSON integer too large for a float: OverflowError before issue 30
+    -(10**400), float("inf"), float("-inf"), float("nan"), -1.0, 0, kv_params.MAX_LEASE_SECONDS + 0.001, "30", None,
+    True,
+])  # fmt: skip
+def test_an_unusable_lease_gives_no_deadline_and_no_reuse(seconds):
+    params = produced() | {kv_params.REMOTE_LEASE_SECONDS: seconds}
+    assert kv_params.lease_seconds(params) is None
+    assert kv_params.lease_deadline(params, MONO, NOW) is None
+    assert not reuse(params)  # the router's decode retry then recomputes and releases, as for any refusal
+    if seconds is None:
+        return  # optional for decode: then only the source's acks bound the pull
+    with pytest.raises(InvalidTransferParams) as err:  # and decode refuses the params: computed locally
+        decode_reads(params)
+    assert err.value.field == kv_params.REMOTE_LEASE_SECONDS
+
+
+def test_an_unusable_1_2_expiry_gives_no_deadline():
+    for expiry in (10**400, -(10**400), float("inf"), float("nan")):
+        assert kv_params.lease_deadline(as_1_2(produced(), expiry), MONO, NOW) is None
+        assert not reuse(as_1_2(produced(), expiry))
+
+
+def test_the_lease_id_round_trips_and_a_malformed_one_is_none():
+    lease_id = kv_params.new_lease_id()
+    params = produced(lease_id=lease_id)
+    assert kv_params.is_lease_id(lease_id) and kv_params.lease_id_of(params) == lease_id
+    assert params[kv_params.REMOTE_LEASE_ID] == lease_id.hex()
+    for bad in ("", lease_id.hex().upper(), lease_id.hex()[:-2], 7, None):
+        assert kv_params.lease_id_of(params | {kv_params.REMOTE_LEASE_ID: bad}) is None
+    with pytest.raises(ValueError, match="lease_id"):
+        produced(lease_id=b"short")
+    assert kv_params.LEASE_ID_SINCE == kv_params.VERSION == (1, 4)
+    assert kv_params.REMOTE_LEASE_ID in kv_params.SIGNED_FIELDS
