@@ -21,7 +21,14 @@ from pdfleet.contract import env as env_names
 from pdfleet.contract.flow_control import FLAG as FLOW_CONTROL_FLAG
 from pdfleet.contract.flow_control import FlowControlConfig
 from pdfleet.contract.ports import HTTP_NAME, KV_EVENTS, KV_EVENTS_REPLAY, ROUTER_HTTP
-from pdfleet.contract.routing import DEFAULT_HASH_SEED, POLICIES, PREFIX_AWARE, PREFIX_HASH_ALGO
+from pdfleet.contract.routing import (
+    DEFAULT_HASH_SEED,
+    DISAGGREGATION_ALWAYS,
+    DISAGGREGATION_POLICIES,
+    POLICIES,
+    PREFIX_AWARE,
+    PREFIX_HASH_ALGO,
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,11 @@ class RouterConfig:
     kv_events_max_total_bytes: int = 512 * 1024 * 1024
     prompt_cache_max_bytes: int = 32 * 1024 * 1024  # prompt_tokens.PromptTokenCache, in bytes (LRU)
 
+    # spec.router.disaggregation (connector/router/disaggregation.py): remote prefill per request or always
+    disaggregation_policy: str = DISAGGREGATION_ALWAYS
+    min_remote_prefill_tokens: int = 128  # Conditional: fewer uncached prompt tokens are computed on decode
+    prefill_busy_in_flight: int = 4  # Conditional: prefills this loaded (and decode less) -> decode alone
+
     # spec.router.flowControl (flow/): disabled, no gate and no queue; rendered as one --flow-control JSON
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
 
@@ -120,6 +132,13 @@ class RouterConfig:
             problems.append(f"prompt_cache_max_bytes: must be >= 1024, got {self.prompt_cache_max_bytes}")
         if self.kv_events_max_total_bytes < 16 * 1024 * 1024:
             problems.append(f"kv_events_max_total_bytes: must be >= 16 MiB (16777216), got {self.kv_events_max_total_bytes}")
+        if self.disaggregation_policy not in DISAGGREGATION_POLICIES:
+            problems.append(f"disaggregation_policy: must be one of {', '.join(DISAGGREGATION_POLICIES)}, "
+                            f"got {self.disaggregation_policy!r}")
+        if not 0 <= self.min_remote_prefill_tokens <= 1_000_000:
+            problems.append(f"min_remote_prefill_tokens: must be 0..1000000, got {self.min_remote_prefill_tokens}")
+        if not 1 <= self.prefill_busy_in_flight <= 100_000:
+            problems.append(f"prefill_busy_in_flight: must be 1..100000, got {self.prefill_busy_in_flight}")
         if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
             problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
         if problems:
@@ -178,6 +197,7 @@ _LIMITS = (
 _ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_fleet_uid", "kubernetes_namespace", "kubeconfig",
           "port_name", "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",
           "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
+          "disaggregation_policy", "min_remote_prefill_tokens", "prefill_busy_in_flight",
           *(name for name, _ in _LIMITS))
 
 
@@ -236,6 +256,17 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
                          "bytes; default %(default)s")
     kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
                     help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
+    dis = parser.add_argument_group("disaggregation: remote prefill per request (router/disaggregation.py)")
+    dis.add_argument("--disaggregation-policy", default=d["disaggregation_policy"].default,
+                     choices=list(DISAGGREGATION_POLICIES),
+                     help="Always: every request prefill -> decode; Conditional: decode alone when a remote "
+                          "prefill does not pay; default %(default)s")
+    dis.add_argument("--min-remote-prefill-tokens", type=int, default=d["min_remote_prefill_tokens"].default,
+                     help="Conditional: prompts with fewer tokens not cached on decode are computed on decode; "
+                          "default %(default)s")
+    dis.add_argument("--prefill-busy-in-flight", type=int, default=d["prefill_busy_in_flight"].default,
+                     help="Conditional: when every prefill has this many legs in flight and decode fewer, decode "
+                          "computes the prompt; default %(default)s")
     lim = parser.add_argument_group("limits and timeouts")
     for name, help_text in _LIMITS:
         lim.add_argument(_flag(name), type=type(d[name].default), default=d[name].default,
@@ -261,7 +292,7 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
     scalars = {name: getattr(args, name) for name in (
         "host", "port", "kubeconfig", "port_name", "prefill_policy", "decode_policy", "tokenizer", "block_size",
         "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
-        *(n for n, _ in _LIMITS))}
+        "disaggregation_policy", "min_remote_prefill_tokens", "prefill_busy_in_flight", *(n for n, _ in _LIMITS))}
     flow_control = FlowControlConfig.from_arg(args.flow_control) if args.flow_control else FlowControlConfig()
     return RouterConfig(
         prefill=tuple(args.prefill), decode=tuple(args.decode), kv_events=tuple(kv_events),

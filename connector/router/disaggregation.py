@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdfleet.connector.router import fanout
 from pdfleet.contract.routing import (
     DECODE_ONLY,
     DISAGGREGATION_ALWAYS,
@@ -27,13 +28,12 @@ from pdfleet.contract.routing import (
 
 # reasons (the decisions metric's label `reason`)
 ALWAYS = "always"
-FAN_OUT = "fan_out"
-NO_PREFILL = "no_prefill"
+FAN_OUT = fanout.FAN_OUT  # n > 1 or several prompts (fanout.py)
 SHORT_PROMPT = "short_prompt"
 CACHED_ON_DECODE = "cached_on_decode"
 PREFILL_BUSY = "prefill_busy"
 LONG_UNCACHED = "long_uncached"
-REASONS = (ALWAYS, FAN_OUT, NO_PREFILL, SHORT_PROMPT, CACHED_ON_DECODE, PREFILL_BUSY, LONG_UNCACHED)
+REASONS = (ALWAYS, FAN_OUT, SHORT_PROMPT, CACHED_ON_DECODE, PREFILL_BUSY, LONG_UNCACHED)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Request:
 
     prompt_tokens: int  # whole-block prompt tokens known (may be capped at Policy.tokens_wanted), or an estimate
     cached_on_decode: int  # leading prompt tokens the chosen decode holds in its prefix cache
-    prefill_in_flight: tuple[int, ...]  # legs in flight on each ready prefill (empty: none ready)
+    prefill_in_flight: tuple[int, ...]  # legs in flight on each ready prefill
     decode_in_flight: int  # requests in flight on the chosen decode
     fan_out: bool = False  # several engine requests (fanout.py)
 
@@ -83,8 +83,6 @@ class Decision:
 def decide(policy: Policy, req: Request) -> Decision:
     if req.fan_out:
         return Decision(DECODE_ONLY, FAN_OUT)
-    if not req.prefill_in_flight:
-        return Decision(DECODE_ONLY, NO_PREFILL)
     if policy.policy != DISAGGREGATION_CONDITIONAL:
         return Decision(REMOTE_PREFILL, ALWAYS)
     floor = max(policy.min_remote_prefill_tokens, policy.block_size)
@@ -92,10 +90,12 @@ def decide(policy: Policy, req: Request) -> Decision:
         return Decision(DECODE_ONLY, SHORT_PROMPT)
     if req.prompt_tokens - req.cached_on_decode < floor:
         return Decision(DECODE_ONLY, CACHED_ON_DECODE)
-    least = min(req.prefill_in_flight)
+    # No prefill ready: the prefill leg finds none and decode serves alone as a fallback (handlers.py).
+    least = min(req.prefill_in_flight, default=0)
     if least >= policy.prefill_busy_in_flight and req.decode_in_flight < least:
         return Decision(DECODE_ONLY, PREFILL_BUSY)
     return Decision(REMOTE_PREFILL, LONG_UNCACHED)
 
 
-__all__ = ["Policy", "Request", "Decision", "decide", "REASONS", "REMOTE_PREFILL", "DECODE_ONLY"]
+__all__ = ["Policy", "Request", "Decision", "decide", "REASONS", "REMOTE_PREFILL", "DECODE_ONLY",
+           "DISAGGREGATION_ALWAYS", "DISAGGREGATION_CONDITIONAL"]

@@ -16,7 +16,7 @@ from pdfleet.connector.router import timing
 from pdfleet.connector.router.lease_release import Lease
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.errors import error_response
-from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
+from pdfleet.connector.router.fanout import FAN_OUT
 from pdfleet.connector.router.outcome import CLIENT_CLOSED, recorded_status
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.upstream import (
@@ -27,7 +27,7 @@ from pdfleet.connector.router.upstream import (
     json_decode,
     json_encode,
 )
-from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
 
 
 class _TooLarge(Exception):
@@ -105,9 +105,12 @@ class Handlers:
             if value is not None:
                 upstream_headers[name] = value
 
-        if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
+        decision = self.picker.decide(group, body, chat=chat)  # on the pair chosen above (disaggregation.py)
+        reply_headers[DISAGGREGATION_HEADER] = decision.header()
+        if decision.reason == FAN_OUT:  # several engine requests: P/D cannot serve it (see fanout.py)
             self.metrics.fallbacks.labels(FAN_OUT).inc()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
+        if not decision.remote:
             return await self.decode.run(request, group, path, body, upstream_headers, reply_headers, None, None)
         leg = asyncio.ensure_future(self.prefill.run(group, path, body, upstream_headers, chat=chat))
         try:

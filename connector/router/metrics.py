@@ -28,6 +28,11 @@ class RouterMetrics:
         self.fallbacks = Counter(
             "pdfleet_router_fallbacks", "Requests served by decode alone, by reason", ["reason"], registry=r
         )
+        self.disaggregation_decisions = Counter(
+            names.ROUTER_DISAGGREGATION_DECISIONS, "Generate requests by the router's choice (remote_prefill: prefill "
+            "then decode; decode_only: decode alone) and its reason (connector/router/disaggregation.py)",
+            ["decision", "reason"], registry=r,
+        )
         self.retries = Counter(
             "pdfleet_router_retries", "Legs sent again to another endpoint", ["leg"], registry=r
         )

@@ -21,7 +21,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from pdfleet.connector.router import canary, timing
+from pdfleet.connector.router import canary, disaggregation, timing
 from pdfleet.connector.router.endpoint_labels import EndpointLabels
 from pdfleet.connector.router.endpoints import (
     DECODE,
@@ -32,6 +32,7 @@ from pdfleet.connector.router.endpoints import (
     pick_least_outstanding,
     select_revision,
 )
+from pdfleet.connector.router.fanout import fan_out_reason
 from pdfleet.connector.router.flow.gate import FlowGate
 from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting
 from pdfleet.connector.router.metrics import RouterMetrics
@@ -51,6 +52,10 @@ class Picker:
         self.prefix = PrefixRouting(config, metrics, labels=self.labels)
         self.flow = FlowGate(config.flow_control, metrics.registry)  # open when disabled
         self.selection = Selection(None, "no endpoints known yet")
+        self.disaggregation = disaggregation.Policy(
+            config.disaggregation_policy, config.min_remote_prefill_tokens, config.prefill_busy_in_flight,
+            config.block_size)
+        self._decisions: dict[tuple[str, str], Any] = {}
         self._groups: dict[str, RevisionEndpoints] = {}
         self._ejected: dict[str, float] = {}
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
@@ -119,6 +124,29 @@ class Picker:
         return pick_least_outstanding(
             candidates, self.outstanding.counts, exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role])
         )
+
+    def decide(self, group: RevisionEndpoints, body: Mapping[str, Any], *, chat: bool) -> disaggregation.Decision:
+        """Remote prefill or decode alone for a request that ``group`` serves (the pair is chosen first, so
+        both paths stay inside it); counted. The decode it weighs is the one ``pick`` would choose now."""
+        policy = self.disaggregation
+        counts = self.outstanding.counts
+        prefills = tuple(counts.get(u, 0) for u in group.ready(PREFILL))
+        fan_out = fan_out_reason(body) is not None  # type: ignore[arg-type]
+        tokens = cached = decode_load = 0
+        if policy.policy == disaggregation.DISAGGREGATION_CONDITIONAL and not fan_out:
+            now = time.monotonic()
+            ejected = [u for u, until in self._ejected.items() if until > now]
+            url, cached, tokens = self.prefix.preview(DECODE, tuple(group.ready(DECODE)), body, chat=chat,
+                                                      outstanding=counts, ejected=ejected, tiebreak=0,
+                                                      enough=policy.tokens_wanted)
+            decode_load = counts.get(url, 0) if url is not None else 0
+        decision = disaggregation.decide(policy, disaggregation.Request(tokens, cached, prefills, decode_load, fan_out))
+        key = (decision.decision, decision.reason)
+        counter = self._decisions.get(key)
+        if counter is None:
+            counter = self._decisions[key] = self.metrics.disaggregation_decisions.labels(*key)
+        counter.inc()
+        return decision
 
     def eject(self, url: str) -> None:
         """``url`` failed a leg: avoid it for ``eject_s``."""

@@ -331,6 +331,37 @@ class PrefixRouting:
              tiebreak: int) -> str | None:
         keys = self.keys_for(body, chat)
         allowed = [c for c in candidates if c not in exclude]
+        cached, source = self._cached(allowed, keys)
+        choice = choose_endpoint(candidates, cached, outstanding, exclude=exclude, ejected=ejected,
+                                 max_imbalance=self.config.prefix_max_imbalance, tiebreak=tiebreak)
+        self._account(role, source, choice)
+        if choice.url is not None and keys.text:
+            self.routed.record(choice.url, keys.text)
+        return choice.url
+
+    def preview(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
+                outstanding: Mapping[str, int], ejected: Collection[str], tiebreak: int,
+                enough: Callable[[int], int]) -> tuple[str | None, int, int]:
+        """What ``pick`` would choose among ``candidates``, without counting or remembering the choice:
+        (url, its cached prefix in tokens, the prompt's tokens). The prompt is counted in whole blocks and
+        only as far as ``enough(cached)`` tokens (a long prompt is not tokenized to its end for this);
+        without a tokenizer it is estimated from its text, and assumed long when there is none."""
+        keys = self.keys_for(body, chat)
+        allowed = list(candidates)
+        cached, _ = self._cached(allowed, keys) if self.enabled(role) else ({}, None)
+        choice = choose_endpoint(candidates, cached, outstanding, ejected=ejected,
+                                 max_imbalance=self.config.prefix_max_imbalance, tiebreak=tiebreak)
+        want = enough(choice.cached_tokens)
+        if keys.has_exact:
+            block = self.config.block_size
+            tokens = len(keys.lazy(self.hasher).first(-(-want // block))) * block
+        else:
+            text = prompt_text(body, chat)
+            tokens = len(text) // _CHARS_PER_TOKEN if text is not None else want
+        return choice.url, choice.cached_tokens, tokens
+
+    def _cached(self, allowed: Sequence[str], keys: PromptKeys) -> tuple[dict[str, int], str | None]:
+        """Cached prompt-prefix tokens per endpoint, and what scored them."""
         # Endpoints whose event stream is synced are scored from it; the others from what
         # the router routed there itself (an estimate in tokens).
         exact = {}
@@ -346,12 +377,7 @@ class PrefixRouting:
             chunks = match_lengths(keys.text, {c: self.routed.holds(c) for c in approx})
             cached.update((c, n * TEXT_CHUNK_CHARS // _CHARS_PER_TOKEN) for c, n in chunks.items())
         source = (EVENTS if not approx else MIXED if exact else ROUTED if keys.text else None) if allowed else None
-        choice = choose_endpoint(candidates, cached, outstanding, exclude=exclude, ejected=ejected,
-                                 max_imbalance=self.config.prefix_max_imbalance, tiebreak=tiebreak)
-        self._account(role, source, choice)
-        if choice.url is not None and keys.text:
-            self.routed.record(choice.url, keys.text)
-        return choice.url
+        return cached, source
 
     def _account(self, role: str, source: str | None, choice: Choice) -> None:
         m = self.metrics

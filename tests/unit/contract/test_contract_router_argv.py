@@ -51,7 +51,8 @@ VARIANTS = {
     "decode_first_byte_timeout_s": 8.0, "decode_idle_timeout_s": 7.5, "eject_s": 0.25, "upstream_keepalive_s": 3.0,
     "kubernetes_namespace": "ns1", "prefill": ("http://a:1", "http://b:2"), "decode": ("http://c:3",),
     "kv_events": (("http://a:1", "tcp://a:5557,tcp://a:5558"),),
-    "prompt_cache_max_bytes": 4096, "kubernetes_fleet_uid": "0d7c-uid", "kv_events_max_total_bytes": 64 * 2**20,
+    "prompt_cache_max_bytes": 4096, "disaggregation_policy": "Conditional", "min_remote_prefill_tokens": 512,
+    "prefill_busy_in_flight": 2, "kubernetes_fleet_uid": "0d7c-uid", "kv_events_max_total_bytes": 64 * 2**20,
     "flow_control": FlowControlConfig(enabled=True, max_queued=5, priorities=(Priority("hi", 4), Priority("lo", 1))),
 }
 STATIC = RouterConfig(prefill=("http://p:1",), decode=("http://d:1",))

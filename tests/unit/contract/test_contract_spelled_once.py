@@ -20,7 +20,8 @@ PRODUCT = ("operator", "connector", "bench")
 # Values too common to police: role names, "http", "backends", plain numbers, and kv_transfer_params
 # keys that are also ordinary field names elsewhere (a layout's tp_size, a pull's remote_block_ids).
 GENERIC = {"prefill", "decode", "router", "http", "backends", "leg", "true", "True", "False", 8000, 500, 4000,
-           "pdfleet.io/", "tp_size", "remote_block_ids", "remote_request_id"}
+           "pdfleet.io/", "tp_size", "remote_block_ids", "remote_request_id",
+           "Always"}  # also a Kubernetes imagePullPolicy
 
 
 def _constants(*modules) -> dict[object, str]:

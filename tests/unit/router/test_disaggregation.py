@@ -9,7 +9,6 @@ from pdfleet.connector.router.disaggregation import (
     CACHED_ON_DECODE,
     FAN_OUT,
     LONG_UNCACHED,
-    NO_PREFILL,
     PREFILL_BUSY,
     SHORT_PROMPT,
     Decision,
@@ -38,12 +37,11 @@ TABLE = [
     ("decode saturated, prefills idle (the reverse)", COND, 1500, 0, IDLE, 12, False, REMOTE_PREFILL, LONG_UNCACHED),
     ("decode saturated: a short prompt still stays", COND, 12, 0, IDLE, 12, False, DECODE_ONLY, SHORT_PROMPT),
     ("n > 1 / batch prompts", COND, 1500, 0, IDLE, 0, True, DECODE_ONLY, FAN_OUT),
-    ("no prefill ready", COND, 1500, 0, (), 0, False, DECODE_ONLY, NO_PREFILL),
+    ("no prefill ready: the leg falls back", COND, 1500, 0, (), 0, False, REMOTE_PREFILL, LONG_UNCACHED),
     ("Always: short prompt still remote", ALW, 12, 0, IDLE, 0, False, REMOTE_PREFILL, ALWAYS),
     ("Always: cached on decode still remote", ALW, 1500, 1472, IDLE, 0, False, REMOTE_PREFILL, ALWAYS),
     ("Always: prefills saturated still remote", ALW, 1500, 0, (5, 4), 0, False, REMOTE_PREFILL, ALWAYS),
     ("Always: n > 1 goes to decode alone", ALW, 1500, 0, IDLE, 0, True, DECODE_ONLY, FAN_OUT),
-    ("Always: no prefill ready", ALW, 1500, 0, (), 0, False, DECODE_ONLY, NO_PREFILL),
 ]
 
 
@@ -58,7 +56,7 @@ def test_decision_table(case, policy, tokens, cached, prefills, decode, fan_out,
 def test_every_conditional_decode_only_row_would_be_remote_under_always():
     # negative control: the table's decode-only rows are the policy's doing, not the inputs'
     for case, policy, tokens, cached, prefills, decode, fan_out, decision, reason in TABLE:
-        if policy is COND and decision == DECODE_ONLY and reason not in (FAN_OUT, NO_PREFILL):
+        if policy is COND and decision == DECODE_ONLY and reason != FAN_OUT:
             assert decide(ALW, Request(tokens, cached, prefills, decode, fan_out)).remote, case
 
 
