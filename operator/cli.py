@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "render": ("pdfleet.operator.commands.render", "print every child object the operator would apply"),
     "operator": ("pdfleet.operator.reconcile.command", "run the kopf operator"),
     "router": ("pdfleet.connector.router.command", "run the P/D router"),
+    "epp": ("pdfleet.connector.epp.command", "run the gateway's Endpoint Picker (ext_proc gRPC, P/D behind a Gateway)"),
     "local": ("pdfleet.operator.local.command", "run the fleet a CR describes as local processes"),
 }
 

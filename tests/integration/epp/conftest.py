@@ -53,15 +53,16 @@ class Gateway:
             self.epp = None
 
     async def start(self, prefill, decode, *, mode: str = "buffered", failure_mode: str = FAIL_CLOSE,
-                    message_timeout_s: float = 30.0, epp: bool = True, extra_filters=(), **overrides) -> str:
+                    message_timeout_s: float = 30.0, epp: bool = True, epp_port: int = 0, extra_filters=(),
+                    **overrides) -> str:
         settings = dict(FAST)
         settings.update(overrides)
         urls = lambda xs: tuple(x if isinstance(x, str) else x.url for x in xs)  # noqa: E731
         self.config = RouterConfig(prefill=urls(prefill), decode=urls(decode), **settings)
         if epp:
             await self.start_epp()
-        else:
-            self.epp_port = free_port()
+        else:  # no EPP (down), or one run elsewhere on epp_port
+            self.epp_port = epp_port or free_port()
         self._envoy_args = dict(mode=mode, decode_only=urls(decode), failure_mode=failure_mode,
                                 message_timeout_s=message_timeout_s, extra_filters=extra_filters)
         return await self.start_envoy()

@@ -1,0 +1,50 @@
+"""`pdfleet epp` as a real process behind a real Envoy, in front of fake engines; clean exit on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from pdfleet.connector.epp.envoy_process import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--grpc-port", "0", "--prefill", "http://a:1", "--decode", "http://c:3"], "--grpc-port must be 1..65535"),
+    (["--grpc-port", "8000", "--port", "8000", "--prefill", "http://a:1", "--decode", "http://c:3"], "must differ"),
+    (["--prefill", "a:1", "--decode", "http://c:3"], "must start with http://"),
+])
+def test_bad_flags_exit_2_naming_the_flag(argv, needle):
+    proc = subprocess.run([sys.executable, "-m", "pdfleet.operator.cli", "epp", *argv], capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and needle in proc.stderr
+
+
+async def test_epp_process_serves_p_d_through_envoy(gw):
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    grpc_port, http_port = free_port(), free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pdfleet.operator.cli", "epp", "--prefill", p.url, "--decode", d.url,
+        "--grpc-port", str(grpc_port), "--port", str(http_port), "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert b"epp: ext_proc on" in line, line
+        await gw.start([p], [d], epp=False, epp_port=grpc_port)  # Envoy dials the process's port
+        async with gw.session.post(gw.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
+            assert r.status == 200
+            assert (await r.json())["kv_seen"]["remote_engine_id"] == "p1"
+        async with gw.session.get(f"http://127.0.0.1:{http_port}/health") as r:
+            assert r.status == 200 and (await r.json())["decode_ready"] == 1
+        async with gw.session.get(f"http://127.0.0.1:{http_port}/metrics") as r:
+            assert "pdfleet_epp_decision_seconds_count 1.0" in await r.text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+    assert rc == 0
