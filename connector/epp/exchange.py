@@ -33,11 +33,11 @@ from pdfleet.connector.router import lease_release
 from pdfleet.connector.router.lease_release import Lease
 from pdfleet.connector.router.endpoints import DECODE
 from pdfleet.connector.router.errors import error_body
-from pdfleet.connector.router.fanout import FAN_OUT, fan_out_reason
+from pdfleet.connector.router.fanout import FAN_OUT
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_decode, json_encode
 from pdfleet.contract.gateway import DESTINATION_ENDPOINT_HEADER
-from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
 
 log = logging.getLogger("pdfleet.epp")
 
@@ -206,10 +206,12 @@ class Exchange:
                 self.upstream_headers[name] = value
 
         kv_params = None
-        if fan_out_reason(body) is not None:  # several engine requests: decode alone (see fanout.py)
+        decision = self.picker.decide(group, body, chat=chat, decodes=decodes)  # router/disaggregation.py
+        self.reply_headers[DISAGGREGATION_HEADER] = decision.header()
+        if decision.reason == FAN_OUT:  # several engine requests: P/D cannot serve it (see fanout.py)
             metrics.fallbacks.labels(FAN_OUT).inc()
             self.reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
-        else:
+        if decision.remote:
             leg = asyncio.ensure_future(router.prefill.run(group, path, body, self.upstream_headers, chat=chat))
             try:
                 # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).

@@ -125,9 +125,11 @@ class Picker:
             candidates, self.outstanding.counts, exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role])
         )
 
-    def decide(self, group: RevisionEndpoints, body: Mapping[str, Any], *, chat: bool) -> disaggregation.Decision:
+    def decide(self, group: RevisionEndpoints, body: Mapping[str, Any], *, chat: bool,
+               decodes: Collection[str] | None = None) -> disaggregation.Decision:
         """Remote prefill or decode alone for a request that ``group`` serves (the pair is chosen first, so
-        both paths stay inside it); counted. The decode it weighs is the one ``pick`` would choose now."""
+        both paths stay inside it); counted. The decode it weighs is the one ``pick`` would choose now among
+        ``decodes`` (default: the pair's ready decodes; the gateway's subset for the Endpoint Picker)."""
         policy = self.disaggregation
         counts = self.outstanding.counts
         prefills = tuple(counts.get(u, 0) for u in group.ready(PREFILL))
@@ -136,7 +138,8 @@ class Picker:
         if policy.policy == disaggregation.DISAGGREGATION_CONDITIONAL and not fan_out:
             now = time.monotonic()
             ejected = [u for u, until in self._ejected.items() if until > now]
-            url, cached, tokens = self.prefix.preview(DECODE, tuple(group.ready(DECODE)), body, chat=chat,
+            candidates = tuple(group.ready(DECODE) if decodes is None else decodes)
+            url, cached, tokens = self.prefix.preview(DECODE, candidates, body, chat=chat,
                                                       outstanding=counts, ejected=ejected, tiebreak=0,
                                                       enough=policy.tokens_wanted)
             decode_load = counts.get(url, 0) if url is not None else 0
