@@ -15,6 +15,10 @@ ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
 REVISION_OUTCOME = "outcome"  # also the outcome label of ROUTER_KV_RELEASES
 OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the pair's fault)
 OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair
+# answered below 500 by decode alone because the pair's KV path failed (its prefill leg failed, or the lease
+# expired before a decode retry), not by the disaggregation policy's choice: the canary's recompute rate
+# counts it (operator/rollout/signals.py reads it; the router counts such requests as OUTCOME_ANSWERED today)
+OUTCOME_FALLBACK = "kv_fallback"
 # counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
 # (connector/router/disaggregation.py); exposed with the suffix _total
 ROUTER_DISAGGREGATION_DECISIONS = "pdfleet_router_disaggregation_decisions"

@@ -368,6 +368,12 @@ class CanaryAnalysis(Model):
     min_requests: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
         default=100, description="Requests the new pair must have served in a step before it is judged."
     )
+    max_recompute_rate: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default=None,
+        description="Largest share (0..1) of the new pair's requests answered without their KV moving from its "
+        "prefill: recomputed on decode after a refused or failed pull (its decodes' connector counters), or served "
+        "by decode alone (where the router counts that per revision). Such requests answer 200 and pass maxErrorRate.",
+    )
 
 
 class CanarySpec(Model):

@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 import aiohttp
 
-from pdfleet.contract.labels import ROLLOUT
+from pdfleet.contract.labels import ROLE_DECODE, ROLLOUT
+from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.autoscale.planner_edge import _fetch
 from pdfleet.operator.autoscale.signals import MetricsError
@@ -27,12 +28,27 @@ from pdfleet.operator.plan import naming
 from pdfleet.operator.reconcile.children import ObservedPod
 from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision
 from pdfleet.operator.rollout import canary
-from pdfleet.operator.rollout.signals import RevisionSample, parse_revision_sample, step_signals
+from pdfleet.operator.rollout.signals import (
+    RevisionSample,
+    decode_recomputed,
+    parse_decode_recomputed,
+    parse_revision_sample,
+    step_signals,
+)
 
 Key = tuple[str, str]
 PostEvent = Callable[[Mapping[str, Any], str, str, str], Awaitable[None]]
 Fetch = Callable[[str], Awaitable[str]]
 Window = tuple[str, int]  # (revision, step index)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape: every ready router pod's figures for the revision, and (when the analysis has a
+    maxRecomputeRate) every ready decode pod of the revision's recomputed count."""
+
+    routers: Mapping[str, RevisionSample]
+    decodes: Optional[Mapping[str, float]] = None  # None: not read (not needed)
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,7 @@ def analysis_of(cr: DisaggregatedInference) -> canary.Analysis:
     if c is None:
         return canary.Analysis()
     a = c.analysis
-    return canary.Analysis(a.ttft_ms, a.itl_ms, a.max_error_rate, a.min_requests)
+    return canary.Analysis(a.ttft_ms, a.itl_ms, a.max_error_rate, a.min_requests, a.max_recompute_rate)
 
 
 class CanaryEdge:
@@ -62,8 +78,8 @@ class CanaryEdge:
         self.fetch = fetch
         self.interval_s = interval_s
         self.clock = clock
-        self._baseline: dict[Key, tuple[Window, dict[str, RevisionSample]]] = {}
-        self._last: dict[Key, tuple[Window, float, canary.Signals, Optional[str], dict[str, RevisionSample]]] = {}
+        self._baseline: dict[Key, tuple[Window, Snapshot]] = {}
+        self._last: dict[Key, tuple[Window, float, canary.Signals, Optional[str], Optional[Snapshot]]] = {}
 
     def forget(self, key: Key) -> None:
         self._baseline.pop(key, None)
@@ -101,7 +117,7 @@ class CanaryEdge:
         why = f"{trouble}; {d.reason}" if trouble and d.action == "hold" else d.reason
         new = CanaryRecord(target, d.state, d.weight, why, stale)
         if d.action == "advance":
-            if samples:  # the next step's window starts now
+            if samples is not None:  # the next step's window starts now
                 self._baseline[key] = ((target, d.state.step), samples)
             self._last.pop(key, None)
             await self.post_event(body, "Normal", "CanaryStepAdvanced",
@@ -120,25 +136,56 @@ class CanaryEdge:
         return CanaryOutcome(new, d.weight if d.state.phase != canary.PROMOTED else None, requeue)
 
     async def _signals(self, key: Key, window: Window, pods: Sequence[ObservedPod], cr: DisaggregatedInference,
-                       ) -> tuple[canary.Signals, Optional[str], dict[str, RevisionSample]]:
+                       ) -> tuple[canary.Signals, Optional[str], Optional[Snapshot]]:
         """The window's figures, scraped at most once per interval (reconciles come often)."""
         now = self.clock()
         last = self._last.get(key)
         if last is not None and last[0] == window and now - last[1] < self.interval_s:
             return last[2], last[3], last[4]
-        samples, failures = await self._scrape(pods, cr, window[0])
-        base = self._baseline.get(key)
+        routers, failures = await self._scrape(pods, cr, window[0])
+        decodes: Optional[dict[str, float]] = None
         trouble: Optional[str] = None
-        if not samples:
+        if analysis_of(cr).max_recompute_rate is not None:
+            decodes, decode_failures = await self._scrape_decodes(pods, cr, window[0])
+            if decode_failures or not decodes:
+                trouble = f"waiting: no decode metrics ({'; '.join(decode_failures) or 'no ready decode pod'})"
+        base = self._baseline.get(key)
+        snapshot: Optional[Snapshot] = None
+        if not routers:
             signals = canary.Signals(0, 0)
             trouble = f"waiting: no router metrics ({'; '.join(failures) or 'no ready router pod'})"
-        elif base is None or base[0] != window:
-            self._baseline[key] = (window, samples)
+        elif trouble is not None:  # a window never starts on figures it cannot see in full
             signals = canary.Signals(0, 0)
         else:
-            signals = step_signals(base[1], samples)
-        self._last[key] = (window, now, signals, trouble, samples)
-        return signals, trouble, samples
+            snapshot = Snapshot(routers, decodes)
+            if base is None or base[0] != window:
+                self._baseline[key] = (window, snapshot)
+                signals = canary.Signals(0, 0)
+            else:
+                recomputed = None
+                if decodes is not None:
+                    recomputed = decode_recomputed(base[1].decodes or {}, decodes,
+                                                   cr.spec.decode.tensor_parallel_size)
+                signals = step_signals(base[1].routers, routers, recomputed)
+        self._last[key] = (window, now, signals, trouble, snapshot)
+        return signals, trouble, snapshot
+
+    async def _scrape_decodes(self, pods: Sequence[ObservedPod], cr: DisaggregatedInference,
+                              revision: str) -> tuple[dict[str, float], list[str]]:
+        """The revision's ready decode pods' recomputed counts (their vLLM server's /metrics)."""
+        decodes = [p for p in pods if p.role == ROLE_DECODE and p.revision == revision and p.ready and p.ip
+                   and not p.deleting and not p.worker]
+
+        async def one(pod: ObservedPod) -> tuple[str, Any]:
+            port = dict(pod.ports).get(HTTP_NAME, cr.spec.engine.port)
+            try:
+                return pod.name, parse_decode_recomputed(await self.fetch(f"http://{pod.ip}:{port}/metrics"))
+            except (MetricsError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return pod.name, f"{pod.name}: {type(exc).__name__} {exc}".strip()
+
+        results = await asyncio.gather(*(one(p) for p in decodes))
+        return ({name: r for name, r in results if isinstance(r, float)},
+                [r for _, r in results if isinstance(r, str)])
 
     async def _scrape(self, pods: Sequence[ObservedPod], cr: DisaggregatedInference,
                       revision: str) -> tuple[dict[str, RevisionSample], list[str]]:

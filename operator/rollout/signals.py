@@ -5,6 +5,17 @@ The router counts every generate request per revision and outcome
 figures are the difference between a scrape at the step's start (the baseline) and now, summed
 over the fleet's router pods; a pod that restarted (a count went down) or appeared since counts
 from zero. p90s are computed like PromQL's histogram_quantile.
+
+The recompute figure (``analysis.maxRecomputeRate``) counts requests the pair answered without moving
+their KV from its prefill:
+- recomputed on decode: the new revision's decode pods' connector counters
+  ``vllm:pdfleet_connector_pull_failures_total`` (a pull that failed: recomputed) and
+  ``..._params_rejected_total`` (params decode refused: computed locally), window differences summed
+  over pods like the router's. Each TP rank of an engine counts them, so the sum is divided by the
+  decode's TP size. Decode pods are per revision, which is what ties these counters to the pair.
+- decode-only after a KV-path failure: the router's ``pdfleet_router_revision_requests{outcome="kv_fallback"}``
+  where the router counts them so (its ``pdfleet_router_fallbacks_total`` has no revision label, so
+  it cannot say which pair fell back).
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 
+from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.contract import metrics as names
 from pdfleet.operator.autoscale.signals import add_bucket, metric_samples, quantile
 from pdfleet.operator.rollout.canary import Signals
@@ -28,10 +40,11 @@ class RevisionSample:
     errors: float = 0.0
     ttft: Mapping[float, float] = field(default_factory=dict)  # le -> cumulative count
     itl: Mapping[float, float] = field(default_factory=dict)
+    fallbacks: float = 0.0  # answered by decode alone after a KV-path failure (the outcome kv_fallback)
 
 
 def parse_revision_sample(text: str, revision: str) -> RevisionSample:
-    requests = errors = 0.0
+    requests = errors = fallbacks = 0.0
     ttft: dict[float, float] = {}
     itl: dict[float, float] = {}
     for s in metric_samples(text):
@@ -39,24 +52,49 @@ def parse_revision_sample(text: str, revision: str) -> RevisionSample:
             continue
         if s.name == f"{names.ROUTER_REVISION_REQUESTS}_total":
             requests += s.value
-            if s.labels.get(names.REVISION_OUTCOME) == names.OUTCOME_5XX:
+            outcome = s.labels.get(names.REVISION_OUTCOME)
+            if outcome == names.OUTCOME_5XX:
                 errors += s.value
+            elif outcome == names.OUTCOME_FALLBACK:
+                fallbacks += s.value
         elif s.name == f"{names.ROUTER_TTFT}_bucket":
             add_bucket(ttft, s)
         elif s.name == f"{names.ROUTER_ITL}_bucket":
             add_bucket(itl, s)
-    return RevisionSample(requests, errors, ttft, itl)
+    return RevisionSample(requests, errors, ttft, itl, fallbacks)
+
+
+# Decode-side connector counters whose requests were computed locally instead of pulled.
+RECOMPUTE_COUNTERS = tuple(f"{exported_name(key)}_total" for key in ("failures", "params_rejected"))
+
+
+def parse_decode_recomputed(text: str) -> float:
+    """One decode pod's cumulative count of recomputed requests (every rank's count, summed)."""
+    return float(sum(s.value for s in metric_samples(text) if s.name in RECOMPUTE_COUNTERS))
+
+
+def decode_recomputed(baseline: Mapping[str, float], current: Mapping[str, float], ranks: int) -> float:
+    """Recomputed requests since the baseline over a revision's decode pods (keyed by pod); a pod that
+    restarted (its count went down) or appeared since counts from zero; ``ranks``: decode's TP size."""
+    total = 0.0
+    for pod, cur in current.items():
+        before = baseline.get(pod, 0.0)
+        total += cur - (before if before <= cur else 0.0)
+    return total / max(1, ranks)
 
 
 def _restarted(cur: RevisionSample, before: RevisionSample) -> bool:
-    return (cur.requests < before.requests or cur.errors < before.errors
+    return (cur.requests < before.requests or cur.errors < before.errors or cur.fallbacks < before.fallbacks
             or any(cur.ttft.get(le, 0.0) < n for le, n in before.ttft.items())
             or any(cur.itl.get(le, 0.0) < n for le, n in before.itl.items()))
 
 
-def step_signals(baseline: Mapping[str, RevisionSample], current: Mapping[str, RevisionSample]) -> Signals:
-    """The revision's figures since the baseline, from two scrapes of every router pod (keyed by pod)."""
-    requests = errors = 0.0
+def step_signals(baseline: Mapping[str, RevisionSample], current: Mapping[str, RevisionSample],
+                 recomputed: Optional[float] = None) -> Signals:
+    """The revision's figures since the baseline, from two scrapes of every router pod (keyed by pod);
+    ``recomputed``: decode's count over the same window (``decode_recomputed``), None: not measured
+    (then the router's decode-only count alone is not a recompute figure either)."""
+    requests = errors = fallbacks = 0.0
     ttft: dict[float, float] = {}
     itl: dict[float, float] = {}
     for pod, cur in current.items():
@@ -65,8 +103,10 @@ def step_signals(baseline: Mapping[str, RevisionSample], current: Mapping[str, R
             before = RevisionSample()
         requests += cur.requests - before.requests
         errors += cur.errors - before.errors
+        fallbacks += cur.fallbacks - before.fallbacks
         for mine, theirs, out in ((cur.ttft, before.ttft, ttft), (cur.itl, before.itl, itl)):
             for le, n in mine.items():
                 out[le] = out.get(le, 0.0) + n - theirs.get(le, 0.0)
     return Signals(requests=int(round(requests)), errors=int(round(errors)),
-                   ttft_p90_s=quantile(0.9, ttft), itl_p90_s=quantile(0.9, itl))
+                   ttft_p90_s=quantile(0.9, ttft), itl_p90_s=quantile(0.9, itl),
+                   recomputed=None if recomputed is None else recomputed + fallbacks)

@@ -57,6 +57,10 @@ def test_a_canary_parses_with_its_names() -> None:
     ({"strategy": "Canary", "canary": {"steps": [{"weight": 101}]}}, {}, "spec.rollout.canary.steps[0].weight", ""),
     ({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxErrorRate": 1.5}}}, {},
      "spec.rollout.canary.analysis.maxErrorRate", ""),
+    ({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxRecomputeRate": 1.5}}}, {},
+     "spec.rollout.canary.analysis.maxRecomputeRate", ""),
+    ({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxRecomputeRate": -0.1}}}, {},
+     "spec.rollout.canary.analysis.maxRecomputeRate", ""),
     ({"strategy": "Canary", "canary": {**CANARY, "onAbort": "Drop"}}, {}, "spec.rollout.canary.onAbort", "Keep"),
     ({"strategy": "Blue"}, {}, "spec.rollout.strategy", "Paired"),
 ])
@@ -64,6 +68,14 @@ def test_bad_rollouts_are_refused_with_the_field_named(rollout, spec, field, nee
     problems = [str(e) for e in errors_of(cr(rollout, **spec))]
     assert any(p.startswith(field) and needle in p for p in problems), problems
     assert admission_errors(cr(rollout, **spec)), "the API server would admit it"
+
+
+def test_max_recompute_rate_parses_and_is_unset_by_default() -> None:
+    c = parse(cr({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxRecomputeRate": 0.02}}})).spec.rollout.canary
+    assert c is not None and c.analysis.max_recompute_rate == 0.02
+    assert not admission_errors(cr({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxRecomputeRate": 0}}}))
+    c = parse(cr({"strategy": "Canary", "canary": CANARY})).spec.rollout.canary
+    assert c is not None and c.analysis.max_recompute_rate is None
 
 
 def test_cel_and_python_agree_on_the_canary_rules() -> None:
