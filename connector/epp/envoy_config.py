@@ -19,6 +19,12 @@ _FALLBACK = [{"header": {"key": FALLBACK_HEADER, "value": FALLBACK_DECODE_ONLY},
               "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
 
 
+def message_timeout_for(prefill_timeout_s: float, prefill_attempts: int, max_queue_s: float = 0.0) -> float:
+    """The ext_proc message_timeout that never cuts a prefill leg: the EPP answers the body once its
+    flow-control wait and every prefill attempt are over (plus a margin for the pick and the proxy)."""
+    return max_queue_s + prefill_timeout_s * max(1, prefill_attempts) + 5.0
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 

@@ -40,6 +40,9 @@ ROUTER_TOKENIZER_WAIT_S = 120.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-f", "--file", required=True, type=Path, help="DisaggregatedInference YAML file")
     parser.add_argument("--router-port", type=int, default=0, help="router port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--gateway", action="store_true",
+                        help="also start a real Envoy in front of the fleet through the Endpoint Picker (pdfleet[gateway])"
+                             " and print `gateway: http://127.0.0.1:PORT`")
     parser.add_argument("--smoke", action="store_true",
                         help="send a few requests through the router, print output and KV transfer figures, then stop")
     parser.add_argument("--metrics-raw", action="store_true",
@@ -133,6 +136,7 @@ class LocalRunner:
         self.watchdog = None
         self.router_runner = None
         self.router_url: Optional[str] = None
+        self.gateway = None  # connector.epp.local_gateway.LocalGateway with --gateway
         self.model_path: Optional[str] = None
         self.run_dir = args.run_dir
         self.temp_run_dir = args.run_dir is None
@@ -188,6 +192,8 @@ class LocalRunner:
         await self._warm_up()
         self._write_state(healthy=True)
         print(f"router: {self.router_url}", flush=True)
+        if self.args.gateway:
+            print(f"gateway: {await self._start_gateway()}", flush=True)
         if self.args.smoke:
             return await self._smoke()
         await self._supervise()
@@ -381,6 +387,16 @@ class LocalRunner:
             _err(f"the router's tokenizer is still loading after {ROUTER_TOKENIZER_WAIT_S:g}s; serving anyway"
                  " (prefix routing scores by what the router routed until it is loaded)")
 
+    async def _start_gateway(self) -> str:
+        from pdfleet.connector.epp.local_gateway import LocalGateway
+        from pdfleet.connector.router.app import ROUTER_KEY
+
+        self.gateway = LocalGateway(self.router_runner.app[ROUTER_KEY].config)
+        try:
+            return await self.gateway.start()
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise StartupFailed(f"--gateway: {exc}") from None
+
     async def _warm_up(self) -> None:
         from pdfleet.operator.local import warmup
         from pdfleet.operator.plan.engine import served_model_name
@@ -477,6 +493,9 @@ class LocalRunner:
     async def _shutdown(self) -> None:
         from pdfleet.operator.local.processes import stop_groups
 
+        if self.gateway is not None:
+            await self.gateway.stop()
+            self.gateway = None
         if self.router_runner is not None:
             await self.router_runner.cleanup()
             self.router_runner = None
