@@ -58,6 +58,12 @@ ROWS: list[tuple[str, list[dict]]] = [
             t(f"sum(rate(pdfleet_router_fallbacks_total{sel()}[{RATE}])) / "
               f"sum(rate(pdfleet_router_requests_total{sel()}[{RATE}]))", "fallback share")],
             "percentunit", "Share of requests served without P/D."),
+        panel("Disaggregation decisions", [
+            t(f"sum by (decision, reason) (rate(pdfleet_router_disaggregation_decisions_total{sel()}[{RATE}]))",
+              "{{decision}} {{reason}}")],
+            "reqps", "The router's choice per request (spec.router.disaggregation): remote_prefill (prefill, then "
+                     "decode pulls the KV) or decode_only (decode computes the prompt), by reason. Under Always every "
+                     "request but n > 1 is remote_prefill."),
         panel("Time to first token (decode) by revision", quantiles("vllm:time_to_first_token_seconds",
                                                                     'role="decode"', "revision"),
               "s", "vLLM's TTFT on decode: from decode's arrival, the KV pull included (the prefill leg is before it; "
