@@ -16,12 +16,16 @@ from typing import Any
 TENANT_HEADER = "x-gateway-inference-fairness-id"
 PRIORITY_HEADER = "x-gateway-inference-objective"
 DEFAULT_PRIORITY = "default"
+# What tenants (and classes) share: the estimated cost of their requests (prompt tokens + max_tokens,
+# router/flow/cost.py), the default, or the number of requests (every request costs 1).
+FAIRNESS_COST, FAIRNESS_REQUESTS = "cost", "requests"
+FAIRNESS = (FAIRNESS_COST, FAIRNESS_REQUESTS)
 FLAG = "--flow-control"
 # RFC 9110 token characters: what a header name may be made of.
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 _MAX_PRIORITIES = 16
 _KEYS = ("enabled", "maxQueueSeconds", "maxQueuedRequests", "maxInFlightPerDecode", "tenantHeader",
-         "priorityHeader", "priorities")
+         "priorityHeader", "priorities", "fairness")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class FlowControlConfig:
     priority_header: str = PRIORITY_HEADER
     # empty: one class named "default"; see discipline.py for how weights rank and share
     priorities: tuple[Priority, ...] = field(default=())
+    fairness: str = FAIRNESS_COST
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,6 +72,8 @@ class FlowControlConfig:
                 problems.append(f"priorities[{i}].name: 1..253 characters")
             if not (isinstance(p.weight, int) and 1 <= p.weight <= 1000):
                 problems.append(f"priorities[{i}].weight: must be an integer 1..1000, got {p.weight!r}")
+        if self.fairness not in FAIRNESS:
+            problems.append(f"fairness: must be one of {', '.join(FAIRNESS)}, got {self.fairness!r}")
         if problems:
             raise ValueError("invalid flow control: " + "; ".join(problems))
 
@@ -78,12 +85,15 @@ class FlowControlConfig:
         return tuple(listed[i] for i in order)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "enabled": self.enabled, "maxQueueSeconds": self.max_queue_s, "maxQueuedRequests": self.max_queued,
             "maxInFlightPerDecode": self.max_in_flight_per_decode, "tenantHeader": self.tenant_header,
             "priorityHeader": self.priority_header,
             "priorities": [{"name": p.name, "weight": p.weight} for p in self.priorities],
         }
+        if self.fairness != FAIRNESS_COST:  # the default stays unsaid: rendered router args keep their shape
+            out["fairness"] = self.fairness
+        return out
 
     def to_arg(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
@@ -108,6 +118,7 @@ class FlowControlConfig:
             tenant_header=_typed(data, "tenantHeader", str, d.tenant_header),
             priority_header=_typed(data, "priorityHeader", str, d.priority_header),
             priorities=tuple(Priority(_typed(p, "name", str, ""), _typed(p, "weight", int, 1)) for p in prios),
+            fairness=_typed(data, "fairness", str, d.fairness),
         )
 
     @classmethod

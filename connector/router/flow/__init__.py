@@ -2,5 +2,6 @@
 
 - config.py: the settings (``FlowControlConfig``), parsed from the router's ``--flow-control`` JSON;
 - discipline.py: the pure queue discipline (admit, dispatch, shed), table-tested;
-- gate.py: the asyncio edge the router's handler awaits, with its ``pdfleet_router_flow_*`` metrics.
+- cost.py: a request's estimated cost (prompt tokens + max_tokens), what fairness shares;
+- gate.py: the asyncio edge front ends await (``admit``; the router's ``guard``), with its ``pdfleet_router_flow_*`` metrics.
 """

@@ -1,28 +1,45 @@
 """The flow-control gate: the asyncio edge of discipline.py, in front of the router's legs.
 
-``FlowGate.guard(headers, handler)`` runs the handler once the queue discipline dispatches the
-request, or answers 429 with Retry-After (OpenAI's error shape) when it is shed. Disabled, it
-runs the handler at once and counts nothing: the router as before.
+Two ways in, one queue:
 
-Capacity: requests in flight through the gate (from dispatch until the handler returned, i.e.
-both legs and the whole relayed answer: what the router's Outstanding tracks per decode) may
-be at most ``maxInFlightPerDecode`` x the ready decode endpoints of the serving revision (every
-request holds exactly one decode until its last byte; least-outstanding keeps them even). With
-no serving revision the gate stays open, so the router answers its own 503 at once.
+- ``async with gate.admit(headers, cost=...) as admission:`` (any front end: the router, the
+  gateway's Endpoint Picker) waits until the queue discipline dispatches the request, or raises
+  ``Shed`` (status 429, reason, retry_after_s, message) when it is shed; the slot is given back when
+  the block ends, however it ends.
+- ``gate.guard(headers, handler, cost=...)``: the router's form on top of it, which answers 429
+  with Retry-After (OpenAI's error shape) itself.
+
+Disabled, or with no serving revision known (capacity 0: the router answers its own 503 at once),
+both let the request through at once and count nothing: the router as before.
+
+Cost: ``cost`` is the request's estimated tokens (cost.py: ``estimate_cost``); with fairness
+"requests", or when a front end gives none, a request costs the mean of the costs given lately
+(1 until one is), so that unknown and known costs mix fairly.
+
+Capacity, counted from what decode holds: decode takes ``maxInFlightPerDecode`` x the ready decode
+endpoints of the serving revision. A request holds a decode from its decode leg on (a front end
+says when, with ``decode_started()``), not during its prefill leg or the router's own delays; the
+gate keeps decode full by letting a pipeline of requests through ahead of it, as many as decode
+frees while one prefill leg runs (Little's law: capacity x mean pre-decode time / mean decode time,
+at most capacity). Until a front end reports decode legs, every admitted request counts as a decode
+(no pipeline): the gate as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Optional
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdfleet.connector.router.errors import error_response
-from pdfleet.contract.flow_control import FlowControlConfig
+from pdfleet.contract.flow_control import FAIRNESS_COST, FlowControlConfig
 from pdfleet.connector.router.flow.discipline import (
     DISPLACED,
     QUEUE_FULL,
@@ -34,8 +51,51 @@ from pdfleet.connector.router.flow.discipline import (
 
 _MAX_TENANT_LEN = 128  # longer ids are hashed: memory per queued request stays bounded
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_SERVICE_EWMA = 0.1  # weight of the newest request in the mean service time (for Retry-After)
+_EWMA = 0.1  # weight of the newest request in the means (service time for Retry-After, stage times)
 _ADMITTED = None  # a waiting request's future resolves to this, or to the reason it was shed
+_current: contextvars.ContextVar[Optional["Admission"]] = contextvars.ContextVar("pdfleet_flow_admission",
+                                                                                 default=None)
+
+
+class Shed(Exception):
+    """The gate refused the request: answer ``status`` (429) with Retry-After ``retry_after_s``."""
+
+    def __init__(self, reason: str, retry_after_s: int, message: str, status: int = 429) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason  # discipline.SHED_REASONS
+        self.retry_after_s = retry_after_s
+        self.message = message
+
+
+class Admission:
+    """One admitted request's hold on the gate (from ``admit``)."""
+
+    __slots__ = ("gate", "admitted_at", "decode_at", "released", "counted")
+
+    def __init__(self, gate: Optional["FlowGate"], admitted_at: float, counted: bool) -> None:
+        self.gate = gate
+        self.admitted_at = admitted_at
+        self.decode_at: Optional[float] = None
+        self.released = False
+        self.counted = counted  # False: let through without a slot (gate disabled or open)
+
+    def decode_started(self) -> None:
+        """The request's decode leg started (idempotent: a retried decode leg is the same hold)."""
+        if self.decode_at is None and self.counted and not self.released and self.gate is not None:
+            self.gate._decode_started(self)
+
+
+def decode_started() -> None:
+    """The current request's decode leg started (the admission of this task, if any; else nothing).
+    A front end calls this where its decode leg takes an endpoint."""
+    admission = _current.get()
+    if admission is not None:
+        admission.decode_started()
+
+
+def current() -> Optional[Admission]:
+    return _current.get()
 
 
 class FlowMetrics:
@@ -65,9 +125,14 @@ class FlowGate:
         self.names = [c.name for c in classes]
         self._index = {c.name: i for i, c in enumerate(classes)}
         self.queue = FlowQueue([c.weight for c in classes], config.max_queued, config.max_queue_s)
+        self.by_cost = config.fairness == FAIRNESS_COST
         self.capacity = 0
-        self.in_flight = 0
+        self.in_flight = 0  # admitted and not released
+        self.in_decode = 0  # of those, past decode_started()
         self.mean_service_s = 1.0
+        self.mean_cost: Optional[float] = None
+        self.mean_pre_decode_s: Optional[float] = None
+        self.mean_decode_s: Optional[float] = None
         self._timer: Optional[asyncio.TimerHandle] = None
         self.metrics = FlowMetrics(registry) if self.enabled else None
         if self.metrics is not None:
@@ -83,8 +148,17 @@ class FlowGate:
         """The serving revision's ready decode endpoints changed."""
         self.capacity = count * self.config.max_in_flight_per_decode
         if self.metrics is not None:
-            self.metrics.capacity.set(self.capacity)
             self._dispatch()
+
+    def pipeline(self) -> int:
+        """Requests let through beyond decode's capacity, to be in their prefill legs when decode frees
+        slots: capacity x mean pre-decode time / mean decode time, at most capacity (0 until known)."""
+        if self.mean_pre_decode_s is None or not self.mean_decode_s:
+            return 0
+        return min(self.capacity, math.ceil(self.capacity * self.mean_pre_decode_s / self.mean_decode_s))
+
+    def effective_capacity(self) -> int:
+        return self.capacity + self.pipeline() if self.capacity else 0
 
     # ---- the gate ------------------------------------------------------------
 
@@ -96,17 +170,43 @@ class FlowGate:
         klass = self._index.get(headers.get(self.config.priority_header, ""), len(self.names) - 1)
         return tenant, klass
 
-    async def guard(self, headers: Mapping[str, str],
-                    handler: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-        if not self.enabled or self.capacity == 0:
-            return await handler()
-        assert self.metrics is not None
+    def _cost(self, cost: Optional[float]) -> float:
+        if not self.by_cost:
+            return 1.0
+        if cost is None or not (cost > 0) or math.isinf(cost):
+            return self.mean_cost or 1.0
+        self.mean_cost = cost if self.mean_cost is None else self.mean_cost + _EWMA * (cost - self.mean_cost)
+        return float(cost)
+
+    @contextlib.asynccontextmanager
+    async def admit(self, headers: Mapping[str, str], *, cost: Optional[float] = None) -> AsyncIterator[Admission]:
+        """Hold a slot for the block's duration; raises Shed when the request is refused."""
+        admission = await self._acquire(headers, cost)
+        token = _current.set(admission)
+        try:
+            yield admission
+        finally:
+            _current.reset(token)
+            self._release(admission)
+
+    async def guard(self, headers: Mapping[str, str], handler: Callable[[], Awaitable[web.StreamResponse]], *,
+                    cost: Optional[float] = None) -> web.StreamResponse:
+        try:
+            async with self.admit(headers, cost=cost):
+                return await handler()
+        except Shed as shed:
+            return error_response(shed.status, shed.message, headers={"Retry-After": str(shed.retry_after_s)})
+
+    async def _acquire(self, headers: Mapping[str, str], cost: Optional[float]) -> Admission:
         loop = asyncio.get_running_loop()
+        if not self.enabled or self.capacity == 0:
+            return Admission(None, loop.time(), counted=False)
+        assert self.metrics is not None
         tenant, klass = self.classify(headers)
-        item = Item(tenant, klass, loop.time(), loop.create_future())
+        item = Item(tenant, klass, loop.time(), loop.create_future(), cost=self._cost(cost))
         offer = self.queue.offer(item)
         if offer.refused:
-            return self._refusal(klass, QUEUE_FULL)
+            raise self._refusal(klass, QUEUE_FULL)
         if offer.displaced is not None:
             self._shed(offer.displaced, DISPLACED)
         self._set_queued(klass)
@@ -119,23 +219,41 @@ class FlowGate:
                 self.metrics.abandoned.labels(self.names[klass]).inc()
                 self._set_queued(klass)
             elif item.token.done() and not item.token.cancelled() and item.token.result() is _ADMITTED:
-                self._finished(loop.time(), loop.time())  # admitted just as its client left
+                self._release(Admission(self, loop.time(), counted=True))  # admitted just as its client left
             raise
         if outcome is not _ADMITTED:
-            return self._refusal(klass, outcome)
-        started = loop.time()
-        try:
-            return await handler()
-        finally:
-            self._finished(started, loop.time())
+            raise self._refusal(klass, outcome)
+        return Admission(self, loop.time(), counted=True)
 
     # ---- inside ----------------------------------------------------------------
+
+    def _decode_started(self, admission: Admission) -> None:
+        now = asyncio.get_running_loop().time()
+        admission.decode_at = now
+        self.in_decode += 1
+        pre = now - admission.admitted_at
+        self.mean_pre_decode_s = pre if self.mean_pre_decode_s is None else \
+            self.mean_pre_decode_s + _EWMA * (pre - self.mean_pre_decode_s)
+
+    def _release(self, admission: Admission) -> None:
+        if admission.released or not admission.counted:
+            return
+        admission.released = True
+        now = asyncio.get_running_loop().time()
+        if admission.decode_at is not None:
+            self.in_decode -= 1
+            d = now - admission.decode_at
+            self.mean_decode_s = d if self.mean_decode_s is None else self.mean_decode_s + _EWMA * (d - self.mean_decode_s)
+        self.in_flight -= 1
+        self.mean_service_s += _EWMA * ((now - admission.admitted_at) - self.mean_service_s)
+        self._dispatch()
 
     def _dispatch(self) -> None:
         assert self.metrics is not None
         now = asyncio.get_running_loop().time() if self.queue.size else 0.0
+        capacity = self.effective_capacity()
         touched = set()
-        for item in self.queue.dispatch(self.in_flight, self.capacity):
+        for item in self.queue.dispatch(self.in_flight, capacity):
             touched.add(item.klass)
             if item.token.done():  # its task was cancelled a moment ago; it withdraws nothing
                 continue
@@ -147,19 +265,15 @@ class FlowGate:
         for klass in touched:
             self._set_queued(klass)
         self.metrics.in_flight.set(self.in_flight)
-
-    def _finished(self, started: float, ended: float) -> None:
-        self.in_flight -= 1
-        self.mean_service_s += _SERVICE_EWMA * ((ended - started) - self.mean_service_s)
-        self._dispatch()
+        self.metrics.capacity.set(capacity)
 
     def _shed(self, item: Item, reason: str) -> None:
-        """A queued request is refused: its waiting handler answers 429."""
+        """A queued request is refused: its waiting task raises Shed."""
         self._set_queued(item.klass)
         if not item.token.done():
             item.token.set_result(reason)
 
-    def _refusal(self, klass: int, reason: str) -> web.Response:
+    def _refusal(self, klass: int, reason: str) -> Shed:
         assert self.metrics is not None
         name = self.names[klass]
         self.metrics.shed.labels(name, reason).inc()
@@ -168,8 +282,8 @@ class FlowGate:
         why = {QUEUE_FULL: f"its queue holds {self.config.max_queued} requests",
                DISPLACED: "a more important request took its place in the queue",
                QUEUE_TIMEOUT: f"it waited {self.config.max_queue_s:g} s without a free slot"}[reason]
-        return error_response(429, f"the router is overloaded: request (priority {name!r}) shed, {why}; "
-                                   f"retry after {after} s", headers={"Retry-After": str(after)})
+        return Shed(reason, after, f"the router is overloaded: request (priority {name!r}) shed, {why}; "
+                                   f"retry after {after} s")
 
     def _set_queued(self, klass: int) -> None:
         assert self.metrics is not None
