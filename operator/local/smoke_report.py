@@ -13,6 +13,9 @@ from typing import Iterable, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdfleet.contract.metrics import ROUTER_DISAGGREGATION_DECISIONS
+from pdfleet.contract.routing import DECODE_ONLY
+
 CONNECTOR = "vllm:pdfleet_connector_"
 FAILURE_COUNTERS = ("pull_failures", "handshake_failures", "handshakes_rejected")
 # vLLM 0.32's sources of prompt tokens, in the order shown.
@@ -41,7 +44,7 @@ def sums(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            keep = tuple((k, v) for k, v in sorted(s.labels.items()) if k in ("source", "code"))
+            keep = tuple((k, v) for k, v in sorted(s.labels.items()) if k in ("source", "code", "decision", "reason"))
             out[(s.name, keep)] = out.get((s.name, keep), 0.0) + s.value
     return out
 
@@ -104,5 +107,13 @@ def format_table(rows: Iterable[EngineFigures], router_text: Optional[str] = Non
         codes = ", ".join(f"{c}: {v:.0f}" for c, v in sorted(by_code.items())) or "none"
         fallbacks = _total(values, "pdfleet_router_fallbacks_total")
         retries = _total(values, "pdfleet_router_retries_total")
-        lines.append(f"router: requests by code {codes}; fallbacks {fallbacks:.0f}; retries {retries:.0f}")
+        line = f"router: requests by code {codes}; fallbacks {fallbacks:.0f}; retries {retries:.0f}"
+        # Conditional disaggregation: requests decode served alone by choice (n > 1 is among the fallbacks
+        # already), so that decode's requests = prefill's + fallbacks + these
+        decisions = {dict(labels).get("reason", ""): value for (sample, labels), value in values.items()
+                     if sample == ROUTER_DISAGGREGATION_DECISIONS + "_total" and (("decision", DECODE_ONLY) in labels)}
+        if decisions:
+            chosen = sum(v for reason, v in decisions.items() if reason != "fan_out")
+            line += f"; decode alone by choice {chosen:.0f}"
+        lines.append(line)
     return lines

@@ -56,6 +56,20 @@ def test_table():
     assert len({len(line) for line in lines[:2]}) == 1  # aligned columns
 
 
+def test_decode_alone_by_choice_makes_the_rows_add_up():
+    """Under Conditional: decode's requests = prefill's + fallbacks + decode alone by choice."""
+    router = ROUTER + '''\
+# TYPE pdfleet_router_disaggregation_decisions counter
+pdfleet_router_disaggregation_decisions_total{decision="decode_only",reason="short_prompt"} 2.0
+pdfleet_router_disaggregation_decisions_total{decision="decode_only",reason="fan_out"} 1.0
+pdfleet_router_disaggregation_decisions_total{decision="remote_prefill",reason="long_uncached"} 1.0
+'''
+    lines = format_table([engine_figures("decode-0", "decode", DECODE)], router)
+    assert lines[-1] == "router: requests by code 200: 4, 503: 2; fallbacks 1; retries 0; decode alone by choice 2"
+    # negative control: without the counter (Always, or an older router) the line is as before
+    assert format_table([], ROUTER)[-1].endswith("retries 0")
+
+
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (5242880, "5.2 MB"), (3.2e9, "3.2 GB"), (4e12, "4000.0 GB")])
 def test_human_bytes(n, text):
     assert human_bytes(n) == text
