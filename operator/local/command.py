@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -133,6 +134,7 @@ class LocalRunner:
         self.children: dict[str, Any] = {}  # engine name -> processes.Child
         self.launches: dict[str, Any] = {}  # engine name -> fleet.EngineLaunch
         self.restarts: dict[str, int] = {}
+        self.log_offsets: dict[str, int] = {}  # engine name -> where its current start's log lines begin
         self.watchdog = None
         self.router_runner = None
         self.router_url: Optional[str] = None
@@ -242,10 +244,13 @@ class LocalRunner:
             f.write(secrets.token_hex(32))
         secret_file = str(path)
         ports: dict[str, list[EnginePorts]] = {}
+        taken: list[int] = []  # ports outside the ephemeral range, bind-checked (ports.py)
         for role in ("prefill", "decode"):
             r = spec.role(role)
-            http = reserve_ports(r.replicas)
-            side = reserve_ports(r.replicas, consecutive=r.tensor_parallel_size)
+            http = reserve_ports(r.replicas, taken=taken)
+            taken += http
+            side = reserve_ports(r.replicas, consecutive=r.tensor_parallel_size, taken=taken)
+            taken += [b + k for b in side for k in range(r.tensor_parallel_size)]
             ports[role] = [EnginePorts(h, s, *kv_events_endpoints(str(self.run_dir.resolve()), f"{role}-{i}"))
                            for i, (h, s) in enumerate(zip(http, side))]
         plan = plan_local(
@@ -270,6 +275,7 @@ class LocalRunner:
 
         launch = self.launches[name]
         log = self.run_dir / f"{name}.log"
+        self.log_offsets[name] = log.stat().st_size if log.exists() else 0  # this start's lines begin here
         child = start_child(name, launch.argv, launch.env, log, cwd=self.run_dir)
         self.children[name] = child
         self.watchdog.watch(child.pgid)
@@ -326,6 +332,8 @@ class LocalRunner:
                     continue
                 child = self.children[name]
                 if not child.alive():
+                    if await self._restart_on_new_ports(name):
+                        continue
                     self._report_failure(name, f"exited with code {child.proc.returncode} while starting")
                     return False
                 if await asyncio.to_thread(healthy, self.launches[name].url):
@@ -345,6 +353,37 @@ class LocalRunner:
                 await asyncio.wait_for(self.stop.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
+        return True
+
+    async def _restart_on_new_ports(self, name: str) -> bool:
+        """An engine that exited while starting because a port it was given was taken: start it again on
+        new ports (the fleet is not announced yet, so nobody knows the old ones), under --max-restarts."""
+        from pdfleet.operator.local.fleet import with_ports
+        from pdfleet.operator.local.ports import start_failed_on_port
+        from pdfleet.operator.local.processes import read_since, reserve_ports, stop_groups
+
+        child = self.children[name]
+        if not start_failed_on_port(read_since(child.log_path, self.log_offsets.get(name, 0))):
+            return False
+        if self.restarts[name] >= self.args.max_restarts:
+            _err(f"{name} failed to start on a port already taken; --max-restarts {self.args.max_restarts} spent")
+            return False
+        await asyncio.to_thread(stop_groups, [child.pgid], [child.proc], 5.0)
+        self.watchdog.forget(child.pgid)
+        launch = self.launches[name]
+        tp = len(launch.cpus)
+        taken = [p for other, l in self.launches.items() if other != name
+                 for p in (l.ports.http, *range(l.ports.side_channel, l.ports.side_channel + len(l.cpus)))]
+        taken += [launch.ports.http, *range(launch.ports.side_channel, launch.ports.side_channel + tp)]
+        (http,) = reserve_ports(1, taken=taken)
+        (side,) = reserve_ports(1, consecutive=tp, taken=[*taken, http])
+        self.launches[name] = with_ports(launch, dataclasses.replace(launch.ports, http=http, side_channel=side))
+        self.restarts[name] += 1
+        _err(f"{name} failed to start: a port it was given (http {launch.ports.http}, side channel "
+             f"{launch.ports.side_channel}) was taken; restarting on http {http}, side channel {side} "
+             f"(restart {self.restarts[name]} of {self.args.max_restarts})")
+        self._start(name)
+        self._write_state(healthy=False)
         return True
 
     def _report_failure(self, name: str, why: str) -> None:

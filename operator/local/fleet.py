@@ -8,7 +8,7 @@ CPU pinning are local. Nothing here starts a process or opens a port.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 from pdfleet.contract import env as env_names
@@ -247,3 +247,15 @@ def plan_local(
             cpus=tuple(tuple(r) for r in rank_cpus),
         ))
     return LocalPlan(engines=tuple(engines), warnings=tuple(warnings))
+
+
+def with_ports(launch: EngineLaunch, ports: EnginePorts) -> EngineLaunch:
+    """The same engine on other ports: its ``--port`` argument and side-channel port variable rewritten
+    (an engine whose start failed on a port taken by another process starts again on new ones)."""
+    at = [i for i, arg in enumerate(launch.argv) if arg == "--port"]
+    if len(at) != 1 or at[0] + 1 >= len(launch.argv):
+        raise ValueError(f"{launch.name}: its command must carry one --port PORT, found {len(at)}")
+    argv = list(launch.argv)
+    argv[at[0] + 1] = str(ports.http)
+    env = {**launch.env, env_names.SIDE_CHANNEL_PORT: str(ports.side_channel)}
+    return replace(launch, argv=tuple(argv), env=env, ports=ports)

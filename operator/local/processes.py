@@ -15,52 +15,69 @@ from __future__ import annotations
 
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections import deque
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Mapping, Optional, Sequence
+
+from pdfleet.operator.local.ports import Window, candidate_bases, choose_bases, parse_port_range, windows_outside
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 15.0
 
 
-def reserve_ports(count: int, consecutive: int = 1, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct base ports, each followed by `consecutive - 1` free ports.
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
-    The sockets stay bound until all are chosen so no two picks collide; another
-    process may still take one before the engine binds it (small window).
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> Optional[Window]:
+    """The kernel's ephemeral port range, None where it cannot be read (then every port is a candidate)."""
+    try:
+        return parse_port_range(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def reserve_ports(count: int, consecutive: int = 1, host: str = "127.0.0.1", taken: Sequence[int] = ()) -> list[int]:
+    """`count` distinct base ports, each followed by `consecutive - 1` free ports, none in `taken`.
+
+    Chosen outside the ephemeral range (ports.py: sockets opened later without a port never get
+    them), from a random point so that runs side by side spread out, each port checked by binding
+    it. Another process may still name one before the engine binds it: the runner then starts that
+    engine again on new ports.
     """
-    with ExitStack() as stack:
-        held: set[int] = set()
-        bases: list[int] = []
-        for _ in range(count * 50):
-            if len(bases) == count:
-                break
-            s = stack.enter_context(socket.socket())
-            s.bind((host, 0))
-            base = s.getsockname()[1]
-            if base + consecutive - 1 > 65535 or any(base + k in held for k in range(consecutive)):
-                continue
-            ok = True
-            for k in range(1, consecutive):
-                extra = stack.enter_context(socket.socket())
-                try:
-                    extra.bind((host, base + k))
-                except OSError:
-                    ok = False
-                    break
-            if ok:
-                bases.append(base)
-                held.update(base + k for k in range(consecutive))
-        if len(bases) < count:
-            raise RuntimeError(f"could not find {count} free port ranges of {consecutive}")
-        return bases
+    windows = windows_outside(ephemeral_range()) or windows_outside(None)
+    bases = candidate_bases(windows, consecutive, secrets.randbelow(1 << 30))
+    try:
+        return choose_bases(count, consecutive, bases, lambda p: port_free(p, host), taken)
+    except ValueError as exc:
+        raise RuntimeError(f"could not find {count} free port ranges of {consecutive}: {exc}") from None
+
+
+def read_since(path: Path, offset: int, limit: int = 64 * 1024) -> str:
+    """The log's text from `offset` (at most its last `limit` bytes); empty when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(offset, size - limit) if size > offset else size)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _parent_death_signal(parent: int):
