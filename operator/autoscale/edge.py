@@ -10,6 +10,7 @@ from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
 from pdfleet.operator.plan.kinds import STATEFULSET
 from pdfleet.operator.kube.observed import ChildRef, ObservedChild
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
+from pdfleet.operator.api import event_reasons as reasons
 
 logger = logging.getLogger("pdfleet.operator")
 STS_KIND = STATEFULSET
@@ -76,9 +77,9 @@ class ScalingEdge:
         self._reported[key] = summary
         if summary:
             logger.info("%s/%s: scaler replicas clamped: %s", key[0], key[1], summary)
-            await self.post_event(body, "Warning", "ScalingClamped", f"scaler replicas clamped: {summary}")
+            await self.post_event(body, "Warning", reasons.SCALING_CLAMPED, f"scaler replicas clamped: {summary}")
         else:
-            await self.post_event(body, "Normal", "ScalingWithinBounds", "every scaler's replicas is applied as asked")
+            await self.post_event(body, "Normal", reasons.SCALING_WITHIN_BOUNDS, "every scaler's replicas is applied as asked")
 
 
 def scaling_condition(plan: ScalingPlan) -> Optional[tuple[bool, str, str]]:

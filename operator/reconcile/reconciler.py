@@ -29,7 +29,7 @@ from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
-from pdfleet.operator.reconcile.ownership import REASON as NOT_OWNED, not_owned_message, ownership
+from pdfleet.operator.reconcile.ownership import not_owned_message, ownership
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 from pdfleet.operator.reconcile.planning import (
     desired_children,
@@ -39,6 +39,7 @@ from pdfleet.operator.reconcile.planning import (
     target_revision,
 )
 from pdfleet.operator.reconcile.workqueue import WorkQueue
+from pdfleet.operator.api import event_reasons as reasons
 
 logger = logging.getLogger("pdfleet.operator")
 
@@ -178,7 +179,7 @@ class Reconciler:
             if self._reported.get(key) != ("invalid", generation, tuple(problems)):
                 self._reported[key] = ("invalid", generation, tuple(problems))
                 log.warning("invalid spec: %s", "; ".join(problems))
-                await self._event(body, "Warning", "InvalidSpec", "; ".join(problems))
+                await self._event(body, "Warning", reasons.INVALID_SPEC, "; ".join(problems))
             return None, "invalid"
 
         image = cr.spec.image or self.options.default_image
@@ -244,7 +245,7 @@ class Reconciler:
             self._not_owned_reported[key] = not_owned
             if not_owned:
                 log.warning("%s", not_owned)
-                await self._event(body, "Warning", NOT_OWNED, not_owned)
+                await self._event(body, "Warning", reasons.NOT_OWNED, not_owned)
         if actions.apply or actions.delete:
             errors += await self._write_children(key, actions, owned)
             created = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) not in {c.ref for c in owned}]
@@ -253,11 +254,11 @@ class Reconciler:
                      len(created), len(updated), len(actions.delete), actions.unchanged,
                      f"; {len(errors)} failed" if errors else "")
             if created:
-                await self._event(body, "Normal", "Created", _summary("created", created))
+                await self._event(body, "Normal", reasons.CREATED, _summary("created", created))
             if updated:
-                await self._event(body, "Normal", "Updated", _summary("updated", updated))
+                await self._event(body, "Normal", reasons.UPDATED, _summary("updated", updated))
             if actions.delete:
-                await self._event(body, "Normal", "Deleted", _summary("deleted", [str(c.ref) for c in actions.delete]))
+                await self._event(body, "Normal", reasons.DELETED, _summary("deleted", [str(c.ref) for c in actions.delete]))
         deleted = {c.ref for c in actions.delete}
         errors += await self._unmark_stale_serving([c for c in owned if c.ref not in deleted], decision.serving)
         errors += await self.scaling.sync(key, body, scaling, owned, serving=decision.serving, target=target)
@@ -265,13 +266,13 @@ class Reconciler:
                      for h in self.autoscalers((namespace, f"{name}-{role}"))]
         planned = await self.planner.run(key, body, cr, pods, scaling, conflicts)
         if decision.state.serving != state.serving and state.serving is not None:
-            await self._event(body, "Normal", "RolloutSwitched",
+            await self._event(body, "Normal", reasons.ROLLOUT_SWITCHED,
                               f"router switched from revision {state.serving} to {decision.state.serving}")
         elif decision.phase == "RollingOut" and roll.get("targetRevision") != target:
-            await self._event(body, "Normal", "RolloutStarted",
+            await self._event(body, "Normal", reasons.ROLLOUT_STARTED,
                               f"revision {target} is coming up beside {decision.serving}")
         if errors:
-            await self._event(body, "Warning", "ApplyFailed", "; ".join(errors)[:1000])
+            await self._event(body, "Warning", reasons.APPLY_FAILED, "; ".join(errors)[:1000])
 
         ports = revision_ports(owned, cr)
         endpoints = rollout.router_endpoints(pods, decision.serving, ports,
