@@ -16,6 +16,7 @@ answers the headers and then the new body once the old one is whole).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -42,6 +43,26 @@ from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY
 log = logging.getLogger("pdfleet.epp")
 
 Send = Callable[[pb.ProcessingResponse], Awaitable[None]]
+
+# The current request's decision time so far: the picker's picks (the prefill leg's included, which
+# runs in a task of its own but shares this mutable cell) add to it (see timed_pick).
+_DECISION: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("pdfleet_epp_decision", default=None)
+
+
+def timed_pick(pick: Callable[..., Any]) -> Callable[..., Any]:
+    """``picker.pick`` that adds its time to the current request's decision time."""
+
+    @functools.wraps(pick)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return pick(*args, **kwargs)
+        finally:
+            cell = _DECISION.get()
+            if cell is not None:
+                cell[0] += time.perf_counter() - started
+
+    return timed
 _JSON = {"content-type": "application/json"}
 
 
@@ -185,6 +206,8 @@ class Exchange:
             metrics.client_kv_params_dropped.inc()
         self.body = body
 
+        spent = [0.0]  # this request's decision time (see timed_pick)
+        _DECISION.set(spent)
         started = time.perf_counter()
         group = self.picker.choose_pair(body, chat=chat, request_id=request_id)  # both legs on this pair
         if group is None:
@@ -196,7 +219,7 @@ class Exchange:
             metrics.errors.labels("no_endpoints").inc()
             raise _refuse(503, f"no ready decode endpoint of revision {group.revision} is in the gateway's subset "
                                f"({len(self.subset or ())} endpoint(s))", "empty_subset", self.reply_headers)
-        decided_s = time.perf_counter() - started
+        spent[0] += time.perf_counter() - started
         self.reply_headers[REVISION_HEADER] = group.revision
         self.upstream_headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
                                  "Accept-Encoding": "identity"}
@@ -206,7 +229,9 @@ class Exchange:
                 self.upstream_headers[name] = value
 
         kv_params = None
+        started = time.perf_counter()
         decision = self.picker.decide(group, body, chat=chat, decodes=decodes)  # router/disaggregation.py
+        spent[0] += time.perf_counter() - started
         self.reply_headers[DISAGGREGATION_HEADER] = decision.header()
         if decision.reason == FAN_OUT:  # several engine requests: P/D cannot serve it (see fanout.py)
             metrics.fallbacks.labels(FAN_OUT).inc()
@@ -230,9 +255,8 @@ class Exchange:
                 self.reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
             elif prefill.url:
                 self.lease = Lease(prefill.url, kv_params, prefill.received_at, prefill.wall_at_receipt)
-        started = time.perf_counter()
         url = self.picker.pick(DECODE, decodes, (), body, chat)
-        self.epp.metrics.decision.observe(decided_s + time.perf_counter() - started)
+        self.epp.metrics.decision.observe(spent[0])  # choose_pair, decide and every pick (prefill's, decode's)
         if url is None:  # cannot happen with decodes non-empty; kept as a guard
             raise _refuse(503, "no ready decode endpoint", "no_endpoints", self.reply_headers)
         self._take_decode(url)

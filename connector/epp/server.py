@@ -21,7 +21,7 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
-from pdfleet.connector.epp.exchange import Exchange
+from pdfleet.connector.epp.exchange import Exchange, timed_pick
 from pdfleet.connector.router.app import Discovery, static_groups
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.router_state import RouterState
@@ -31,13 +31,15 @@ from pdfleet.contract.router_config import RouterConfig
 log = logging.getLogger("pdfleet.epp")
 
 # Decision times are well under a millisecond: the buckets say how far under.
-_DECISION_BUCKETS = (5e-5, 1e-4, 2e-4, 3e-4, 5e-4, 7.5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
+_DECISION_BUCKETS = (2.5e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4, 5e-4, 7.5e-4, 1e-3, 2e-3, 5e-3, 1e-2,
+                     5e-2)
 
 
 class EppMetrics:
     def __init__(self, registry) -> None:
         self.decision = Histogram("pdfleet_epp_decision_seconds", "EPP time to choose the pair and the endpoints "
-                                  "of one request (prefix-aware scoring included; the prefill leg's I/O excluded)",
+                                  "of one request: the pair and every pick, prefill's and decode's, prefix-aware scoring "
+                                  "included; the prefill leg's I/O excluded",
                                   buckets=_DECISION_BUCKETS, registry=registry)
         self.routed = Counter("pdfleet_epp_routed", "Requests the EPP sent on to a decode", registry=registry)
         self.refused = Counter("pdfleet_epp_refused", "Requests the EPP answered itself, by reason", ["reason"],
@@ -52,6 +54,8 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.config = config
         self.router = RouterState(config)  # the router's parts, without its HTTP handlers
         self.metrics = EppMetrics(self.router.metrics.registry)
+        # Every pick this EPP's requests make (the prefill leg's too) counts in their decision time.
+        self.router.picker.pick = timed_pick(self.router.picker.pick)
         self._discovery = discovery
         if discovery is None and config.kubernetes_fleet:
             from pdfleet.connector.router.discovery import kubernetes_discovery
