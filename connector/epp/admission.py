@@ -1,16 +1,12 @@
-"""A request's place in the flow gate (flow/gate.py), held from admission until its exchange ends.
-
-The gate's ``guard`` runs a handler inside the gate; an EPP request is not one coroutine but a
-gRPC stream whose end comes later (decode's answer is relayed by the proxy), so the handler here
-only holds the slot until ``leave``.
-"""
+"""A request's place in the flow gate (flow/gate.py ``admit``), held from admission until its
+exchange ends: an EPP request is not one coroutine but a gRPC stream whose end comes later (decode's
+answer is relayed by the proxy), so the gate's context manager is entered and left by hand, in the
+stream's task."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
-
-from aiohttp import web
+from typing import Any
 
 from pdfleet.connector.router.flow.gate import FlowGate
 
@@ -18,32 +14,22 @@ from pdfleet.connector.router.flow.gate import FlowGate
 class Admission:
     def __init__(self, gate: FlowGate) -> None:
         self.gate = gate
-        self._done = asyncio.Event()
-        self._task: asyncio.Future | None = None
+        self._cm: Any = None
+        self._hold: Any = None
 
-    async def enter(self, headers: Mapping[str, str]) -> web.Response | None:
-        """None once admitted; the gate's 429 when it sheds the request."""
-        admitted = asyncio.get_running_loop().create_future()
+    async def enter(self, headers: Mapping[str, str], cost: float | None) -> None:
+        """Once admitted; raises flow.gate.Shed when the gate refuses the request."""
+        cm = self.gate.admit(headers, cost=cost)
+        self._hold = await cm.__aenter__()
+        self._cm = cm
 
-        async def inside() -> web.Response:
-            admitted.set_result(None)
-            await self._done.wait()
-            return _HELD
+    def decode_started(self) -> None:
+        """The request's decode leg starts (the gate counts capacity from decode)."""
+        if self._hold is not None:
+            self._hold.decode_started()
 
-        self._task = asyncio.ensure_future(self.gate.guard(headers, inside))
-        try:
-            await asyncio.wait((self._task, admitted), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            self._task.cancel()
-            raise
-        if admitted.done():
-            return None
-        response = self._task.result()
-        return response if isinstance(response, web.Response) else None
-
-    def leave(self) -> None:
+    async def leave(self) -> None:
         """The request is over (answered, failed or abandoned): its slot goes to the next."""
-        self._done.set()
-
-
-_HELD = web.Response(status=200)
+        cm, self._cm, self._hold = self._cm, None, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)

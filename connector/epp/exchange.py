@@ -34,6 +34,8 @@ from pdfleet.connector.router import lease_release
 from pdfleet.connector.router.lease_release import Lease
 from pdfleet.connector.router.endpoints import DECODE
 from pdfleet.connector.router.errors import error_body
+from pdfleet.connector.router.flow.cost import estimate_cost
+from pdfleet.connector.router.flow.gate import Shed
 from pdfleet.connector.router.fanout import FAN_OUT
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_decode, json_encode
@@ -144,16 +146,16 @@ class Exchange:
             hs = protocol.header_map((h.key, h.raw_value or h.value) for h in msg.response_headers.headers.headers)
             await self._on_response(int(hs.get(":status", "0") or 0))
             if msg.response_headers.end_of_stream:
-                self._answered()
+                await self._answered()
         elif kind == "response_body":
             # Decode's answer passes through unchanged (STREAMED: one ack per chunk); its end is when
             # the request stops holding the decode and its flow-control slot.
             await self.send(pb.ProcessingResponse(response_body=pb.BodyResponse()))
             if msg.response_body.end_of_stream:
-                self._answered()
+                await self._answered()
         elif kind == "response_trailers":
             await self.send(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
-            self._answered()
+            await self._answered()
 
     # ---- the decision --------------------------------------------------------------
 
@@ -188,11 +190,6 @@ class Exchange:
         router, metrics = self.router, self.router.metrics
         request_id = upstream_request_id(self.headers.get("x-request-id"))
         self.reply_headers = {REQUEST_ID_HEADER.lower(): request_id}
-        self.admission = Admission(self.picker.flow)
-        shed = await self.admission.enter(self.headers)
-        if shed is not None:
-            raise Refused(shed.status, shed.body, {**_JSON, **{k.lower(): v for k, v in shed.headers.items()
-                                                                if k.lower() != "content-type"}}, "shed")
         try:
             body = json_decode(raw)
         except msgspec.DecodeError as exc:
@@ -205,6 +202,12 @@ class Exchange:
         if body.pop("kv_transfer_params", None) is not None:
             metrics.client_kv_params_dropped.inc()
         self.body = body
+        self.admission = Admission(self.picker.flow)
+        try:
+            await self.admission.enter(self.headers, estimate_cost(body, chat=chat))
+        except Shed as shed:
+            raise Refused(shed.status, error_body(shed.status, shed.message),
+                          {**_JSON, "retry-after": str(shed.retry_after_s)}, "shed") from None
 
         spent = [0.0]  # this request's decision time (see timed_pick)
         _DECISION.set(spent)
@@ -268,6 +271,8 @@ class Exchange:
     def _take_decode(self, url: str) -> None:
         self.decode_url = url
         self.picker.acquire(DECODE, url)  # released when the exchange ends (decode's answer is over)
+        if self.admission is not None:
+            self.admission.decode_started()
 
     # ---- answers -------------------------------------------------------------------
 
@@ -314,17 +319,17 @@ class Exchange:
         assert self.lease is not None
         self.router.releases.release_unread(self.lease, self.body, self.upstream_headers, reason)
 
-    def _answered(self) -> None:
+    async def _answered(self) -> None:
         """Decode's whole answer went through the proxy: the decode and the flow slot are free."""
         if self.decode_url is not None:
             self.picker.release(DECODE, self.decode_url)
             self.decode_url = None
         if self.admission is not None:
-            self.admission.leave()
-            self.admission = None
+            admission, self.admission = self.admission, None
+            await admission.leave()
 
-    def finish(self) -> None:
+    async def finish(self) -> None:
         """The exchange is over (answered, refused, or the stream broke): give back what it holds."""
         if self.lease is not None and self.lease.params:  # no decode took it: the client or proxy left first
             self._release_lease(lease_release.CLIENT_GONE)
-        self._answered()
+        await self._answered()

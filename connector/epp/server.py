@@ -78,7 +78,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             end = "done"
         finally:
             self.metrics.streams.labels(end).inc()
-            exchange.finish()
+            await exchange.finish()
 
     # ---- lifecycle -------------------------------------------------------------------
 
