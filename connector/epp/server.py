@@ -131,5 +131,6 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         body = {"status": "ok" if group else "unavailable", "revision": group.revision if group else None,
                 "reason": self.router.picker.selection.reason,
                 "prefill_ready": len(group.ready(PREFILL)) if group else 0,
-                "decode_ready": len(group.ready(DECODE)) if group else 0}
+                "decode_ready": len(group.ready(DECODE)) if group else 0,
+                "prefix_routing": self.router.picker.prefix.status()}
         return web.Response(status=200 if group else 503, body=json_encode(body), content_type="application/json")

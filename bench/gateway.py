@@ -1,0 +1,208 @@
+"""The gateway path against the router path on one fresh 2 prefill + 1 decode `pdfleet local` fleet, in
+one run (issue 29).
+
+    flock /tmp/pdfleet-heavy.lock .venv/bin/python bench/gateway.py [--rounds 2]
+
+Paths: (router) the fleet's own router, inside `pdfleet local`; (gateway) a real Envoy (GAIE's shape,
+BUFFERED; connector/epp/envoy/) in front of `pdfleet epp` run as its own process, which runs the
+prefill leg itself and routes to decode with the params. Both prefix-aware on both legs, from the
+engines' KV events and the model's tokenizer. Rounds alternate router, gateway, router, gateway, ...
+on the same fleet, each with a cache_salt of its own (no round finds another's prefixes cached).
+
+Workload: bench/local_throughput.py's shared-prefix workload (32 completions over 8 system prompts,
+max_tokens 8, temperature 0), streamed, from 4 concurrent clients.
+
+Per path: requests/min, TTFT p50/p99 (send to the first streamed token at the client), failures and
+fallbacks. The EPP: its decision time p50/p99 (pdfleet_epp_decision_seconds: choose_pair, decide and
+every pick of a request, prefill's prefix-aware pick included; quantiles interpolated inside the
+histogram's buckets), and CPU seconds per request of the `pdfleet epp` process and of Envoy (psutil);
+for scale, the `pdfleet local` process's CPU per request on the router path (its router and its
+supervision, so an upper bound of the router's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from local_fleet import BLOCK, TINY_CR, local_fleet, model_dir, tiny_spec  # noqa: E402
+from local_throughput import workload  # noqa: E402
+
+from pdfleet.connector.epp.envoy_config import BUFFERED, message_timeout_for, render  # noqa: E402
+from pdfleet.connector.epp.envoy_process import Envoy, free_port  # noqa: E402
+from pdfleet.contract.routing import FALLBACK_HEADER, PREFIX_AWARE  # noqa: E402
+from pdfleet.contract.router_config import RouterConfig  # noqa: E402
+from pdfleet.operator.local.fleet import kv_events_endpoints  # noqa: E402
+from pdfleet.operator.plan.engine import hash_seed  # noqa: E402
+
+CLIENTS = 4
+DECISION = "pdfleet_epp_decision_seconds_bucket"
+
+
+async def one_round(url: str, reqs: list, salt: str) -> dict:
+    ttft: list[float] = []
+    failed = fallback = 0
+    queue: asyncio.Queue = asyncio.Queue()
+    for r in reqs:
+        queue.put_nowait(r)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        async def worker() -> None:
+            nonlocal failed, fallback
+            while not queue.empty():
+                req = queue.get_nowait()
+                body = {**req.body, "stream": True, "cache_salt": salt}
+                t0 = time.perf_counter()
+                first = None
+                async with client.stream("POST", url + req.path, json=body) as resp:
+                    fallback += FALLBACK_HEADER in resp.headers
+                    async for line in resp.aiter_lines():
+                        if first is None and line.startswith("data:") and '"text"' in line:
+                            first = time.perf_counter() - t0
+                    if resp.status_code != 200 or first is None:
+                        failed += 1
+                    else:
+                        ttft.append(first)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(CLIENTS)))
+        wall = time.perf_counter() - started
+    return {"requests": len(reqs), "wall_s": wall, "ttft": ttft, "failed": failed, "fallback": fallback}
+
+
+def buckets(metrics_url: str) -> dict[float, float]:
+    text = httpx.get(metrics_url, timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(DECISION + "{"):
+            le = re.search(r'le="([^"]+)"', line).group(1)
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def quantile(hist: dict[float, float], q: float) -> float:
+    """From cumulative bucket counts: linear inside the bucket that holds the q-th observation."""
+    total = hist[float("inf")]
+    rank, lower, below = q * total, 0.0, 0.0
+    for le in sorted(hist):
+        if hist[le] >= rank:
+            if le == float("inf"):
+                return lower
+            inside = hist[le] - below
+            return lower + (le - lower) * ((rank - below) / inside if inside else 0.0)
+        lower, below = le, hist[le]
+    return lower
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))] if v else float("nan")
+
+
+def cpu(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per path (alternating); default %(default)s")
+    args = ap.parse_args()
+    reqs = workload()
+    mdir = model_dir()
+    with tempfile.TemporaryDirectory(prefix="pdfleet-gateway-bench-") as tmp:
+        work = Path(tmp)
+        cr = yaml.safe_load(TINY_CR.read_text())
+        cr["spec"]["prefill"]["replicas"] = 2
+        cr["spec"]["decode"]["replicas"] = 1
+        cr["spec"]["router"] = {"prefillPolicy": PREFIX_AWARE, "decodePolicy": PREFIX_AWARE}
+        path = work / "cr.yaml"
+        path.write_text(yaml.safe_dump(cr))
+        with local_fleet(work / "fleet", cr=path) as fleet:
+            engines = fleet.state()["engines"]
+            config = RouterConfig(
+                prefill=tuple(e["url"] for e in engines if e["role"] == "prefill"),
+                decode=tuple(e["url"] for e in engines if e["role"] == "decode"),
+                kv_events=tuple((e["url"], ",".join(kv_events_endpoints(str(fleet.run_dir.resolve()), e["name"])))
+                                for e in engines),
+                tokenizer=str(mdir), block_size=BLOCK, hash_seed=hash_seed(tiny_spec()),
+                prefill_policy=PREFIX_AWARE, decode_policy=PREFIX_AWARE, port=free_port())
+            grpc_port, listen, admin = free_port(), free_port(), free_port()
+            epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *config.to_argv(),
+                                    "--grpc-port", str(grpc_port), "--log-level", "WARNING"],
+                                   stdout=subprocess.PIPE, text=True)
+            envoy = None
+            try:
+                line = epp.stdout.readline()
+                assert line.startswith("epp: "), line
+                metrics_url = f"http://127.0.0.1:{config.port}/metrics"
+                for _ in range(600):  # the EPP's tokenizer (prefix-aware scoring by exact hashes)
+                    health = httpx.get(f"http://127.0.0.1:{config.port}/health", timeout=10)
+                    if health.status_code == 200 and health.json()["prefix_routing"].get("tokenizer"):
+                        break
+                    time.sleep(0.2)
+                envoy = Envoy(render(BUFFERED, listen_port=listen, epp_port=grpc_port, admin_port=admin,
+                                     decode_only=config.decode,
+                                     message_timeout_s=message_timeout_for(config.prefill_timeout_s,
+                                                                           config.prefill_attempts)), admin)
+                envoy.start()
+                gateway = f"http://127.0.0.1:{listen}"
+                paths = {"router": (fleet.router, fleet.proc.pid), "gateway": (gateway, epp.pid)}
+                results = {p: [] for p in paths}
+                cpu_s = {"router": 0.0, "gateway": 0.0, "envoy": 0.0}
+                hist = {}
+                for k in range(args.rounds):
+                    for name, (url, pid) in paths.items():
+                        c0, e0, h0 = cpu(pid), cpu(envoy.proc.pid), buckets(metrics_url)
+                        r = asyncio.run(one_round(url, reqs, f"bench-{name}-{k}"))
+                        cpu_s[name] += cpu(pid) - c0
+                        if name == "gateway":
+                            cpu_s["envoy"] += cpu(envoy.proc.pid) - e0
+                            h1 = buckets(metrics_url)
+                            for le, n in h1.items():
+                                hist[le] = hist.get(le, 0.0) + n - h0.get(le, 0.0)
+                        results[name].append(r)
+                        print(f"round {k} {name}: {r['requests'] / r['wall_s'] * 60:.0f} req/min, TTFT p50 "
+                              f"{statistics.median(r['ttft']) * 1e3:.0f} ms, failed {r['failed']}, "
+                              f"fallback {r['fallback']}", flush=True)
+            finally:
+                if envoy is not None:
+                    envoy.stop()
+                epp.terminate()
+                epp.wait(60)
+    summary = {}
+    for name, rounds in results.items():
+        n = sum(r["requests"] for r in rounds)
+        ttft = [t for r in rounds for t in r["ttft"]]
+        summary[name] = {"req_per_min": round(n / sum(r["wall_s"] for r in rounds) * 60, 1),
+                         "ttft_p50_ms": round(pct(ttft, 0.5) * 1e3, 1), "ttft_p99_ms": round(pct(ttft, 0.99) * 1e3, 1),
+                         "failed": sum(r["failed"] for r in rounds), "fallback": sum(r["fallback"] for r in rounds),
+                         "cpu_ms_per_request": round(cpu_s[name] / n * 1e3, 2)}
+    n = sum(r["requests"] for r in results["gateway"])
+    summary["gateway"]["envoy_cpu_ms_per_request"] = round(cpu_s["envoy"] / n * 1e3, 2)
+    summary["epp_decision_ms"] = {"p50": round(quantile(hist, 0.5) * 1e3, 3), "p99": round(quantile(hist, 0.99) * 1e3, 3),
+                                  "count": hist.get(float("inf"), 0)}
+    summary["gateway_vs_router"] = {
+        "req_per_min": round(summary["gateway"]["req_per_min"] / summary["router"]["req_per_min"], 3),
+        "ttft_p50": round(summary["gateway"]["ttft_p50_ms"] / summary["router"]["ttft_p50_ms"], 3)}
+    print(json.dumps(summary, indent=2))
+    return 0 if all(summary[p]["failed"] == 0 for p in paths) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
