@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import datetime
 import itertools
 import json
@@ -592,16 +593,40 @@ class FakeKube(kmock.KubernetesEmulator):
             if self._alive(key):
                 await self._mark_deleted(key)
 
-    async def simulate_deployment(self, namespace: str, name: str, *, ready: int | None = None) -> None:
-        """Play the Deployment controller: only the status counts (router pods are not needed)."""
+    async def simulate_deployment(self, namespace: str, name: str, *, ready: int | None = None,
+                                  pods: bool = False, ip: str = "127.0.0.1") -> list[dict[str, Any]]:
+        """Play the Deployment controller: the status; with `pods`, also its ReplicaSet (labels and
+        pod-template-hash as Kubernetes sets them) and that ReplicaSet's pods, all at `ip`."""
         dep = self.get("apps/v1/deployments", namespace, name)
         assert dep is not None, f"no Deployment {namespace}/{name}"
         replicas = int(dep["spec"].get("replicas", 1))
         ready = replicas if ready is None else min(ready, replicas)
+        made = []
+        if pods:
+            template = dep["spec"]["template"]
+            pth = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+            labels = {**(template.get("metadata", {}).get("labels") or {}), "pod-template-hash": pth}
+            rs = await self.put("apps/v1/replicasets", namespace, {
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": f"{name}-{pth}", "namespace": namespace, "labels": labels,
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                                  "uid": dep["metadata"]["uid"], "controller": True}]},
+                "spec": {"replicas": replicas, "template": copy.deepcopy(template)}})
+            for i in range(replicas):
+                made.append(await self.put("v1/pods", namespace, {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{name}-{pth}-{i}", "namespace": namespace, "labels": labels,
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                                      "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"],
+                                                      "controller": True}]},
+                    "spec": copy.deepcopy(template.get("spec", {})),
+                    "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                               "conditions": [{"type": "Ready", "status": "True" if i < ready else "False"}]}}))
         await self.set_status("apps/v1/deployments", namespace, name, {
             "observedGeneration": dep["metadata"]["generation"], "replicas": replicas,
             "readyReplicas": ready, "availableReplicas": ready, "updatedReplicas": replicas,
         })
+        return made
 
     async def simulate_statefulset(self, namespace: str, name: str, *, ready: int | None = None,
                                    ip_prefix: str = "10.1") -> list[dict[str, Any]]:
@@ -611,6 +636,8 @@ class FakeKube(kmock.KubernetesEmulator):
         replicas = int(sts["spec"].get("replicas", 1))
         ready = replicas if ready is None else min(ready, replicas)
         template = sts["spec"]["template"]
+        # the StatefulSet controller's revision name: <statefulset>-<hash of the pod template>
+        revision = f"{name}-{hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]}"
         pods = []
         for i in range(replicas):
             pod_name = f"{name}-{i}"
@@ -621,7 +648,8 @@ class FakeKube(kmock.KubernetesEmulator):
                 "metadata": {
                     "name": pod_name, "namespace": namespace,
                     "labels": {**(template.get("metadata", {}).get("labels") or {}),
-                               "statefulset.kubernetes.io/pod-name": pod_name},
+                               "statefulset.kubernetes.io/pod-name": pod_name,
+                               "controller-revision-hash": revision},
                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
                                          "uid": sts["metadata"]["uid"], "controller": True}],
                 },
@@ -632,8 +660,8 @@ class FakeKube(kmock.KubernetesEmulator):
                 },
             }
             existing = self.get("v1/pods", namespace, pod_name)
-            if existing is None:
-                pods.append(await self.put("v1/pods", namespace, pod))
+            if existing is None or existing["metadata"].get("labels") != pod["metadata"]["labels"]:
+                pods.append(await self.put("v1/pods", namespace, pod))  # new, or replaced by a rolling update
             else:
                 await self.set_status("v1/pods", namespace, pod_name, pod["status"])
                 pods.append(self.get("v1/pods", namespace, pod_name))
@@ -647,6 +675,7 @@ class FakeKube(kmock.KubernetesEmulator):
             "observedGeneration": sts["metadata"]["generation"],
             "replicas": replicas, "readyReplicas": ready, "availableReplicas": ready,
             "currentReplicas": replicas, "updatedReplicas": replicas,
+            "currentRevision": revision, "updateRevision": revision,
         })
         return pods
 

@@ -23,7 +23,9 @@ from pdfleet.operator.api.rules import replica_range
 from pdfleet.operator.autoscale.clamp import Bounds, Ratio
 from pdfleet.operator.autoscale.planner import PlannerConfig, PlannerState, decide
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
-from pdfleet.operator.autoscale.signals import MetricsError, RouterSample, interval_signals, parse_router_metrics
+from pdfleet.operator.autoscale.signals import (
+    WENT_DOWN, MetricsError, RouterSample, interval_signals, interval_went_down, parse_router_metrics,
+)
 from pdfleet.operator.plan import naming
 from pdfleet.operator.kube.observed import ObservedPod
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
@@ -69,8 +71,10 @@ def config_of(cr: DisaggregatedInference) -> PlannerConfig:
 
 class PlannerEdge:
     def __init__(self, client: KubeClient, post_event: PostEvent, *, fetch: Fetch = _fetch,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 count_rejected: Callable[[str, int], None] = lambda reason, n: None):
         self.client = client
+        self.count_rejected = count_rejected  # values skipped (signals.py): here, routers whose counts went down
         self.post_event = post_event
         self.fetch = fetch
         self.clock = clock
@@ -118,6 +122,8 @@ class PlannerEdge:
             return self._keep(key, interval, "measuring: the first interval starts now")
 
         signals = interval_signals(prev, cur)
+        if down := interval_went_down(prev, cur):
+            self.count_rejected(WENT_DOWN, len(down))
         for role, sig in signals.items():   # replicas still starting hold further scale-ups back
             ready = sum(1 for q in pods if q.role == role and q.ready and not q.deleting)
             signals[role] = replace(sig, ready=ready)

@@ -55,12 +55,60 @@ def parse_router_metrics(text: str) -> RouterSample:
     return RouterSample(ttft, itl, waiting["prefill"], waiting["decode"], streams)
 
 
-def metric_samples(text: str) -> list:
-    """Every sample of a Prometheus text page; ``MetricsError`` when it is not one."""
+def _all_samples(text: str) -> list:
     try:
         return [s for family in text_string_to_metric_families(text) for s in family.samples]
     except Exception as exc:  # the parser raises ValueError and others on garbage
         raise MetricsError(f"not Prometheus text: {exc}") from None
+
+
+def metric_samples(text: str) -> list:
+    """Every usable sample of a Prometheus text page (``screen``: no NaN, infinity or negative
+    count reaches a decision); ``MetricsError`` when it is not one."""
+    return screen(_all_samples(text))[0]
+
+
+def rejected_values(text: str) -> dict[str, int]:
+    """What ``metric_samples`` skips on this page, by reason (the edges count it); {} on garbage."""
+    try:
+        return screen(_all_samples(text))[1]
+    except MetricsError:
+        return {}
+
+
+NOT_FINITE, NEGATIVE, WENT_DOWN = "not_finite", "negative", "went_down"
+
+
+def value_problem(value: float) -> Optional[str]:
+    """Why a scraped count or gauge cannot be used, or None: every series the operator reads from a
+    router counts something (requests, bucketed observations, legs, streams)."""
+    if not math.isfinite(value):
+        return NOT_FINITE
+    if value < 0:
+        return NEGATIVE
+    return None
+
+
+def screen(samples: list) -> tuple[list, dict[str, int]]:
+    """(the usable samples, how many were skipped per reason); never raises."""
+    kept, rejected = [], {}
+    for s in samples:
+        problem = value_problem(s.value)
+        if problem is None and "le" in s.labels:  # a bucket bound: "+Inf" is one, "NaN" or garbage is not
+            try:
+                problem = None if not math.isnan(float(s.labels["le"])) else NOT_FINITE
+            except ValueError:
+                problem = NOT_FINITE
+        if problem is None:
+            kept.append(s)
+        else:
+            rejected[problem] = rejected.get(problem, 0) + 1
+    return kept, rejected
+
+
+def went_down(cur: Mapping[float, float], prev: Optional[Mapping[float, float]]) -> bool:
+    """A cumulative count lower than in the previous scrape of the same pod."""
+    return prev is not None and any(cur.get(le, 0.0) < count for le, count in prev.items())
 
 
 def add_bucket(buckets: dict[float, float], sample) -> None:
@@ -70,9 +118,17 @@ def add_bucket(buckets: dict[float, float], sample) -> None:
 
 
 def _delta(cur: Mapping[float, float], prev: Optional[Mapping[float, float]]) -> dict[float, float]:
-    if prev is None or any(cur.get(le, 0.0) < count for le, count in prev.items()):
-        return dict(cur)  # first scrape of this router, or it restarted
+    if prev is None:
+        return dict(cur)  # first scrape of this router
+    if went_down(cur, prev):
+        return {}  # not monotonic (a restart, or a made-up page): skipped this interval (interval_went_down)
     return {le: count - prev.get(le, 0.0) for le, count in cur.items()}
+
+
+def interval_went_down(prev: Mapping[str, RouterSample], cur: Mapping[str, RouterSample]) -> list[str]:
+    """Router pods whose histogram counts went down since the previous scrape: their interval is skipped."""
+    return sorted(pod for pod, s in cur.items() if (b := prev.get(pod)) is not None
+                  and (went_down(s.ttft, b.ttft) or went_down(s.itl, b.itl)))
 
 
 def quantile(q: float, buckets: Mapping[float, float]) -> Optional[float]:

@@ -18,6 +18,11 @@ REVISION_LABEL = label_keys.REVISION
 HASH_ANNOTATION = label_keys.APPLIED_HASH
 SERVING_LABEL, SERVING_TRUE = label_keys.SERVING, label_keys.SERVING_TRUE
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+# Set by Kubernetes' controllers on the pods they make: which template (Deployment) or revision
+# (StatefulSet) a pod was made from.
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
+CONTROLLER_REVISION_HASH_LABEL = "controller-revision-hash"
 PREFLIGHT_CONTAINER = fabric.CONTAINER_NAME
 _BY_KIND = {(k.api_version, k.kind): k for k in (*OWNED_KINDS, *POD_GROUP_KINDS)}
 
@@ -90,6 +95,9 @@ class ObservedChild:
     updated_replicas: int = 0
     ports: tuple[tuple[str, int], ...] = ()   # named container ports of a workload's pod template
     serving: bool = False          # labelled as the serving revision's (engine Services)
+    controller_uid: str = ""       # uid of the controller ownerReference
+    revisions: tuple[str, ...] = ()   # a StatefulSet's status.currentRevision / updateRevision
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,22 @@ class ObservedPod:
     ports: tuple[tuple[str, int], ...] = ()
     worker: bool = False                           # a LeaderWorkerSet worker: no API, no side channel of record
     kv_transport: Optional[PodTransport] = None    # the fabric preflight's verdict
+    controller: Optional[tuple[str, str, str]] = None  # (kind, name, uid) of the controller ownerReference
+    uid: str = ""
+    template_hash: Optional[str] = None            # pod-template-hash (a Deployment's pods)
+    revision_hash: Optional[str] = None            # controller-revision-hash (a StatefulSet's pods)
+    lws_name: Optional[str] = None                 # the LeaderWorkerSet that made it, by its label
+
+
+@dataclass(frozen=True)
+class ObservedReplicaSet:
+    """A ReplicaSet of one of the fleet's Deployments (the link from a router pod to its Deployment)."""
+
+    namespace: str
+    name: str
+    uid: str
+    controller_uid: str = ""
+    template_hash: Optional[str] = None
 
 
 def _int(value: Any) -> int:
@@ -111,6 +135,15 @@ def _int(value: Any) -> int:
         return int(value or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def controller_of(meta: Mapping[str, Any]) -> Optional[tuple[str, str, str]]:
+    """(kind, name, uid) of the controller ownerReference, or None."""
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return str(ref.get("kind") or ""), str(ref.get("name") or ""), str(ref.get("uid") or "")
+    return None
 
 
 def _template_ports(spec: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -147,7 +180,18 @@ def observe_child(body: Mapping[str, Any]) -> ObservedChild:
         updated_replicas=_int(status.get("updatedReplicas")),
         ports=_template_ports(template_spec),
         serving=labels.get(SERVING_LABEL) == SERVING_TRUE,
+        controller_uid=(controller_of(meta) or ("", "", ""))[2],
+        revisions=tuple(sorted({str(status[k]) for k in ("currentRevision", "updateRevision") if status.get(k)})),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
     )
+
+
+def observe_replicaset(body: Mapping[str, Any]) -> ObservedReplicaSet:
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return ObservedReplicaSet(namespace=meta.get("namespace") or "", name=meta.get("name") or "",
+                              uid=meta.get("uid") or "", controller_uid=(controller_of(meta) or ("", "", ""))[2],
+                              template_hash=labels.get(POD_TEMPLATE_HASH_LABEL))
 
 
 def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
@@ -166,6 +210,11 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         ports=_template_ports(body.get("spec") or {}),
         worker=labels.get(LWS_WORKER_INDEX_LABEL, "0") != "0",
         kv_transport=from_pod_status(status),
+        controller=controller_of(meta),
+        uid=meta.get("uid") or "",
+        template_hash=labels.get(POD_TEMPLATE_HASH_LABEL),
+        revision_hash=labels.get(CONTROLLER_REVISION_HASH_LABEL),
+        lws_name=labels.get(LWS_NAME_LABEL),
     )
 
 

@@ -54,6 +54,8 @@ COSCHEDULING_PODGROUP = Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgro
 POD_GROUP_KINDS = (VOLCANO_PODGROUP, COSCHEDULING_PODGROUP)  # which provider writes which: plan/gang.py
 # Not owned: read or written beside the children.
 POD = Kind("v1", "Pod", "pods")
+# The Deployment controller's ReplicaSets: a router pod is the fleet's only through one (kube/owned.py).
+REPLICASET = Kind("apps/v1", "ReplicaSet", "replicasets")
 SECRET = Kind("v1", "Secret", "secrets")
 EVENT = Kind("v1", "Event", "events")
 

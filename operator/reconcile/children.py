@@ -88,6 +88,16 @@ def _replicas_drifted(desired: Mapping[str, Any], have: ObservedChild) -> bool:
     return want is not None and have.replicas != int(want)
 
 
+def _labels_drifted(desired: Mapping[str, Any], have: ObservedChild) -> bool:
+    """A label the plan sets was changed or removed by hand (e.g. a Service's canary weight, which the
+    router obeys): put it back even though the hash matches. Labels the plan does not set are left alone."""
+    want = (desired.get("metadata") or {}).get("labels") or {}
+    if have.deleting or not want:
+        return False
+    labels = dict(have.labels)
+    return any(labels.get(k) != v for k, v in want.items())
+
+
 def diff(
     desired: Iterable[Mapping[str, Any]],
     observed: Iterable[ObservedChild],
@@ -116,8 +126,9 @@ def diff(
         wanted.add(ref)
         want = (obj.get("metadata") or {}).get("annotations", {}).get(HASH_ANNOTATION)
         have = seen.get(ref)
-        if have is not None and _replicas_drifted(obj, have) and recently_applied.get(ref) != want:
-            to_apply.append(dict(obj))  # scaled by hand or by an autoscaler: the spec wins
+        if (have is not None and (_replicas_drifted(obj, have) or _labels_drifted(obj, have))
+                and recently_applied.get(ref) != want):
+            to_apply.append(dict(obj))  # scaled or relabelled by hand (or by an autoscaler): the spec wins
         elif have is not None and not have.deleting and (have.applied_hash == want or
                                                          (recently_applied.get(ref) == want and have.applied_hash is not None)):
             unchanged += 1

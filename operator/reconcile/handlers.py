@@ -2,7 +2,7 @@
 
 - the CR: `on.event` keeps the latest body and queues the fleet (create, update and
   resume are the same level-based reconcile: kopf's listing at start-up is the resume);
-- every owned kind and pods: a label-selected watch (`pdfleet.io/fleet`) feeds a kopf
+- every owned kind, pods and the router's ReplicaSets: a label-selected watch (`pdfleet.io/fleet`) feeds a kopf
   index (what the reconciler diffs and reports status from) and queues the owning fleet.
   kopf starts event handlers only after every index is filled once, so after a restart
   the reconciler sees all existing children before its first run and writes nothing;
@@ -27,6 +27,8 @@ from pdfleet.operator import api
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, observe_scaler
 from pdfleet.operator.reconcile import children as ch
 from pdfleet.operator.kube.client import KubeClient, RetryPolicy
+from pdfleet.operator.kube.observed import observe_replicaset
+from pdfleet.operator.plan.kinds import REPLICASET
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 from pdfleet.operator.reconcile.reconciler import Reconciler, ReconcileOptions
 
@@ -97,12 +99,13 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
         settings.watching.client_timeout = options.watch_client_timeout
         settings.watching.reconnect_backoff = options.watch_reconnect_backoff
         settings.networking.request_timeout = options.request_timeout
-        for kind in (*watched, ch.POD, SCALER_KIND):
+        for kind in (*watched, ch.POD, REPLICASET, SCALER_KIND):
             settings.watching.label_selectors[kind.group, kind.plural] = ch.FLEET_LABEL
         indices = {name: idx for name, idx in kwargs.items() if isinstance(idx, kopf.Index)}
         child_indices = [indices[_index_id(k)] for k in watched]
         pod_index = indices["pdfleet_pods"]
         scaler_index = indices["pdfleet_scalers"]
+        replicaset_index = indices["pdfleet_replicasets"]
         hpa_index = indices["pdfleet_hpas"]
 
         def snapshot(key: tuple[str, str]) -> tuple[list[ch.ObservedChild], list[ch.ObservedPod]]:
@@ -115,7 +118,8 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
                             on_request=metrics.record_request)
         reconciler = Reconciler(client, metrics, options.reconcile, snapshot,
                                 scalers=lambda key: list(scaler_index.get(key, ())),
-                                autoscalers=lambda key: list(hpa_index.get(key, ())))
+                                autoscalers=lambda key: list(hpa_index.get(key, ())),
+                                replicasets=lambda key: list(replicaset_index.get(key, ())))
         reconciler.queue.start()
         runtime.update(reconciler=reconciler, metrics=metrics, settings=settings, client=client)
         if options.metrics_port is not None:
@@ -153,6 +157,8 @@ def build_registry(options: OperatorOptions) -> kopf.OperatorRegistry:
     for kind in watched:
         _register_child(kind, _index_id(kind), ch.observe_child)
     _register_child(ch.POD, "pdfleet_pods", ch.observe_pod)
+    # The router Deployment's ReplicaSets: the link from a router pod to the fleet (kube/owned.py).
+    _register_child(REPLICASET, "pdfleet_replicasets", observe_replicaset)
     _register_child(SCALER_KIND, "pdfleet_scalers", observe_scaler)
 
     # HPAs (KEDA's included) that target a scaler: the planner must not drive those fleets.

@@ -41,6 +41,14 @@ class OperatorMetrics:
         self.fleet_revision = Gauge(
             "pdfleet_operator_fleet_revision_info", "1 for the revision that serves a fleet",
             ["namespace", "fleet", "revision"], registry=r)
+        self.unowned_ignored = Counter(
+            "pdfleet_operator_unowned_objects_ignored",
+            "Objects with a fleet's labels that no decision counted because the fleet's workloads do not own "
+            "them (each object once)", ["kind"], registry=r)
+        self.scraped_rejected = Counter(
+            "pdfleet_operator_scraped_values_rejected",
+            "Values scraped from router /metrics that were skipped: not finite, negative, or a counter that went "
+            "down within a step", ["reason"], registry=r)
         self._fleet_labels: dict[tuple[str, str], list[tuple[Gauge, tuple[str, ...]]]] = {}
         self._runner: Optional[web.AppRunner] = None
 

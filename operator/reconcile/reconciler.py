@@ -17,7 +17,10 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequenc
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
-from pdfleet.operator.autoscale.planner_edge import PlannerEdge
+from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
+from pdfleet.operator.autoscale.signals import rejected_values
+from pdfleet.operator.kube.observed import ObservedReplicaSet
+from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.plan.drain import rollout_drain_seconds
@@ -85,7 +88,8 @@ class Reconciler:
                  snapshot: Callable[[Key], tuple[list[ch.ObservedChild], list[ch.ObservedPod]]],
                  *, clock: Callable[[], datetime.datetime] = _utcnow,
                  scalers: Callable[[Key], list[ObservedScaler]] = lambda key: [],
-                 autoscalers: Callable[[Key], list[str]] = lambda scaler_key: []):
+                 autoscalers: Callable[[Key], list[str]] = lambda scaler_key: [],
+                 replicasets: Callable[[Key], list[ObservedReplicaSet]] = lambda key: []):
         self.client = client
         self.metrics = metrics
         self.options = options
@@ -95,6 +99,8 @@ class Reconciler:
         self.recently_applied: dict[Key, dict[ch.ChildRef, str]] = {}
         self._reported: dict[Key, tuple[Any, ...]] = {}
         self._not_owned_reported: dict[Key, Optional[str]] = {}
+        self._unowned_seen: dict[Key, set[tuple[str, str, str]]] = {}  # (kind, name, uid) counted and logged
+        self.replicasets = replicasets
         self.queue = WorkQueue(self.reconcile, workers=options.workers)
         self.auth_secrets = AuthSecrets(client)
         self._apply_slots = asyncio.Semaphore(options.apply_concurrency)
@@ -102,8 +108,19 @@ class Reconciler:
         self.scalers = scalers
         self.scaling = ScalingEdge(client, self._event)
         self.autoscalers = autoscalers   # (namespace, scaler name) -> HPAs that target it
-        self.planner = PlannerEdge(client, self._event)
-        self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s)
+        self.planner = PlannerEdge(client, self._event, fetch=self._screened_fetch,
+                                   count_rejected=self._count_rejected)
+        self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s, fetch=self._screened_fetch)
+
+    async def _screened_fetch(self, url: str) -> str:
+        """A router's /metrics page; the values the parsers will skip (NaN, negative) are counted here."""
+        text = await _fetch(url)
+        for reason, n in rejected_values(text).items():
+            self._count_rejected(reason, n)
+        return text
+
+    def _count_rejected(self, reason: str, n: int = 1) -> None:
+        self.metrics.scraped_rejected.labels(reason).inc(n)
 
     # ------------------------------------------------------------------ watch side
     def on_cr_event(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
@@ -114,6 +131,7 @@ class Reconciler:
             self.recently_applied.pop(key, None)
             self._reported.pop(key, None)
             self._not_owned_reported.pop(key, None)
+            self._unowned_seen.pop(key, None)
             self.scaling.forget(key)
             self.planner.forget(key)
             self.canary.forget(key)
@@ -186,8 +204,13 @@ class Reconciler:
         target = target_revision(cr, image)
         observed, pods = self.snapshot(key)
         uid = meta.get("uid", "")
-        owned = [c for c in observed if uid in c.owner_uids]
-        pods = [p for p in pods if p.namespace == namespace]
+        # Identity is ownership: only children the fleet controls and pods its workloads run count.
+        owned = [c for c in observed if c.controller_uid == uid]
+        workloads = fleet_workloads(uid, owned, self.replicasets(key))
+        pods, ignored = owned_pods([p for p in pods if p.namespace == namespace], workloads)
+        self._report_unowned(key, log, [("Pod", p.name, p.uid, why) for p, why in ignored]
+                             + [(c.ref.kind, c.ref.name, c.uid, "not controlled by this fleet")
+                                for c in observed if c.controller_uid != uid])
         present = {c.revision for c in owned
                    if c.revision and c.ref.kind in kinds.ENGINE_WORKLOAD_KINDS and not c.deleting}
         roll = previous.get("rollout") or {}
@@ -302,6 +325,18 @@ class Reconciler:
         requeue = min((r for r in (decision.requeue_after, planned.requeue_after, canary.requeue_after)
                        if r is not None), default=None)
         return requeue, ("changed" if actions.writes else "unchanged")
+
+    def _report_unowned(self, key: Key, log: logging.LoggerAdapter,
+                        ignored: Sequence[tuple[str, str, str, str]]) -> None:
+        """Count and log each ignored object once (not per reconcile)."""
+        seen = self._unowned_seen.setdefault(key, set())
+        now = {(kind, name, uid) for kind, name, uid, _ in ignored}
+        for kind, name, uid, why in ignored:
+            if (kind, name, uid) not in seen:
+                self.metrics.unowned_ignored.labels(kind).inc()
+                log.warning("ignoring %s/%s: it has the fleet's labels but %s", kind, name, why)
+        seen.intersection_update(now)
+        seen.update(now)
 
     async def _unmark_stale_serving(self, owned: Sequence[ch.ObservedChild], serving: str) -> list[str]:
         """After a switch: the previous revision's Services lose the serving label (after the new

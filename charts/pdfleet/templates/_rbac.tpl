@@ -81,6 +81,11 @@ watches every namespace, by a Role in each watched namespace otherwise.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
+# The router Deployment's ReplicaSets: a router pod counts only through one its Deployment
+# controls (the canary's and the planner's scrapes; issue 30). Read only.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["list", "watch"]
 # Never called by the operator: the router's Role grants it, and RBAC lets the
 # operator grant only what it holds itself.
 - apiGroups: ["discovery.k8s.io"]

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import FakeKube, eventually
 from operator_scenarios import CR_RESOURCE, DEPLOY, IMAGE, STS, condition, fleet, wait_status
@@ -25,6 +26,7 @@ from operator_scenarios import CR_RESOURCE, DEPLOY, IMAGE, STS, condition, fleet
 from pdfleet.connector.router.app import start_router
 from pdfleet.connector.router.ownership import MANAGED_BY_LABEL, SERVICE_NAME_LABEL, SLICE_CONTROLLER
 from pdfleet.contract import labels
+from pdfleet.contract import metrics as metric_names
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.reconcile.reconciler import ReconcileOptions
 
@@ -77,11 +79,18 @@ class Cluster:
         assert bound == self.port
 
     async def router_pod(self) -> None:
+        """The router Deployment's pod as Kubernetes makes it (through a ReplicaSet): the canary
+        analysis reads only pods the fleet's workloads run (issue 30)."""
+        await eventually(lambda: self.kube.get(DEPLOY, NAMESPACE, "llama-router"), what="the router Deployment")
+        await self.kube.simulate_deployment(NAMESPACE, "llama-router", pods=True, ip="127.0.0.1")
+
+    async def forged_router_pod(self, port: int) -> None:
+        """A pod anyone who may create pods in the namespace can make: the router's labels, no owner."""
         meta = {"name": "llama-router-abc12",
                 "labels": {"pdfleet.io/fleet": "llama", "pdfleet.io/role": "router", "app.kubernetes.io/name": "pdfleet"}}
         await self.kube.put("v1/pods", NAMESPACE, {
             "apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "router", "ports": [{"name": "http", "containerPort": self.port}]}]},
+            "spec": {"containers": [{"name": "router", "ports": [{"name": "http", "containerPort": port}]}]},
             "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
 
     def sync_slices(self) -> None:
@@ -325,3 +334,65 @@ async def test_the_annotation_promotes_and_a_left_over_value_does_not_promote_th
     # onAbort Keep (the default): the aborted pair stays, with weight 0 on its Services
     assert kube.get(STS, NAMESPACE, f"llama-decode-{third}") is not None
     await eventually(lambda: service_weights(kube, third) == {"0"}, what="weight 0 on the aborted pair")
+
+
+async def test_a_hand_made_router_pod_promotes_nothing_and_is_counted(kube: FakeKube, start_operator,
+                                                                      cluster: Cluster, unused_tcp_port_factory):
+    """Issue 30: a pod with the router's labels and no owner reports a million successful requests of
+    the canary's revision per scrape; the real router sees the new pair fail every request. Before
+    issue 30 the operator summed both pods' figures (error rate far below maxErrorRate: promoted);
+    now it reads only the router its Deployment runs: the canary aborts, and the forged pod is counted
+    in pdfleet_operator_unowned_objects_ignored_total{kind="Pod"} once."""
+    driver = FakeDriver(kube)
+    driver.operator = await start_operator(reconcile=FAST)
+    scrapes = {"n": 0, "revision": ""}
+
+    async def forged_metrics(request: web.Request) -> web.Response:
+        scrapes["n"] += 1
+        text = (f"# TYPE {metric_names.ROUTER_REVISION_REQUESTS} counter\n"
+                f'{metric_names.ROUTER_REVISION_REQUESTS}_total{{revision="{scrapes["revision"]}",'
+                f'{metric_names.REVISION_OUTCOME}="{metric_names.OUTCOME_ANSWERED}"}} {scrapes["n"] * 1e6}\n')
+        return web.Response(text=text)
+
+    app = web.Application()
+    app.router.add_get("/metrics", forged_metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    forged_port = unused_tcp_port_factory()
+    await web.TCPSite(runner, "127.0.0.1", forged_port).start()
+    try:
+        steps = [{"weight": 30, "pauseSeconds": 1}, {"weight": 60, "pauseSeconds": 1}]
+        await cluster.forged_router_pod(forged_port)
+        old, new = await start_canary(driver, cluster, steps, breach=True)
+        scrapes["revision"] = new
+        st = await wait_status(driver, "llama", lambda s: s["rollout"].get("phase") in ("Aborted", "Promoted"),
+                               "the canary's verdict", timeout=30)
+        assert st["rollout"]["phase"] == "Aborted", st["rollout"]
+        assert st["revision"] == old and "error rate" in st["rollout"]["lastAnalysis"]
+        assert not events(kube, "CanaryPromoted")
+        assert scrapes["n"] == 0, "the operator scraped a pod its workloads do not run"
+        metrics = driver.operator.runtime["metrics"]
+        ignored = metrics.registry.get_sample_value("pdfleet_operator_unowned_objects_ignored_total", {"kind": "Pod"})
+        assert ignored == 1.0, ignored  # once, not once per reconcile
+        # neither does it count as a router replica, nor as an endpoint
+        assert all(e["pod"] != "llama-router-abc12" for role in st["endpoints"].values() for e in role)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_hand_edited_canary_weight_is_restored(kube: FakeKube, start_operator, cluster: Cluster):
+    """Issue 30: someone who may patch the fleet's Services sets the canary pair's weight label to 100
+    (the router would send every new request to an unproven pair). The applied-hash annotation is
+    untouched; the next reconcile compares the labels it owns and puts the step's weight back."""
+    driver = FakeDriver(kube)
+    driver.operator = await start_operator(reconcile=FAST)
+    old, new = await start_canary(driver, cluster, [{"weight": 10, "pauseSeconds": 3600}])
+    await eventually(lambda: service_weights(kube, new) == {"10"}, what="the weight label at 10")
+    name = f"llama-decode-{new}"
+    svc = kube.get(SERVICES, NAMESPACE, name)
+    edited = {**svc["metadata"]["labels"], labels.CANARY_WEIGHT: "100"}
+    await kube.put(SERVICES, NAMESPACE, {**svc, "metadata": {**svc["metadata"], "labels": edited}})
+    assert kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"][labels.CANARY_WEIGHT] == "100"
+    await eventually(lambda: kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"][labels.CANARY_WEIGHT] == "10",
+                     what="the weight label restored")
+    assert kube.get(SERVICES, NAMESPACE, name)["metadata"]["annotations"] == svc["metadata"]["annotations"]

@@ -5,6 +5,8 @@ operator makes its own."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import eventually
@@ -47,3 +49,73 @@ async def test_same_named_objects_the_fleet_does_not_own_are_never_taken_over(dr
     assert ours["metadata"]["ownerReferences"][0]["name"] == "llama"
     await wait_status(driver, "llama", lambda s: condition(s, "Ready")["reason"] != "NotOwned", "NotOwned cleared",
                       timeout=30)
+
+
+def forged_pod(name: str, role: str, revision: str, ip: str, owner: dict | None = None) -> dict:
+    """A pod anyone who may create pods in the namespace can make: the fleet's labels, ready."""
+    meta = {"name": name, "labels": {"pdfleet.io/fleet": "llama", "pdfleet.io/role": role,
+                                     "pdfleet.io/revision": revision, "app.kubernetes.io/name": "pdfleet"}}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+async def test_hand_made_engine_pods_of_a_new_revision_switch_nothing(driver: FakeDriver, kube):
+    """Issue 30: ready prefill/decode pods with the new revision's labels but no owner (or an owner
+    reference naming the new StatefulSet by name with a made-up uid) neither switch the router nor
+    become endpoints; the fleet's own pods then do, and every forged pod was counted once."""
+    await driver.create_cr(fleet())
+    await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the first pair")
+    for sts in kube.list(STS, NAMESPACE):
+        await kube.simulate_statefulset(NAMESPACE, sts["metadata"]["name"])
+    await kube.simulate_deployment(NAMESPACE, "llama-router")
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
+    old = st["revision"]
+    await driver.patch_cr("llama", {"spec": {"engine": {"blockSize": 32}}})
+    st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] != old, "a new target")
+    new = st["rollout"]["targetRevision"]
+    for role in ("prefill", "decode"):
+        await eventually(lambda: kube.get(STS, NAMESPACE, f"llama-{role}-{new}"), what=f"{role} of the new pair")
+        fake_ref = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": f"llama-{role}-{new}",
+                    "uid": "made-up", "controller": True}
+        await kube.put("v1/pods", NAMESPACE, forged_pod(f"llama-{role}-{new}-0", role, new, "10.9.0.1"))
+        await kube.put("v1/pods", NAMESPACE, forged_pod(f"llama-{role}-{new}-1", role, new, "10.9.0.2", fake_ref))
+    await settle(driver)
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Progressing")["reason"] == "RollingOut",
+                           "still rolling out")
+    assert st["revision"] == old, "forged pods switched the router"
+    assert {e["revision"] for e in st["endpoints"]["prefill"]} == {old}
+    assert kube.get(STS, NAMESPACE, f"llama-decode-{old}") is not None
+    metrics = driver.operator.runtime["metrics"]
+    assert metrics.registry.get_sample_value("pdfleet_operator_unowned_objects_ignored_total", {"kind": "Pod"}) == 4
+
+    # The fleet's own pods (the StatefulSet controller replaces the forged ones of its pods' names).
+    for role in ("prefill", "decode"):
+        await kube.simulate_statefulset(NAMESPACE, f"llama-{role}-{new}", ip_prefix="10.2")
+    st = await wait_status(driver, "llama", lambda s: s["revision"] == new, "the switch, on the fleet's pods")
+    assert all(e["ip"].startswith("10.2.") for e in st["endpoints"]["prefill"])
+
+
+async def test_a_services_labels_are_restored_on_drift(driver: FakeDriver, kube):
+    """Issue 30: someone who may patch the fleet's Services edits the canary-weight and serving labels
+    (the router obeys them through the EndpointSlices); the applied-hash annotation is untouched, and
+    the next reconcile puts the labels back."""
+    await driver.create_cr(fleet())
+    st = await wait_status(driver, "llama", lambda s: s.get("revision"), "a revision")
+    name = f"llama-decode-{st['rollout']['targetRevision']}"
+    svc = await eventually(lambda: kube.get(SERVICES, NAMESPACE, name), what="the decode Service")
+    want = dict(svc["metadata"]["labels"])
+    assert want.get("pdfleet.io/serving") == "true" and "pdfleet.io/canary-weight" not in want
+    await settle(driver)
+    drifted = {**want, "pdfleet.io/serving": "false", "pdfleet.io/canary-weight": "100"}
+    await kube.put(SERVICES, NAMESPACE, {**svc, "metadata": {**svc["metadata"], "labels": drifted}})
+    await eventually(lambda: kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"].get("pdfleet.io/serving")
+                     == "true", what="the serving label restored")
+    # a label the plan does not set is not the operator's: it stays (and is not fought over)
+    assert kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"].get("pdfleet.io/canary-weight") == "100"
+    await settle(driver)
+    writes = [c for c in kube.writes() if c.name == name]
+    await asyncio.sleep(1.0)
+    assert [c for c in kube.writes() if c.name == name] == writes, "the reconcile keeps rewriting the Service"

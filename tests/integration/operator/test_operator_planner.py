@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import FakeKube, eventually
-from operator_scenarios import STS, fleet, make_fleet_ready, wait_status
+from operator_scenarios import DEPLOY, STS, fleet, make_fleet_ready, wait_status
 
 from pdfleet.connector.router.app import start_router
 from pdfleet.contract.router_config import RouterConfig
@@ -59,13 +59,11 @@ async def slow_fleet(prefill_delay_s: float):
 
 
 async def router_pod(kube: FakeKube, port: int) -> None:
-    labels = {"pdfleet.io/fleet": "llama", "pdfleet.io/role": "router", "app.kubernetes.io/name": "pdfleet"}
-    await kube.put("v1/pods", NAMESPACE, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "llama-router-abc12", "labels": labels},
-        "spec": {"containers": [{"name": "router", "ports": [{"name": "http", "containerPort": port}]}]},
-        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
-    })
+    """The router Deployment's pod as Kubernetes makes it (a ReplicaSet between them, the template hash):
+    the planner reads only pods the fleet's workloads run (issue 30). Its port is the spec's (`port`)."""
+    dep = await eventually(lambda: kube.get(DEPLOY, NAMESPACE, "llama-router"), what="the router Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == port
+    await kube.simulate_deployment(NAMESPACE, "llama-router", pods=True, ip="127.0.0.1")
 
 
 def planner_fleet(port: int) -> dict[str, Any]:
@@ -82,8 +80,8 @@ def events(kube: FakeKube, reason: str) -> list[dict[str, Any]]:
 
 async def test_planner_scales_prefill_up_from_the_routers_ttft(driver: FakeDriver, kube: FakeKube):
     async with slow_fleet(prefill_delay_s=0.3) as port:
-        await router_pod(kube, port)
         await driver.create_cr(planner_fleet(port))
+        await router_pod(kube, port)
         await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the StatefulSets")
         await make_fleet_ready(driver, "llama")   # its pods ready: no scale-up is under way
         await eventually(lambda: (kube.get(SCALERS, NAMESPACE, "llama-prefill") or {}).get("spec", {}).get("replicas", 0) >= 2,
@@ -103,13 +101,13 @@ async def test_planner_scales_prefill_up_from_the_routers_ttft(driver: FakeDrive
 
 async def test_planner_stands_down_when_an_hpa_targets_a_scaler(driver: FakeDriver, kube: FakeKube):
     async with slow_fleet(prefill_delay_s=0.3) as port:
-        await router_pod(kube, port)
         resp = await kube.post(f"/apis/autoscaling/v2/namespaces/{NAMESPACE}/horizontalpodautoscalers", json={
             "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "decode-hpa"},
             "spec": {"scaleTargetRef": {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInferenceScaler",
                                         "name": "llama-decode"}, "minReplicas": 1, "maxReplicas": 4}})
         assert resp.status == 201, await resp.text()
         await driver.create_cr(planner_fleet(port))
+        await router_pod(kube, port)
         await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the StatefulSets")
         await make_fleet_ready(driver, "llama")
         st = await wait_status(driver, "llama", lambda s: "refused" in s.get("scaling", {}).get("planner", ""), "refused")

@@ -6,7 +6,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.operator.autoscale.signals import MetricsError, interval_signals, parse_router_metrics, quantile
+from pdfleet.operator.autoscale.signals import (
+    MetricsError, interval_signals, interval_went_down, parse_router_metrics, quantile,
+)
 
 
 def sample(ttft=(), itl=(), waiting=(0, 0), streams=0, revision="r1"):
@@ -43,12 +45,15 @@ def test_interval_p90_comes_from_the_difference_of_two_scrapes() -> None:
     assert interval_signals({}, {"router-0": after})["prefill"].p90_s < 1.0
 
 
-def test_routers_are_summed_and_a_restart_counts_from_zero() -> None:
+def test_routers_are_summed_and_one_whose_counts_went_down_is_skipped() -> None:
     prev = {"a": sample(ttft=[0.1] * 100), "b": sample(ttft=[0.1] * 5)}
     cur = {"a": sample(ttft=[0.1] * 100 + [0.35] * 9, waiting=(2, 0)),
-           "b": sample(ttft=[0.35] * 1, waiting=(1, 0))}       # b restarted: its count went down
+           "b": sample(ttft=[5.0] * 3, waiting=(1, 0))}       # b's count went down (a restart, or made up)
     sig = interval_signals(prev, cur)
     assert 0.3 < sig["prefill"].p90_s <= 0.4 and sig["prefill"].load == 3
+    assert interval_went_down(prev, cur) == ["b"]
+    # Negative control: had b counted from zero, its three 5 s requests would set the p90.
+    assert interval_signals({"a": prev["a"]}, cur)["prefill"].p90_s > 0.4
 
 
 def test_no_requests_means_no_p90() -> None:

@@ -1,0 +1,108 @@
+"""Whether a pod belongs to a fleet: its controller chain, never its labels (pure).
+
+Anyone who may create a pod in the namespace can copy the fleet's labels; a decision (rollout
+readiness and the paired switch, the canary's and the planner's scrape of router pods, the router's
+endpoints in status) counts a pod only when the fleet's own workloads run it:
+
+- a StatefulSet pod: its controller ownerReference names, by uid, a StatefulSet the fleet controls
+  (controller ownerReference to the fleet's uid); its name is ``<statefulset>-<ordinal>`` with the
+  ordinal below the StatefulSet's replicas; and its ``controller-revision-hash`` is the
+  StatefulSet's current or update revision (when the StatefulSet reports them);
+- a Deployment pod (the router): its controller is, by uid, a ReplicaSet whose controller is, by
+  uid, a Deployment the fleet controls, and its ``pod-template-hash`` is that ReplicaSet's;
+- a LeaderWorkerSet pod: its ``leaderworkerset.sigs.k8s.io/name`` names an LWS the fleet controls
+  and its controller is a StatefulSet of that LWS (``<lws>`` for leaders, ``<lws>-<group>`` for
+  workers). The LWS controller's StatefulSets carry no pdfleet label, so the operator does not
+  watch them and cannot check their uid here: a weaker check than the two above (docs/operator.md).
+
+Services and EndpointSlices: the operator reads only children whose controller is the fleet (by
+uid); the router keeps the same rule for Services and slices in connector/router/ownership.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence
+
+from pdfleet.operator.kube.observed import ObservedChild, ObservedPod, ObservedReplicaSet
+from pdfleet.operator.plan.kinds import DEPLOYMENT, LWS, REPLICASET, STATEFULSET
+
+
+@dataclass(frozen=True)
+class FleetWorkloads:
+    """The workloads a fleet controls (by uid), and the ReplicaSets its Deployments control."""
+
+    statefulsets: Mapping[str, ObservedChild] = field(default_factory=dict)     # uid ->
+    replicasets: Mapping[str, ObservedReplicaSet] = field(default_factory=dict)  # uid ->
+    leaderworkersets: Mapping[str, ObservedChild] = field(default_factory=dict)  # name ->
+
+
+def fleet_workloads(fleet_uid: str, children: Iterable[ObservedChild],
+                    replicasets: Iterable[ObservedReplicaSet] = ()) -> FleetWorkloads:
+    """From what the watches saw: only objects whose controller is the fleet (by uid)."""
+    sts: dict[str, ObservedChild] = {}
+    deployments: set[str] = set()
+    lws: dict[str, ObservedChild] = {}
+    for c in children:
+        if not fleet_uid or c.controller_uid != fleet_uid or not c.uid:
+            continue
+        if (c.ref.api_version, c.ref.kind) == (STATEFULSET.api_version, STATEFULSET.kind):
+            sts[c.uid] = c
+        elif (c.ref.api_version, c.ref.kind) == (DEPLOYMENT.api_version, DEPLOYMENT.kind):
+            deployments.add(c.uid)
+        elif (c.ref.api_version, c.ref.kind) == (LWS.api_version, LWS.kind):
+            lws[c.ref.name] = c
+    rs = {r.uid: r for r in replicasets if r.uid and r.controller_uid in deployments}
+    return FleetWorkloads(sts, rs, lws)
+
+
+def _ordinal(pod_name: str, parent: str) -> Optional[int]:
+    prefix = f"{parent}-"
+    if not pod_name.startswith(prefix):
+        return None
+    rest = pod_name[len(prefix):]
+    return int(rest) if rest.isdigit() and (rest == "0" or not rest.startswith("0")) else None
+
+
+def pod_problem(pod: ObservedPod, fleet: FleetWorkloads) -> Optional[str]:
+    """None when the fleet's workloads run this pod, else why it does not count."""
+    ref = pod.controller
+    if ref is None:
+        return "no controller ownerReference"
+    kind, name, uid = ref
+    if kind == STATEFULSET.kind and uid in fleet.statefulsets:
+        sts = fleet.statefulsets[uid]
+        if sts.ref.name != name:
+            return f"ownerReference names StatefulSet {name} with the uid of {sts.ref.name}"
+        ordinal = _ordinal(pod.name, name)
+        if ordinal is None or ordinal >= max(sts.replicas, sts.status_replicas):
+            return f"not a pod StatefulSet {name} runs (name {pod.name}, replicas {sts.replicas})"
+        if sts.revisions and pod.revision_hash not in sts.revisions:
+            return f"controller-revision-hash {pod.revision_hash!r} is not one of {name}'s revisions"
+        return None
+    if kind == REPLICASET.kind and uid in fleet.replicasets:
+        rs = fleet.replicasets[uid]
+        if rs.name != name:
+            return f"ownerReference names ReplicaSet {name} with the uid of {rs.name}"
+        if not rs.template_hash or pod.template_hash != rs.template_hash:
+            return f"pod-template-hash {pod.template_hash!r} is not ReplicaSet {name}'s"
+        return None
+    if kind == STATEFULSET.kind and pod.lws_name and pod.lws_name in fleet.leaderworkersets:
+        lws = pod.lws_name
+        if name == lws or _ordinal(name, lws) is not None:
+            return None
+        return f"StatefulSet {name} is not one of LeaderWorkerSet {lws}'s"
+    return f"controlled by {kind}/{name} (uid {uid}), which is not the fleet's"
+
+
+def owned_pods(pods: Sequence[ObservedPod], fleet: FleetWorkloads
+               ) -> tuple[list[ObservedPod], list[tuple[ObservedPod, str]]]:
+    """(the pods the fleet runs, [(pod, why not)] of the others), in the given order."""
+    kept, ignored = [], []
+    for pod in pods:
+        problem = pod_problem(pod, fleet)
+        if problem is None:
+            kept.append(pod)
+        else:
+            ignored.append((pod, problem))
+    return kept, ignored
