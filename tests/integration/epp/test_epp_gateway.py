@@ -167,3 +167,20 @@ async def test_a_client_cannot_name_the_destination(gw):
     async with gw.session.post(gw.url + "/v1/completions", json={"prompt": "hi"}, headers=headers) as r:
         assert (await r.json())["served_by"] == "d1"
     assert not rogue.received
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("data, status, needle", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "must be a JSON object, got list"),
+    (b'{"prompt": "' + b"x" * 300 + b'"}', 413, "exceeds the EPP's limit of 200 bytes"),
+])
+async def test_bad_requests_are_answered_by_the_epp_naming_the_problem(gw, mode, data, status, needle):
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], mode=mode, max_body_bytes=200)
+    async with gw.session.post(gw.url + "/v1/completions", data=data,
+                               headers={"Content-Type": "application/json"}) as r:
+        assert r.status == status
+        assert needle in (await r.json())["error"]["message"]
+    assert not p.received and not d.received
