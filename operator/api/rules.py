@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from pdfleet.contract import env as env_names
-from pdfleet.contract import labels, ports
+from pdfleet.contract import labels, ports, routing
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec, RoleSpec
 
 ROLES = ("prefill", "decode")
@@ -454,6 +454,28 @@ FLOW_CONTROL_RULES: tuple[Rule, ...] = (
     ),
 )
 SPEC_RULES = SPEC_RULES + FLOW_CONTROL_RULES
+
+
+# --- conditional disaggregation (issue 32) ------------------------------------------
+
+
+def _min_remote_prefill_fits(spec: DisaggregatedInferenceSpec) -> bool:
+    d, limit = spec.router.disaggregation, spec.model.max_model_len
+    return d.policy != routing.DISAGGREGATION_CONDITIONAL or limit is None or d.min_remote_prefill_tokens < limit
+
+
+_DIS = "self.router.disaggregation"
+DISAGGREGATION_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="router.disaggregation.minRemotePrefillTokens",
+        message="must be below model.maxModelLen under policy 'Conditional' (no prompt is that long: no request "
+        "would ever be prefilled remotely; use policy 'Always' or a smaller value)",
+        check=_min_remote_prefill_fits,
+        cel=f"{_DIS}.policy != '{routing.DISAGGREGATION_CONDITIONAL}' || !has(self.model.maxModelLen)"
+        f" || {_DIS}.minRemotePrefillTokens < self.model.maxModelLen",
+    ),
+)
+SPEC_RULES = SPEC_RULES + DISAGGREGATION_RULES
 
 
 # --- canary rollouts (issue 22) ---------------------------------------------------

@@ -289,6 +289,28 @@ class FlowControlSpec(Model):
 RoutingPolicy = Literal[routing.PREFIX_AWARE, routing.LEAST_OUTSTANDING]
 
 
+class DisaggregationSpec(Model):
+    """Per request, whether the router sends the prompt to a prefill first or decode computes it alone."""
+
+    policy: Literal[routing.DISAGGREGATION_ALWAYS, routing.DISAGGREGATION_CONDITIONAL] = Field(
+        default=routing.DISAGGREGATION_ALWAYS,
+        description=f"{routing.DISAGGREGATION_ALWAYS}: every request prefill then decode (decode alone only for "
+        f"n > 1 or several prompts). {routing.DISAGGREGATION_CONDITIONAL}: decode alone when a remote prefill does "
+        "not pay: a prompt under one KV block, one whose tokens not cached on the chosen decode are fewer than "
+        "minRemotePrefillTokens, or one that finds every prefill busy (prefillBusyInFlight) and the decode less so.",
+    )
+    min_remote_prefill_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        default=128,
+        description="Conditional: prompts with fewer tokens not already cached on the chosen decode are computed on "
+        "decode (at least one KV block is always required for a remote prefill).",
+    )
+    prefill_busy_in_flight: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=4,
+        description="Conditional: when every ready prefill has at least this many legs in flight and the chosen "
+        "decode has fewer requests in flight than the least loaded prefill, decode computes the prompt.",
+    )
+
+
 class RouterSpec(Model):
     enabled: bool = True
     replicas: Replicas = 1
@@ -305,6 +327,7 @@ class RouterSpec(Model):
         f" prefix, so fewer blocks are pulled) or {routing.LEAST_OUTSTANDING}.",
     )
     flow_control: FlowControlSpec = Field(default_factory=FlowControlSpec)
+    disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
 
 
 class PDBSpec(Model):

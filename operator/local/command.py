@@ -399,7 +399,7 @@ class LocalRunner:
         from pdfleet.connector.router.app import start_router
         from pdfleet.contract.router_config import RouterConfig
         from pdfleet.operator.plan.engine import hash_seed
-        from pdfleet.operator.plan.router import flow_control_config
+        from pdfleet.operator.plan.router import disaggregation_fields, flow_control_config
 
         spec = self.spec
         config = RouterConfig(
@@ -409,7 +409,7 @@ class LocalRunner:
             kv_events=tuple((l.url, f"{l.ports.kv_events},{l.ports.kv_events_replay}")
                             for l in self.launches.values() if l.ports.kv_events),
             tokenizer=self.model_path or spec.model.name, block_size=spec.engine.block_size,
-            hash_seed=hash_seed(spec), flow_control=flow_control_config(spec),
+            hash_seed=hash_seed(spec), flow_control=flow_control_config(spec), **disaggregation_fields(spec),
         )
         try:
             self.router_runner, port = await start_router(config, "127.0.0.1", self.args.router_port)

@@ -38,7 +38,15 @@ def router_config(ctx: Context, spec: DisaggregatedInferenceSpec) -> RouterConfi
         block_size=spec.engine.block_size,
         hash_seed=hash_seed(spec),
         flow_control=flow_control_config(spec),
+        **disaggregation_fields(spec),
     )
+
+
+def disaggregation_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    """spec.router.disaggregation as RouterConfig's fields."""
+    d = spec.router.disaggregation
+    return {"disaggregation_policy": d.policy, "min_remote_prefill_tokens": d.min_remote_prefill_tokens,
+            "prefill_busy_in_flight": d.prefill_busy_in_flight}
 
 
 def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:
