@@ -394,6 +394,107 @@ async def test_router_block_hashes_equal_the_engines_and_its_index_follows_the_s
 CHAOS_CLIENTS = 2
 
 
+# ---- conditional disaggregation (issue 32) -----------------------------------------------
+
+DISAGG_SHORT = ("5 tokens", "17 tokens", "31 tokens", "100 tokens", "text: river", "text: one word", "stream: short")
+DISAGG_LONG = ("200 tokens", "500 tokens", "1000 tokens")
+
+
+def _engine_counts(urls: list[str], name: str) -> float:
+    return sum(metric_sum(httpx.get(u + "/metrics", timeout=10).text, name) for u in urls)
+
+
+async def _disaggregation_phase(fleet, tiny_model_dir, reqs: list[Req]) -> tuple[list[Answer], list[dict]]:
+    """``reqs`` one at a time through a second router on the fleet's engines, policy Conditional (the CR's
+    router is Always); per request the decision header and the engines' counters it moved."""
+    state = fleet.state()
+    engines = state["engines"]
+    kv = tuple((e["url"], ",".join(kv_events_endpoints(str(fleet.run_dir.resolve()), e["name"])))
+               for e in engines if e.get("kv_events"))
+    prefills = [e["url"] for e in engines if e["role"] == "prefill"]
+    decodes = [e["url"] for e in engines if e["role"] == "decode"]
+    config = RouterConfig(prefill=tuple(prefills), decode=tuple(decodes), kv_events=kv, block_size=BLOCK,
+                          tokenizer=str(tiny_model_dir), disaggregation_policy="Conditional",
+                          min_remote_prefill_tokens=128)
+    runner, port = await start_router(config, "127.0.0.1", 0)
+    router = f"http://127.0.0.1:{port}"
+    from pdfleet.connector.router.app import ROUTER_KEY
+
+    try:
+        await runner.app[ROUTER_KEY].picker.prefix.wait_ready()
+        deadline = time.monotonic() + 20
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+            while True:  # scoring decode's cache needs its event stream
+                streams = (await client.get(router + "/health")).json()["prefix_routing"]["streams"]
+                if all(s["synced"] for s in streams.values()) and len(streams) == len(engines):
+                    break
+                assert time.monotonic() < deadline, streams
+                await asyncio.sleep(0.1)
+            answers, moved = [], []
+            for req in reqs:
+                before = await asyncio.to_thread(_moved, prefills, decodes)
+                answers.append(await ask(client, router, req))
+                await asyncio.sleep(0.5)  # the engines count a request (and its pull) at their next step
+                after = await asyncio.to_thread(_moved, prefills, decodes)
+                header = await _last_decision(client, router)
+                moved.append({"prefill_requests": after[0] - before[0], "pulls": after[1] - before[1],
+                              "decision": header})
+            return answers, moved
+    finally:
+        await runner.cleanup()
+
+
+def _moved(prefills: list[str], decodes: list[str]) -> tuple[float, float]:
+    return (_engine_counts(prefills, "vllm:request_success_total"),
+            _engine_counts(decodes, exported_name("transfers") + "_total"))
+
+
+async def _last_decision(client, router: str) -> dict[str, float]:
+    text = (await client.get(router + "/metrics")).text
+    return {line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("pdfleet_router_disaggregation_decisions_total{")}
+
+
+def test_conditional_disaggregation_serves_short_prompts_on_decode_alone(fleet, prompts, reference, tiny_model_dir):
+    """Issue 32 on real engines: a Conditional router beside the fleet's own. Every request carries a cache_salt
+    of this test, so nothing of it is cached anywhere yet (and the fault suite's probes stay uncached). Short
+    prompts: decode alone (no prefill request, no pull); long ones: prefill then one pull each; the same long
+    prompts again: decode holds them (its KV events say so), decode alone. All token-identical to the plain
+    server; the fleet's own router (Always) is the negative control: the same short prompts reach a prefill."""
+    by_label = {q.label: q for q in prompts.identity}
+    salted = lambda q, salt: Req(q.label, q.path, {**q.body, "cache_salt": salt})  # noqa: E731
+    short = [salted(by_label[l], "issue-32-a") for l in DISAGG_SHORT]
+    long = [salted(by_label[l], "issue-32-a") for l in DISAGG_LONG]
+    # negative control of the identity check: the plain server's answers differ from prompt to prompt
+    assert len({tuple(reference[q.label].token_ids) for q in short + long}) == len(short + long)
+    answers, moved = asyncio.run(_disaggregation_phase(fleet, tiny_model_dir, short + long + long))
+    print("conditional disaggregation:", [(q.label, m) for q, m in zip(short + long + long, moved)])
+    problems = [f"{q.label}: HTTP {a.status} {a.error or a.text[:120]} fallback={a.fallback}"
+                for q, a in zip(short + long + long, answers) if a.status != 200 or a.error or a.fallback]
+    problems += [f"{q.label}: {a.token_ids} != reference {reference[q.label].token_ids}"
+                 for q, a in zip(short + long + long, answers) if a.token_ids != reference[q.label].token_ids]
+    assert not problems, problems
+    n_short, n_long = len(short), len(long)
+    assert [(m["prefill_requests"], m["pulls"]) for m in moved[:n_short]] == [(0, 0)] * n_short, moved[:n_short]
+    assert [(m["prefill_requests"], m["pulls"]) for m in moved[n_short:n_short + n_long]] == [(1, 1)] * n_long, \
+        moved[n_short:n_short + n_long]
+    assert [(m["prefill_requests"], m["pulls"]) for m in moved[n_short + n_long:]] == [(0, 0)] * n_long, \
+        moved[n_short + n_long:]
+    final = moved[-1]["decision"]
+    assert final == {'decision="decode_only",reason="short_prompt"': n_short,
+                     'decision="remote_prefill",reason="long_uncached"': n_long,
+                     'decision="decode_only",reason="cached_on_decode"': n_long}, final
+
+    # negative control: the fleet's router (Always) sends the same short prompts through a prefill
+    state = fleet.state()
+    prefills = [e["url"] for e in state["engines"] if e["role"] == "prefill"]
+    before = _engine_counts(prefills, "vllm:request_success_total")
+    again = asyncio.run(ask_all(fleet.router, [salted(q, "issue-32-b") for q in short], concurrency=1))
+    time.sleep(0.5)
+    assert [a.token_ids for a in again] == [reference[q.label].token_ids for q in short]
+    assert _engine_counts(prefills, "vllm:request_success_total") - before == n_short
+
+
 def test_fault_suite_ci_subset(fleet, tmp_path, prompts, reference):
     reqs = prompts.concurrent + prompts.kill
 
