@@ -24,9 +24,10 @@ KIND_RESOURCES = {
     "NetworkPolicy": "networking.k8s.io/v1/networkpolicies",
     "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1/leaderworkersets",
     "PodGroup": "scheduling.volcano.sh/v1beta1/podgroups",
+    "InferencePool": "inference.networking.k8s.io/v1/inferencepools",
 }
 IMAGE = "registry.example/pdfleet-runtime:test"
-THIRD_PARTY_KINDS = ("LeaderWorkerSet", "PodGroup")
+THIRD_PARTY_KINDS = ("LeaderWorkerSet", "PodGroup", "InferencePool")
 
 
 def fleet(name: str = "llama", **spec: Any) -> dict[str, Any]:
@@ -75,7 +76,7 @@ async def fleet_children(d: Driver, name: str) -> dict[str, set[str]]:
             listed = await d.list(resource, {"pdfleet.io/fleet": name})
         except Exception:
             if kind in THIRD_PARTY_KINDS:
-                continue  # a real cluster without the LeaderWorkerSet / Volcano CRDs installed
+                continue  # a real cluster without the LeaderWorkerSet / Volcano / InferencePool CRDs installed
             raise
         found = {o["metadata"]["name"] for o in listed if not o["metadata"].get("deletionTimestamp")}
         if found:

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from pdfleet.contract import env as env_names
 from pdfleet.contract import labels, ports, routing
+from pdfleet.contract import gateway
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec, RoleSpec
 
 ROLES = ("prefill", "decode")
@@ -518,6 +519,42 @@ CANARY_RULES: tuple[Rule, ...] = (
     ),
 )
 SPEC_RULES = SPEC_RULES + CANARY_RULES
+
+
+# --- behind a Gateway: the InferencePool and its Endpoint Picker (issue 29) ---------------------
+
+
+def _epp_ports_differ(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.gateway.inference_pool.epp_port != gateway.EPP_METRICS
+
+
+def _peers_well_formed(spec: DisaggregatedInferenceSpec) -> bool:
+    """As the API server's NetworkPolicy validation: a peer selects something, and ipBlock stands alone."""
+    for p in spec.gateway.inference_pool.allow_from:
+        selectors = p.pod_selector is not None or p.namespace_selector is not None
+        if not (selectors or p.ip_block is not None) or (selectors and p.ip_block is not None):
+            return False
+    return True
+
+
+_POOL = "self.gateway.inferencePool"
+GATEWAY_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="gateway.inferencePool.eppPort",
+        message=f"must not be {gateway.EPP_METRICS}: the Endpoint Picker serves /health and /metrics there",
+        check=_epp_ports_differ,
+        cel=f"{_POOL}.eppPort != {gateway.EPP_METRICS}",
+    ),
+    Rule(
+        field="gateway.inferencePool.allowFrom",
+        message="each peer sets podSelector and/or namespaceSelector, or ipBlock alone",
+        check=_peers_well_formed,
+        cel=f"!has({_POOL}.allowFrom) || {_POOL}.allowFrom.all(p, has(p.ipBlock)"
+        " ? !(has(p.podSelector) || has(p.namespaceSelector)) : (has(p.podSelector) || has(p.namespaceSelector)))",
+    ),
+)
+SPEC_RULES = SPEC_RULES + GATEWAY_RULES
+
 
 
 def vllm_flag_name(arg: str) -> Optional[str]:

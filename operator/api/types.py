@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 from pdfleet.contract import ports, routing
+from pdfleet.contract import gateway
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, GPU_NIXL_THREADS, MAX_NIXL_THREADS
 
 GROUP = "pdfleet.io"
@@ -420,6 +421,47 @@ class RolloutSpec(Model):
     canary: Optional[CanarySpec] = None
 
 
+class NetworkPolicyPeer(Model):
+    """A networking.k8s.io/v1 NetworkPolicyPeer: selectors and ipBlock pass through as written."""
+
+    pod_selector: Optional[dict[str, Any]] = Field(default=None, description="A LabelSelector of pods.")
+    namespace_selector: Optional[dict[str, Any]] = Field(default=None, description="A LabelSelector of namespaces.")
+    ip_block: Optional[dict[str, Any]] = Field(default=None, description="An IPBlock (cidr, except).")
+
+
+class InferencePoolSpec(Model):
+    """The fleet behind a cluster Gateway (Gateway API Inference Extension): an InferencePool
+    (inference.networking.k8s.io/v1) over the decode pods, and the Endpoint Picker the gateway asks,
+    over Envoy's ext_proc, which decode serves each request (the EPP runs the prefill leg)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Render the InferencePool <name> and its Endpoint Picker (<name>-epp: Deployment, Service, "
+        "ServiceAccount, Role, RoleBinding, PodDisruptionBudget). An HTTPRoute's backendRef names the pool.",
+    )
+    failure_mode: Literal[gateway.FAIL_OPEN, gateway.FAIL_CLOSE] = Field(
+        default=gateway.FAIL_CLOSE,
+        description=f"What the gateway does when the Endpoint Picker cannot be reached: {gateway.FAIL_CLOSE} "
+        f"answers 5xx; {gateway.FAIL_OPEN} sends the request to a decode pod of the pool, which serves it "
+        "alone (no prefill leg).",
+    )
+    epp_replicas: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=2, description="Endpoint Picker replicas (each picks alone; two keep the path up through a drain)."
+    )
+    epp_port: Port = Field(
+        default=gateway.EPP_GRPC, description="The Endpoint Picker's ext_proc gRPC port (Service and container)."
+    )
+    allow_from: Annotated[list[NetworkPolicyPeer], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="With network.networkPolicy: the NetworkPolicy peers (networking.k8s.io/v1 from entries, e.g. "
+        "the gateway's namespace) allowed to reach the decode pods' engine port; empty: any source.",
+    )
+
+
+class GatewaySpec(Model):
+    inference_pool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
+
+
 class DisaggregatedInferenceSpec(Model):
     model: ModelSpec
     image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
@@ -438,6 +480,7 @@ class DisaggregatedInferenceSpec(Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
     def role(self, role: str) -> RoleSpec:
         return {"prefill": self.prefill, "decode": self.decode}[role]

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 from pdfleet.operator.api import DisaggregatedInference, parse
-from pdfleet.operator.plan import engines, naming, policy, roles, router
+from pdfleet.operator.plan import engines, gateway, naming, policy, roles, router
 from pdfleet.operator.plan.meta import Context, owner_reference
 
 DEFAULT_IMAGE = "ghcr.io/pdfleet/pdfleet-runtime:0.1.0"
 ROLES = ("prefill", "decode")
 KIND_ORDER = (
     "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "PodGroup", "StatefulSet",
-    "LeaderWorkerSet", "Deployment", "PodDisruptionBudget", "NetworkPolicy",
+    "LeaderWorkerSet", "Deployment", "PodDisruptionBudget", "NetworkPolicy", "InferencePool",
 )  # fmt: skip
 
 
@@ -75,6 +75,7 @@ def plan(
         objects += [policy.pdb(ctx, spec, role) for role in ROLES]
     if spec.network.network_policy:
         objects.append(policy.network_policy(ctx, spec))
+    objects += gateway.children(ctx, spec)  # the InferencePool and its Endpoint Picker, when enabled
     return sorted(objects, key=_sort_key)
 
 

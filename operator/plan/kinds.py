@@ -46,6 +46,9 @@ ROLEBINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"
 NETWORKPOLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 # Multi-node roles (issue 12): LeaderWorkerSets are watched like StatefulSets.
 LWS = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets")
+# Behind a Gateway (issue 29): GAIE's InferencePool, watched like LeaderWorkerSets (kopf skips a
+# kind whose CRD the cluster lacks).
+INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")
 # A gang provider's PodGroups, only when the operator is told the provider is installed (the
 # chart's values grant RBAC for exactly those), see plan/gang.py and
 # ReconcileOptions.gang_providers.
@@ -63,6 +66,7 @@ EVENT = Kind("v1", "Event", "events")
 # (label-selected) so that it notices drift and deletions, and owns them through ownerReferences.
 OWNED_KINDS: tuple[Kind, ...] = (
     STATEFULSET, DEPLOYMENT, SERVICE, CONFIGMAP, SERVICEACCOUNT, PDB, ROLE, ROLEBINDING, NETWORKPOLICY, LWS,
+    INFERENCE_POOL,
 )
 WORKLOAD_KINDS = (STATEFULSET.kind, DEPLOYMENT.kind, LWS.kind)
 ENGINE_WORKLOAD_KINDS = (STATEFULSET.kind, LWS.kind)  # what runs engines (the router is a Deployment)

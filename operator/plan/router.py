@@ -122,8 +122,11 @@ def service_url(ctx: Context, spec: DisaggregatedInferenceSpec) -> str:
 
 
 def rbac(ctx: Context) -> list[dict[str, Any]]:
-    name = naming.router_name(ctx.fleet)
-    labels = naming.role_labels(ctx.fleet, naming.ROUTER)
+    return discovery_rbac(ctx, naming.router_name(ctx.fleet), naming.role_labels(ctx.fleet, naming.ROUTER))
+
+
+def discovery_rbac(ctx: Context, name: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """A ServiceAccount, Role and RoleBinding for the router's endpoint discovery (the EPP's too)."""
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(ctx, name, labels)},
         {

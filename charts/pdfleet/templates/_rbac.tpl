@@ -57,6 +57,11 @@ watches every namespace, by a Role in each watched namespace otherwise.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Fleets behind a Gateway (spec.gateway.inferencePool): the Gateway API Inference
+# Extension's InferencePool over the decode pods.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if .Values.gangScheduling.volcano }}
 # Volcano gangs: one PodGroup per multi-node replica.
 - apiGroups: ["scheduling.volcano.sh"]

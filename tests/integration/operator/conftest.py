@@ -38,6 +38,8 @@ SCALER_CRD = (api.GROUP, api.VERSION, api.scaler.PLURAL, api.scaler.KIND)
 # Third-party CRDs a multi-node fleet uses (issue 12); the cluster the tests emulate has them installed.
 LWS_CRD = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
 VOLCANO_PODGROUP_CRD = ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
+# The Gateway API Inference Extension's pool (issue 29): a fleet behind a Gateway.
+INFERENCE_POOL_CRD = ("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
 
 _recorded: set[tuple[str, str, str, bool]] = set()
 _state = {"collected": 0, "passed": 0}
@@ -69,7 +71,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture
 async def kube() -> AsyncIterator[FakeKube]:
-    async with fake_kube([CRD, SCALER_CRD, LWS_CRD, VOLCANO_PODGROUP_CRD]) as server:
+    async with fake_kube([CRD, SCALER_CRD, LWS_CRD, VOLCANO_PODGROUP_CRD, INFERENCE_POOL_CRD]) as server:
         server.resources[f"{api.GROUP}/{api.VERSION}/{api.scaler.PLURAL}"] = kmock.ResourceInfo(
             kind=api.scaler.KIND, singular=api.scaler.SINGULAR, namespaced=True,
             verbs={"get", "list", "watch", "create", "patch", "update", "delete", "deletecollection"},

@@ -22,7 +22,7 @@ Triple = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _APPLIED = [("apps", "statefulsets"), ("apps", "deployments"), ("", "services"), ("", "configmaps"),
             ("", "serviceaccounts"), ("policy", "poddisruptionbudgets"), ("rbac.authorization.k8s.io", "roles"),
             ("rbac.authorization.k8s.io", "rolebindings"), ("networking.k8s.io", "networkpolicies"),
-            ("leaderworkerset.x-k8s.io", "leaderworkersets")]
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"), ("inference.networking.k8s.io", "inferencepools")]
 
 # Granted although the recording cannot show them. Each entry says why.
 NOT_RECORDABLE: dict[Triple, str] = {
@@ -61,7 +61,8 @@ def fleet_roles() -> list[dict]:
     resource = {
         "apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
         "metadata": {"name": "llama", "namespace": "team-a"},
-        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "network": {"networkPolicy": True}},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "network": {"networkPolicy": True},
+                 "gateway": {"inferencePool": {"enabled": True}}},
     }
     return by_kind(plan(resource), "Role")
 

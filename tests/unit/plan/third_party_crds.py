@@ -1,13 +1,16 @@
 """Validate objects against a vendored third-party CRD's own OpenAPI schema, as the API server would:
 strict field validation (unknown fields refused, as `kubectl apply` does by default), then the
-schema's types, enums, required fields and bounds. The vendored CRDs carry no CEL rules."""
+schema's types, enums, required fields and bounds, then the CEL rules (x-kubernetes-validations) a
+CRD carries (cel-python, with the schema's defaults applied first, as the API server does)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
 import yaml
 
@@ -16,6 +19,7 @@ FILES = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "scheduling.volcano.sh_podgroups.yaml",
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "scheduling.x-k8s.io_podgroups.yaml",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inference.networking.k8s.io_inferencepools.yaml",
 }
 
 
@@ -45,9 +49,40 @@ def _unknown(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
     return out
 
 
+def _defaulted(obj: Any, schema: dict[str, Any]) -> Any:
+    if isinstance(obj, dict) and "properties" in schema:
+        out = dict(obj)
+        for key, sub in schema["properties"].items():
+            if key not in out and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+            if key in out:
+                out[key] = _defaulted(out[key], sub)
+        return out
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [_defaulted(item, schema["items"]) for item in obj]
+    return obj
+
+
+def _cel(obj: Any, schema: dict[str, Any], path: str) -> list[str]:
+    out: list[str] = []
+    for rule in schema.get("x-kubernetes-validations") or ():
+        env = celpy.Environment()
+        result = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(obj)})
+        if isinstance(result, Exception) or not bool(result):
+            out.append(f"{path}: {rule.get('message', rule['rule'])}")
+    if isinstance(obj, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in obj:
+                out += _cel(obj[key], sub, f"{path}.{key}")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            out += _cel(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
 def errors(obj: dict[str, Any]) -> list[str]:
     schema = schema_of(obj["apiVersion"], obj["kind"])
     found = _unknown(obj, schema, "")
     validator = jsonschema.Draft7Validator(schema)
     found += [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
-    return found
+    return found + (_cel(_defaulted(obj, schema), schema, "") if not found else [])

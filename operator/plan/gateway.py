@@ -1,0 +1,168 @@
+"""Behind a cluster Gateway (spec.gateway.inferencePool, pure): the InferencePool over the fleet's
+decode pods, and the Endpoint Picker (EPP) the gateway asks which decode serves each request.
+
+The pool selects decode pods of every revision (fleet + role only): the EPP pairs a request with
+one revision's prefill and decode, as the router does, so a rollout never edits the pool. The EPP
+runs `pdfleet epp` with the router's own discovery and picking flags (RouterConfig), so both front
+ends read the same EndpointSlices with the same rights and pick alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pdfleet.contract import env as env_names
+from pdfleet.contract import gateway as gw
+from pdfleet.contract.labels import ROLE_DECODE, ROLE_EPP
+from pdfleet.contract.ports import HTTP_NAME
+from pdfleet.operator.api.types import DisaggregatedInferenceSpec
+from pdfleet.operator.plan import drain, kinds, naming, router
+from pdfleet.operator.plan.meta import Context, metadata
+
+POOL = kinds.INFERENCE_POOL
+
+
+def pool_name(fleet: str) -> str:
+    """What an HTTPRoute's backendRef names: the fleet's own name."""
+    return fleet
+
+
+def epp_name(fleet: str) -> str:
+    return f"{fleet}-epp"
+
+
+def enabled(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.gateway.inference_pool.enabled
+
+
+def inference_pool(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    pool = spec.gateway.inference_pool
+    return {
+        "apiVersion": POOL.api_version,
+        "kind": POOL.kind,
+        "metadata": metadata(ctx, pool_name(ctx.fleet), naming.fleet_labels(ctx.fleet)),
+        "spec": {
+            # decode pods of every revision: the gateway sends each request to a decode (the EPP ran its prefill)
+            "selector": {"matchLabels": naming.selector(ctx.fleet, ROLE_DECODE)},
+            "targetPorts": [{"number": spec.engine.port}],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": epp_name(ctx.fleet),
+                "port": {"number": pool.epp_port},
+                "failureMode": pool.failure_mode,
+            },
+        },
+    }
+
+
+def epp_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
+    # The router's config with the EPP's HTTP port (health, metrics): same discovery, policies, flow control.
+    config = dataclasses.replace(router.router_config(ctx, spec), port=gw.EPP_METRICS)
+    return ["epp", *config.to_argv(), gw.GRPC_PORT_FLAG, str(spec.gateway.inference_pool.epp_port)]
+
+
+def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    name = epp_name(ctx.fleet)
+    labels = naming.role_labels(ctx.fleet, ROLE_EPP)
+    probe = {"httpGet": {"path": "/health", "port": HTTP_NAME}, "periodSeconds": 5, "failureThreshold": 3}
+    container = {
+        "name": ROLE_EPP,
+        "image": ctx.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["pdfleet"],
+        "args": epp_args(ctx, spec),
+        "ports": [
+            {"name": gw.GRPC_PORT_NAME, "containerPort": spec.gateway.inference_pool.epp_port, "protocol": "TCP"},
+            {"name": HTTP_NAME, "containerPort": gw.EPP_METRICS, "protocol": "TCP"},
+        ],
+        # like the router: only Services whose owner reference carries this uid are the fleet's
+        **({"env": [{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}]} if ctx.owner else {}),
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "periodSeconds": 10},
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": router.RESTRICTED_CONTAINER_SECURITY,
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": name,
+        # it runs prefill legs and waits on decodes as the router does: the same drain
+        "terminationGracePeriodSeconds": drain.ROUTER_GRACE_SECONDS,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(ctx, name, labels),
+        "spec": {
+            "replicas": spec.gateway.inference_pool.epp_replicas,
+            "selector": {"matchLabels": naming.selector(ctx.fleet, ROLE_EPP)},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    port = spec.gateway.inference_pool.epp_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(ctx, epp_name(ctx.fleet), naming.role_labels(ctx.fleet, ROLE_EPP)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.selector(ctx.fleet, ROLE_EPP),
+            # appProtocol: gateways (Istio, kgateway) speak HTTP/2 to it without guessing
+            "ports": [{"name": gw.GRPC_PORT_NAME, "port": port, "targetPort": gw.GRPC_PORT_NAME, "protocol": "TCP",
+                       "appProtocol": "kubernetes.io/h2c"}],
+        },
+    }
+
+
+def rbac(ctx: Context) -> list[dict[str, Any]]:
+    """The router's reads (EndpointSlices, Services' owners), under the EPP's own account."""
+    return router.discovery_rbac(ctx, epp_name(ctx.fleet), naming.role_labels(ctx.fleet, ROLE_EPP))
+
+
+def pdb(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    # one at a time: with failureMode FailClose every EPP gone is an outage
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(ctx, epp_name(ctx.fleet), naming.role_labels(ctx.fleet, ROLE_EPP)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": naming.selector(ctx.fleet, ROLE_EPP)}},
+    }
+
+
+def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    """The gateway's proxies reach the decode pods' engine port (the fleet's policy admits only its own pods).
+    Only the engine port: side channel, KV events and UCX stay the fleet's."""
+    peers = [p.model_dump(mode="json", by_alias=True, exclude_none=True)
+             for p in spec.gateway.inference_pool.allow_from]
+    rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
+    if peers:
+        rule["from"] = peers
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(ctx, f"{ctx.fleet}-gateway", naming.fleet_labels(ctx.fleet)),
+        "spec": {
+            "podSelector": {"matchLabels": naming.selector(ctx.fleet, ROLE_DECODE)},
+            "policyTypes": ["Ingress"],
+            "ingress": [rule],
+        },
+    }
+
+
+def children(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[dict[str, Any]]:
+    """Everything spec.gateway renders; nothing while the pool is disabled."""
+    if not enabled(spec):
+        return []
+    out = [inference_pool(ctx, spec), *rbac(ctx), deployment(ctx, spec), service(ctx, spec)]
+    if spec.disruption.enabled:
+        out.append(pdb(ctx, spec))
+    if spec.network.network_policy:
+        out.append(network_policy(ctx, spec))
+    return out

@@ -1,0 +1,89 @@
+"""A fleet behind a Gateway (issue 29): the kopf operator creates, updates and deletes the InferencePool
+and its Endpoint Picker with the fleet, against FakeKube with GAIE's InferencePool registered."""
+
+from __future__ import annotations
+
+import pytest
+from fake_env import NAMESPACE, FakeDriver
+from kube_fixture import eventually
+from operator_scenarios import (
+    CR_RESOURCE,
+    KIND_RESOURCES,
+    condition,
+    expected_children,
+    fleet,
+    fleet_children,
+    make_fleet_ready,
+    names_by_kind,
+    settle,
+    wait_children,
+    wait_status,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+POOL = KIND_RESOURCES["InferencePool"]
+GATEWAY_CHILDREN = {("InferencePool", "llama"), ("Deployment", "llama-epp"), ("Service", "llama-epp"),
+                    ("ServiceAccount", "llama-epp"), ("Role", "llama-epp"), ("RoleBinding", "llama-epp"),
+                    ("PodDisruptionBudget", "llama-epp"), ("NetworkPolicy", "llama-gateway")}
+
+
+def pairs(by_kind: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {(kind, name) for kind, names in by_kind.items() for name in names}
+
+
+async def wait_plan(d: FakeDriver) -> dict:
+    cr = await d.get(CR_RESOURCE, "llama")
+    await wait_children(d, "llama", names_by_kind(expected_children(cr, NAMESPACE)))
+    return cr
+
+
+async def test_the_pool_and_its_picker_live_and_die_with_the_fleet(driver: FakeDriver, kube):
+    d = driver
+    cr = await d.create_cr(fleet(gateway={"inferencePool": {"enabled": True}}))
+    await wait_plan(d)
+    assert GATEWAY_CHILDREN <= pairs(await fleet_children(d, "llama"))
+    pool = await d.get(POOL, "llama")
+    assert [r["uid"] for r in pool["metadata"]["ownerReferences"] if r.get("controller")] == [cr["metadata"]["uid"]]
+    assert pool["spec"]["endpointPickerRef"] == {"kind": "Service", "name": "llama-epp", "port": {"number": 9002},
+                                                 "failureMode": "FailClose"}
+    # the picker's Deployment counts for nothing in the router's readiness, and Ready still comes
+    await make_fleet_ready(d, "llama")
+    await wait_status(d, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready=True")
+
+    # update: the pool and the picker's Service follow the spec
+    await d.patch_cr("llama", {"spec": {"gateway": {"inferencePool": {"failureMode": "FailOpen", "eppPort": 19002}}}})
+    await eventually(lambda: kube.get(POOL, NAMESPACE, "llama")["spec"]["endpointPickerRef"]
+                     == {"kind": "Service", "name": "llama-epp", "port": {"number": 19002}, "failureMode": "FailOpen"},
+                     what="the pool's endpointPickerRef updated")
+    await eventually(lambda: kube.get("v1/services", NAMESPACE, "llama-epp")["spec"]["ports"][0]["port"] == 19002,
+                     what="the picker's Service port updated")
+    await wait_plan(d)
+
+    # disabled: the pool and every picker child go, the rest of the fleet stays
+    before = pairs(await fleet_children(d, "llama"))
+    await d.patch_cr("llama", {"spec": {"gateway": {"inferencePool": {"enabled": False}}}})
+    await wait_plan(d)
+    after = pairs(await fleet_children(d, "llama"))
+    assert after == before - GATEWAY_CHILDREN
+    assert await d.get(POOL, "llama") is None
+
+    # enabled again, then the fleet deleted: the garbage collector takes the pool with the rest
+    await d.patch_cr("llama", {"spec": {"gateway": {"inferencePool": {"enabled": True}}}})
+    await wait_plan(d)
+    assert GATEWAY_CHILDREN <= pairs(await fleet_children(d, "llama"))
+    await settle(d)
+    await d.delete_cr("llama")
+    await wait_children(d, "llama", {})
+    assert await d.get(POOL, "llama") is None
+
+
+async def test_a_pool_changed_by_hand_is_put_back(driver: FakeDriver, kube):
+    d = driver
+    await d.create_cr(fleet(gateway={"inferencePool": {"enabled": True}}))
+    await wait_plan(d)
+    await settle(d)
+    resp = await kube.delete(f"/apis/inference.networking.k8s.io/v1/namespaces/{NAMESPACE}/inferencepools/llama")
+    assert resp.status == 200, await resp.text()
+    await eventually(lambda: kube.get(POOL, NAMESPACE, "llama") is not None, what="the pool re-created")
+

@@ -1,0 +1,101 @@
+"""spec.gateway.inferencePool: defaults, and bad values refused with the field named, by pdfleet's
+checks and by the CRD's own admission (schema and CEL) alike."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
+from crd_admission import _apply_defaults, admission_errors, root_schema  # noqa: E402
+from pdfleet.contract import gateway as gw  # noqa: E402
+from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse  # noqa: E402
+from pdfleet.operator.api.rules import GATEWAY_RULES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def cr(pool: Any = None) -> dict[str, Any]:
+    out = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    if pool is not None:
+        out["spec"]["gateway"] = {"inferencePool": copy.deepcopy(pool)}
+    return out
+
+
+def test_defaults_are_off_fail_close_on_gaies_port() -> None:
+    pool = parse(cr()).spec.gateway.inference_pool
+    assert not pool.enabled
+    assert (pool.failure_mode, pool.epp_port, pool.epp_replicas, pool.allow_from) == (gw.FAIL_CLOSE, 9002, 2, [])
+    assert admission_errors(cr({"enabled": True})) == []
+
+
+GOOD = [
+    {"enabled": True, "failureMode": "FailOpen"},
+    {"enabled": True, "eppPort": 19002, "eppReplicas": 1},
+    {"enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels": {"a": "b"}}, "podSelector": {}},
+                                    {"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+]
+
+
+@pytest.mark.parametrize("pool", GOOD)
+def test_good_pools_are_admitted(pool) -> None:
+    assert errors_of(cr(pool)) == []
+    assert admission_errors(cr(pool)) == []
+
+
+P = "spec.gateway.inferencePool"
+BAD = [
+    ("failure mode lower case", {"enabled": True, "failureMode": "failOpen"}, f"{P}.failureMode"),
+    ("failure mode unknown", {"failureMode": "Retry"}, f"{P}.failureMode"),
+    ("no replicas", {"enabled": True, "eppReplicas": 0}, f"{P}.eppReplicas"),
+    ("port 0", {"eppPort": 0}, f"{P}.eppPort"),
+    ("port above 65535", {"eppPort": 70000}, f"{P}.eppPort"),
+    ("the picker's metrics port", {"enabled": True, "eppPort": gw.EPP_METRICS}, f"{P}.eppPort"),
+    ("an empty peer", {"enabled": True, "allowFrom": [{}]}, f"{P}.allowFrom"),
+    ("ipBlock beside a selector", {"allowFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]},
+     f"{P}.allowFrom"),
+    ("a peer with an unknown key", {"allowFrom": [{"serviceSelector": {}}]}, f"{P}.allowFrom[0].serviceSelector"),
+    ("enabled as a string", {"enabled": "yes"}, f"{P}.enabled"),
+    ("unknown key", {"enabled": True, "targetPort": 8000}, f"{P}.targetPort"),
+]
+
+
+@pytest.mark.parametrize("case,pool,field", BAD, ids=[b[0] for b in BAD])
+def test_bad_pools_are_refused_with_the_field_named(case: str, pool: dict, field: str) -> None:
+    errors = errors_of(cr(pool))
+    assert [e for e in errors if e.field == field], f"{case}: {field} not named in {[str(e) for e in errors]}"
+    refused = admission_errors(cr(pool))
+    leaf = field.rsplit(".", 1)[-1].split("[")[0]
+    assert any(field.removeprefix("spec.") in r or leaf in r for r in refused), f"{case}: the CRD admits it: {refused}"
+
+
+def test_cel_and_python_agree_on_the_gateway_rules() -> None:
+    env = celpy.Environment()
+    programs = [env.program(env.compile(r.cel)) for r in GATEWAY_RULES]
+    root = root_schema()
+    peers = [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {"a": "b"}}},
+             {"podSelector": {}, "namespaceSelector": {}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}, {},
+             {"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}]
+    grid = [(port, allow) for port in (None, 9002, gw.EPP_METRICS, 19002)
+            for allow in (None, [], *([p] for p in peers), peers[:2], [peers[0], peers[4]])]
+    broken = [0] * len(GATEWAY_RULES)
+    for port, allow in grid:
+        pool: dict[str, Any] = {"enabled": True}
+        if port is not None:
+            pool["eppPort"] = port
+        if allow is not None:
+            pool["allowFrom"] = copy.deepcopy(allow)
+        spec = {"model": {"name": "m"}, "gateway": {"inferencePool": pool}}
+        defaulted = {"spec": copy.deepcopy(spec)}
+        _apply_defaults(defaulted, root)
+        activation = {"self": celpy.json_to_cel(defaulted["spec"])}
+        python = [r.check(DisaggregatedInferenceSpec.model_validate(spec)) for r in GATEWAY_RULES]
+        assert [bool(p.evaluate(activation)) for p in programs] == python, spec
+        broken = [b + (not ok) for b, ok in zip(broken, python)]
+    assert all(0 < b < len(grid) for b in broken), broken  # every rule kept and broken somewhere

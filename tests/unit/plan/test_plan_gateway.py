@@ -1,0 +1,237 @@
+"""spec.gateway.inferencePool: the InferencePool and its Endpoint Picker (issue 29), table-tested.
+
+Every rendered InferencePool is validated against GAIE's released v1 CRD (vendored in tests/crds,
+its CEL rules included); every built-in child against kubernetes-validate strict."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import third_party_crds  # noqa: E402
+from test_plan_security import restricted_violations  # noqa: E402
+from pdfleet.contract import gateway as gw  # noqa: E402
+from pdfleet.contract.router_config import parse_argv  # noqa: E402
+from pdfleet.operator.api import parse  # noqa: E402
+from pdfleet.operator.plan import PlanOptions, plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+OWNER = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", "name": "tiny", "uid": "u-1",
+         "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+
+
+def cr(pool: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    out = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    out["metadata"]["namespace"] = "ml"
+    if pool is not None:
+        out["spec"]["gateway"] = {"inferencePool": copy.deepcopy(pool)}
+    out["spec"].update(copy.deepcopy(spec))
+    return out
+
+
+def children(resource: dict[str, Any]) -> list[dict[str, Any]]:
+    return plan(resource, PlanOptions(owner=OWNER))
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def gateway_children(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objs
+            if o["kind"] == "InferencePool" or o["metadata"]["name"] in ("tiny-epp", "tiny-gateway")}
+
+
+ALL = {("InferencePool", "tiny"), ("Deployment", "tiny-epp"), ("Service", "tiny-epp"), ("ServiceAccount", "tiny-epp"),
+       ("Role", "tiny-epp"), ("RoleBinding", "tiny-epp"), ("PodDisruptionBudget", "tiny-epp"),
+       ("NetworkPolicy", "tiny-gateway")}
+
+# case, pool spec (None: not set), other spec, gateway children expected
+CHILDREN = [
+    ("not set", None, {}, set()),
+    ("disabled", {"enabled": False, "failureMode": "FailOpen"}, {}, set()),
+    ("enabled", {"enabled": True}, {}, ALL),
+    ("no disruption budgets", {"enabled": True}, {"disruption": {"enabled": False}}, ALL - {("PodDisruptionBudget", "tiny-epp")}),
+    ("no network policy", {"enabled": True}, {"network": {"networkPolicy": False}}, ALL - {("NetworkPolicy", "tiny-gateway")}),
+    ("without the router", {"enabled": True}, {"router": {"enabled": False}}, ALL),
+]
+
+
+@pytest.mark.parametrize("case,pool,spec,want", CHILDREN, ids=[c[0] for c in CHILDREN])
+def test_the_pool_and_its_picker_are_rendered_only_when_enabled(case, pool, spec, want) -> None:
+    objs = children(cr(pool, **spec))
+    assert gateway_children(objs) == want
+    for kind, name in want:
+        assert one(objs, kind, name)["metadata"]["ownerReferences"] == [OWNER], (kind, name)
+
+
+# case, pool spec, engine port, (failureMode, EPP port, targetPorts, EPP replicas)
+POOLS = [
+    ("defaults", {"enabled": True}, 8000, ("FailClose", 9002, [{"number": 8000}], 2)),
+    ("fail open", {"enabled": True, "failureMode": "FailOpen"}, 8000, ("FailOpen", 9002, [{"number": 8000}], 2)),
+    ("own ports", {"enabled": True, "eppPort": 19002, "eppReplicas": 3}, 8080, ("FailClose", 19002, [{"number": 8080}], 3)),
+]
+
+
+@pytest.mark.parametrize("case,pool,engine_port,want", POOLS, ids=[p[0] for p in POOLS])
+def test_the_pool_names_the_picker_service_and_the_decode_port(case, pool, engine_port, want) -> None:
+    failure_mode, epp_port, target_ports, replicas = want
+    objs = children(cr(pool, engine={"port": engine_port, "blockSize": 32}))
+    p = one(objs, "InferencePool", "tiny")
+    assert p["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert third_party_crds.errors(p) == []
+    assert p["spec"]["targetPorts"] == target_ports
+    ref = p["spec"]["endpointPickerRef"]
+    assert (ref["failureMode"], ref["port"]["number"]) == (failure_mode, epp_port)
+    # the reference resolves: a Service of that name and port, whose selector finds the EPP's pods
+    svc = one(objs, ref["kind"], ref["name"])
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["port"] == epp_port
+    dep = one(objs, "Deployment", "tiny-epp")
+    assert dep["spec"]["replicas"] == replicas
+    pod = dep["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[svc_port["targetPort"]] == epp_port
+    assert container["args"][container["args"].index(gw.GRPC_PORT_FLAG) + 1] == str(epp_port)
+
+
+def pod_labels(objs: list[dict[str, Any]], kind: str, role: str) -> list[dict[str, str]]:
+    return [o["spec"]["template"]["metadata"]["labels"] for o in objs
+            if o["kind"] == kind and o["metadata"]["labels"].get("pdfleet.io/role") == role]
+
+
+def test_the_pool_selects_the_decode_pods_of_every_revision_and_nothing_else() -> None:
+    objs = children(cr({"enabled": True}))
+    selector = one(objs, "InferencePool", "tiny")["spec"]["selector"]["matchLabels"]
+    assert "pdfleet.io/revision" not in selector  # a rollout's new decodes join without an edit
+    (decode,) = pod_labels(objs, "StatefulSet", "decode")
+    assert selector.items() <= decode.items()
+    others = pod_labels(objs, "StatefulSet", "prefill") + pod_labels(objs, "Deployment", "router") + \
+        pod_labels(objs, "Deployment", "epp")
+    assert len(others) == 3
+    assert not any(selector.items() <= labels.items() for labels in others)
+    # and the pods of a newer revision too
+    newer = children(cr({"enabled": True}, model={"name": "/models/other"}))
+    (decode2,) = pod_labels(newer, "StatefulSet", "decode")
+    assert decode2["pdfleet.io/revision"] != decode["pdfleet.io/revision"]
+    assert selector.items() <= decode2.items()
+
+
+def test_the_picker_runs_with_the_routers_discovery_and_picking() -> None:
+    resource = cr({"enabled": True}, router={"prefillPolicy": "leastOutstanding",
+                                             "flowControl": {"enabled": True, "priorities": [{"name": "a"}]}})
+    objs = children(resource)
+    epp = one(objs, "Deployment", "tiny-epp")["spec"]["template"]["spec"]["containers"][0]
+    rtr = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]["containers"][0]
+    assert epp["command"] == ["pdfleet"] and epp["args"][0] == "epp"
+    flag = epp["args"].index(gw.GRPC_PORT_FLAG)
+    epp_config = parse_argv(epp["args"][1:flag] + epp["args"][flag + 2:])
+    router_config = parse_argv(rtr["args"][1:])
+    assert epp_config.port == gw.EPP_METRICS
+    assert epp_config.kubernetes_fleet == "tiny" and epp_config.kubernetes_namespace == "ml"
+    assert epp_config.flow_control.enabled and epp_config.prefill_policy == "leastOutstanding"
+    assert epp_config == router_config.__class__(**{**router_config.__dict__, "port": gw.EPP_METRICS})
+    assert epp["env"] == rtr["env"]  # the fleet's uid: only its own Services are trusted
+    probe_port = epp["readinessProbe"]["httpGet"]["port"]
+    assert {p["name"]: p["containerPort"] for p in epp["ports"]}[probe_port] == gw.EPP_METRICS
+
+
+def test_the_pickers_rights_are_the_routers_and_no_wildcards() -> None:
+    objs = children(cr({"enabled": True}))
+    role = one(objs, "Role", "tiny-epp")
+    assert role["rules"] == one(objs, "Role", "tiny-router")["rules"]
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}
+    binding = one(objs, "RoleBinding", "tiny-epp")
+    assert binding["roleRef"]["name"] == "tiny-epp"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tiny-epp", "namespace": "ml"}]
+    dep = one(objs, "Deployment", "tiny-epp")
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "tiny-epp"
+
+
+def test_the_picker_pod_is_restricted_and_drains_like_the_router() -> None:
+    objs = children(cr({"enabled": True}))
+    pod = one(objs, "Deployment", "tiny-epp")["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == set()
+    router_pod = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == router_pod["terminationGracePeriodSeconds"]
+    pdb = one(objs, "PodDisruptionBudget", "tiny-epp")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= \
+        one(objs, "Deployment", "tiny-epp")["spec"]["template"]["metadata"]["labels"].items()
+
+
+# case, allowFrom, the ingress rule's from (None: any source)
+PEERS = [
+    ("any source", [], None),
+    ("the gateway's namespace", [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}],
+     [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}]),
+    ("a cidr", [{"ipBlock": {"cidr": "10.0.0.0/8"}}], [{"ipBlock": {"cidr": "10.0.0.0/8"}}]),
+]
+
+
+@pytest.mark.parametrize("case,allow,want", PEERS, ids=[p[0] for p in PEERS])
+def test_the_gateway_reaches_only_the_decode_engine_port(case, allow, want) -> None:
+    objs = children(cr({"enabled": True, "allowFrom": allow}, engine={"port": 8080, "blockSize": 32}))
+    policy = one(objs, "NetworkPolicy", "tiny-gateway")
+    (decode,) = pod_labels(objs, "StatefulSet", "decode")
+    (prefill,) = pod_labels(objs, "StatefulSet", "prefill")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= decode.items() and not selector.items() <= prefill.items()
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert rule.get("from") == want
+
+
+@pytest.mark.parametrize("version", ["1.30.0", "1.33.0"])
+def test_every_gateway_child_validates_strictly(version: str) -> None:
+    resource = cr({"enabled": True, "allowFrom": PEERS[1][1]})
+    for obj in children(resource):
+        if obj["kind"] == "InferencePool":
+            assert third_party_crds.errors(obj) == []
+        else:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+BROKEN = [
+    ("unknown failure mode", lambda p: p["spec"]["endpointPickerRef"].update(failureMode="Open")),
+    ("no target port", lambda p: p["spec"].update(targetPorts=[])),
+    ("a target port twice (CEL)", lambda p: p["spec"].update(targetPorts=[{"number": 80}, {"number": 80}])),
+    ("a Service reference without a port (CEL)", lambda p: p["spec"]["endpointPickerRef"].pop("port")),
+    ("an unknown field", lambda p: p["spec"].update(endpointPicker={"name": "x"})),
+    ("a selector with expressions", lambda p: p["spec"]["selector"].update(matchExpressions=[])),
+]
+
+
+@pytest.mark.parametrize("case,breaks", BROKEN, ids=[b[0] for b in BROKEN])
+def test_the_crd_check_refuses_a_broken_pool(case, breaks) -> None:
+    """Negative controls: the validation above does refuse what GAIE's CRD refuses."""
+    pool = copy.deepcopy(one(children(cr({"enabled": True})), "InferencePool", "tiny"))
+    breaks(pool)
+    assert third_party_crds.errors(pool), case
+
+
+def test_the_example_routes_its_httproute_to_the_pool() -> None:
+    """examples/gateway.yaml renders the pool that examples/gateway/*.yaml's HTTPRoutes name."""
+    fleet = parse(yaml.safe_load((ROOT / "examples" / "gateway.yaml").read_text()))
+    objs = plan(fleet, PlanOptions(owner=OWNER))
+    (pool,) = [o for o in objs if o["kind"] == "InferencePool"]
+    assert third_party_crds.errors(pool) == []
+    files = sorted((ROOT / "examples" / "gateway").glob("*.yaml"))
+    routes = [d for f in files for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") == "HTTPRoute"]
+    assert routes, "examples/gateway/ holds no HTTPRoute"
+    for route in routes:
+        assert route["metadata"]["namespace"] == pool["metadata"]["namespace"]  # a pool is referenced in-namespace
+        refs = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
+        assert refs == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                         "name": pool["metadata"]["name"]}], route["metadata"]["name"]
