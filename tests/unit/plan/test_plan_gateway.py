@@ -235,3 +235,23 @@ def test_the_example_routes_its_httproute_to_the_pool() -> None:
         refs = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
         assert refs == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
                          "name": pool["metadata"]["name"]}], route["metadata"]["name"]
+
+
+def test_pdfleet_epp_parses_the_args_the_plan_renders() -> None:
+    """The operator's args through `pdfleet epp`'s own parser (connector/epp/command.py): the gRPC port
+    the pool names, the metrics port the probes use, the fleet's discovery."""
+    import argparse
+
+    from pdfleet.connector.epp import command
+    from pdfleet.contract import router_config
+
+    objs = children(cr({"enabled": True, "eppPort": 19002}))
+    (container,) = one(objs, "Deployment", "tiny-epp")["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "epp"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    command.add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    config = router_config.from_args(args)
+    assert args.grpc_port == 19002 == one(objs, "InferencePool", "tiny")["spec"]["endpointPickerRef"]["port"]["number"]
+    assert config.port == gw.EPP_METRICS and config.host == "0.0.0.0"
+    assert (config.kubernetes_fleet, config.kubernetes_namespace) == ("tiny", "ml")
