@@ -567,6 +567,7 @@ class DisaggregatedInferenceStatus(Model):
     prefill: Optional[RoleStatus] = None
     decode: Optional[RoleStatus] = None
     router: Optional[RoleStatus] = None
+    epp: Optional[RoleStatus] = Field(default=None, description="The Endpoint Picker (spec.gateway.inferencePool).")
     endpoints: Optional[EndpointsStatus] = None
     url: Optional[str] = None
     rollout: Optional[RolloutStatus] = None

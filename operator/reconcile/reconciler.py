@@ -300,8 +300,10 @@ class Reconciler:
         ports = revision_ports(owned, cr)
         endpoints = rollout.router_endpoints(pods, decision.serving, ports,
                                              kv_events_ports=revision_kv_events_ports(owned))
+        pool = cr.spec.gateway.inference_pool
         want = {"prefill": cr.spec.prefill.replicas, "decode": cr.spec.decode.replicas,
-                "router": cr.spec.router.replicas if cr.spec.router.enabled else 0}
+                "router": cr.spec.router.replicas if cr.spec.router.enabled else 0,
+                label_keys.ROLE_EPP: pool.epp_replicas if pool.enabled else 0}
         kv_transport = {}
         if cr.spec.network.preflight.enabled:
             kv_transport = {role: role_transport((p.name, p.kv_transport) for p in pods
@@ -311,6 +313,7 @@ class Reconciler:
             kv_transport=kv_transport,
             generation=generation, previous=previous, decision=decision, children=owned, endpoints=endpoints,
             router_enabled=cr.spec.router.enabled, url=router_url(desired, cr),
+            epp_enabled=pool.enabled,
             error="; ".join(errors)[:1000] if errors else None, pending_writes=actions.writes,
             not_owned=not_owned,
             desired=want,

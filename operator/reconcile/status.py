@@ -12,6 +12,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from pdfleet.contract.labels import ROLE_EPP
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
 from pdfleet.operator.kube.observed import ObservedChild, ObservedPod
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
@@ -99,6 +100,7 @@ class StatusInputs:
     children: Sequence[ObservedChild] = ()
     endpoints: Sequence[Endpoint] = ()
     router_enabled: bool = True
+    epp_enabled: bool = False        # spec.gateway.inferencePool: the gateway's way in needs the Endpoint Picker
     url: Optional[str] = None
     invalid: Sequence[str] = ()      # "field: message" of an operator-only rule
     error: Optional[str] = None      # last apply failure
@@ -155,14 +157,18 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     target_roles = {r: role_counts(inp.children, r, d.target) for r in ("prefill", "decode")}
     router = role_counts(inp.children, "router", None)
     router_want = want.get("router", 0) if inp.router_enabled else 0
+    epp = role_counts(inp.children, ROLE_EPP, None)
+    epp_want = want.get(ROLE_EPP, 0) if inp.epp_enabled else 0
 
     pairs_ready = all(roles[r].ready > 0 for r in roles if want.get(r, 0) > 0)
     have_prefill_endpoint = bool(inp.endpoints) or want.get("prefill", 0) == 0
     router_ready = router_want == 0 or router.ready > 0
+    epp_ready = epp_want == 0 or epp.ready > 0
     complete = (not d.in_progress and inp.pending_writes == 0 and
                 all(t.settled and t.desired == want.get(r, 0) and t.ready == t.desired and t.updated == t.desired
                     for r, t in target_roles.items()) and
-                (router_want == 0 or (router.settled and router.desired == router_want and router.ready == router_want)))
+                (router_want == 0 or (router.settled and router.desired == router_want and router.ready == router_want)) and
+                (epp_want == 0 or (epp.settled and epp.desired == epp_want and epp.ready == epp_want)))
 
     fabric = fleet_transport(inp.kv_transport) if inp.kv_transport else None
     fabric_bad = fabric is not None and fabric.status == "False"
@@ -174,13 +180,15 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     elif fabric_bad and fabric is not None:
         # Serving over the wrong fabric (e.g. TCP where RDMA was asked) is not Ready, whatever the pods say.
         conds.append(Cond("Ready", False, "KVTransportDegraded", f"KVTransport {fabric.reason}: {fabric.message}"))
-    elif pairs_ready and have_prefill_endpoint and router_ready:
+    elif pairs_ready and have_prefill_endpoint and router_ready and epp_ready:
         conds.append(Cond("Ready", True, "Ready" if complete else "Serving",
                           f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"))
     else:
         missing = [r for r in ("prefill", "decode") if roles[r].ready == 0 and want.get(r, 0) > 0]
         if not router_ready:
             missing.append("router")
+        if not epp_ready:
+            missing.append("endpoint picker")
         conds.append(Cond("Ready", False, "Waiting", "waiting for ready pods: " + ", ".join(missing or ["children"])))
 
     if d.phase == "RollingOut":
@@ -226,6 +234,8 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
             out[role]["kvTransport"] = rt.as_status()
     if inp.router_enabled:
         out["router"] = router.as_status()
+    if inp.epp_enabled:
+        out[ROLE_EPP] = epp.as_status()
     if inp.url:
         out["url"] = inp.url
     rollout: dict[str, Any] = {"targetRevision": d.target, "strategy": inp.strategy}

@@ -9,6 +9,7 @@ from kube_fixture import eventually
 from operator_scenarios import (
     CR_RESOURCE,
     KIND_RESOURCES,
+    STS,
     condition,
     expected_children,
     fleet,
@@ -47,9 +48,15 @@ async def test_the_pool_and_its_picker_live_and_die_with_the_fleet(driver: FakeD
     assert [r["uid"] for r in pool["metadata"]["ownerReferences"] if r.get("controller")] == [cr["metadata"]["uid"]]
     assert pool["spec"]["endpointPickerRef"] == {"kind": "Service", "name": "llama-epp", "port": {"number": 9002},
                                                  "failureMode": "FailClose"}
-    # the picker's Deployment counts for nothing in the router's readiness, and Ready still comes
+    # Ready waits for the picker as it waits for the router (the gateway's way in)
+    for sts in await d.list(STS, {"pdfleet.io/fleet": "llama"}):
+        await d.make_ready("StatefulSet", sts["metadata"]["name"])
+    await d.make_ready("Deployment", "llama-router")
+    await wait_status(d, "llama", lambda s: "endpoint picker" in condition(s, "Ready")["message"],
+                      "Ready=False waiting for the endpoint picker")
     await make_fleet_ready(d, "llama")
-    await wait_status(d, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready=True")
+    st = await wait_status(d, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready=True")
+    assert st["epp"]["readyReplicas"] == 2
 
     # update: the pool and the picker's Service follow the spec
     await d.patch_cr("llama", {"spec": {"gateway": {"inferencePool": {"failureMode": "FailOpen", "eppPort": 19002}}}})
