@@ -19,7 +19,9 @@ def pod_monitor(values):
 
 
 def planned_pods():
-    resource = parse(yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text()))
+    cr = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    cr["spec"]["gateway"] = {"inferencePool": {"enabled": True}}  # the Endpoint Picker's pods too
+    resource = parse(cr)
     for obj in plan(resource, PlanOptions(default_image="registry.example/runtime:1", namespace="team-a")):
         if obj["kind"] in ("StatefulSet", "Deployment"):
             yield obj["spec"]["template"]
@@ -41,7 +43,7 @@ def test_pod_monitor_selects_every_planned_pod_and_copies_the_labels():
         ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         assert endpoint["port"] in ports
         roles.add(labels[ROLE_LABEL])
-    assert roles == {"prefill", "decode", "router"}
+    assert roles == {"prefill", "decode", "router", "epp"}
     copied = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
     assert copied["fleet"] == [meta_label(FLEET_LABEL)]
     assert copied["role"] == [meta_label(ROLE_LABEL)]
