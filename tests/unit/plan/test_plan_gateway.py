@@ -255,3 +255,31 @@ def test_pdfleet_epp_parses_the_args_the_plan_renders() -> None:
     assert args.grpc_port == 19002 == one(objs, "InferencePool", "tiny")["spec"]["endpointPickerRef"]["port"]["number"]
     assert config.port == gw.EPP_METRICS and config.host == "0.0.0.0"
     assert (config.kubernetes_fleet, config.kubernetes_namespace) == ("tiny", "ml")
+
+
+def example_gateway_docs() -> list[tuple[str, dict[str, Any]]]:
+    return [(f"{f.name}:{d['kind']}", d) for f in sorted((ROOT / "examples" / "gateway").glob("*.yaml"))
+            for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+@pytest.mark.parametrize("name,doc", example_gateway_docs(), ids=[n for n, _ in example_gateway_docs()])
+def test_the_example_gateways_and_routes_validate_against_gateway_api(name, doc) -> None:
+    """Against the Gateway API's standard-channel CRDs (vendored in tests/crds), CEL rules included."""
+    assert third_party_crds.errors(doc) == [], name
+
+
+ROUTE_BROKEN = [
+    ("a backendRef without a name", lambda r: r["spec"]["rules"][0]["backendRefs"][0].pop("name")),
+    ("a timeout that is no duration", lambda r: r["spec"]["rules"][0]["timeouts"].update(request="15 minutes")),
+    ("a path prefix without a slash (CEL)", lambda r: r["spec"]["rules"][0]["matches"][0]["path"].update(value="v1")),
+    ("an unknown field", lambda r: r["spec"]["rules"][0].update(backends=[])),
+]
+
+
+@pytest.mark.parametrize("case,breaks", ROUTE_BROKEN, ids=[b[0] for b in ROUTE_BROKEN])
+def test_the_route_check_refuses_a_broken_route(case, breaks) -> None:
+    """Negative controls for the check above."""
+    (route,) = [d for n, d in example_gateway_docs() if n == "envoy-gateway.yaml:HTTPRoute"]
+    route = copy.deepcopy(route)
+    breaks(route)
+    assert third_party_crds.errors(route), case
