@@ -2,6 +2,7 @@
 one run (issue 29).
 
     flock /tmp/pdfleet-heavy.lock .venv/bin/python bench/gateway.py [--rounds 2]
+    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/gateway.py --fakes 2000   # light: fake engines
 
 Paths: (router) the fleet's own router, inside `pdfleet local`; (gateway) a real Envoy (GAIE's shape,
 BUFFERED; connector/epp/envoy/) in front of `pdfleet epp` run as its own process, which runs the
@@ -18,6 +19,11 @@ every pick of a request, prefill's prefix-aware pick included; quantiles interpo
 histogram's buckets), and CPU seconds per request of the `pdfleet epp` process and of Envoy (psutil);
 for scale, the `pdfleet local` process's CPU per request on the router path (its router and its
 supervision, so an upper bound of the router's).
+
+--fakes N: no fleet; fake engines in this process, `pdfleet router` and `pdfleet epp` (+ Envoy) as
+processes on them, prefix-aware with the tiny model's tokenizer (scoring from what each routed), N
+non-streamed requests each at --concurrency: requests/s, latency, CPU per request of the router
+process vs the EPP process (and Envoy), the EPP's decision time.
 """
 
 from __future__ import annotations
@@ -119,10 +125,112 @@ def cpu(pid: int) -> float:
     return t.user + t.system
 
 
+async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
+    """The EPP's own costs without engines' noise: fake engines (tests/integration/router/router_fakes.py)
+    in this process, `pdfleet epp` and `pdfleet router` as processes on them, the same requests through
+    Envoy + EPP and through the router."""
+    sys.path.insert(0, str(REPO / "tests" / "integration" / "router"))
+    from router_fakes import FakeEngine
+
+    from pdfleet.operator.local.tiny_model import build_corpus
+
+    engines = [FakeEngine(name=f"p{i}", role="prefill") for i in range(2)] + [FakeEngine(name="d0", role="decode")]
+    for e in engines:
+        await e.start()
+    lines = build_corpus(seed=5, sentences=3000)
+    # 16 system prompts of ~300 words, each with its own tails: prefix-aware scoring has work to do
+    bodies = [{"model": "tiny", "prompt": " ".join(lines[20 * (i % 16):20 * (i % 16) + 20]) + f" user {i}: "
+               + " ".join(lines[400 + i % 500:402 + i % 500]), "max_tokens": 8} for i in range(requests)]
+    base = RouterConfig(prefill=(engines[0].url, engines[1].url), decode=(engines[2].url,), tokenizer=mdir,
+                        block_size=BLOCK, prefill_policy=PREFIX_AWARE, decode_policy=PREFIX_AWARE)
+    out = {}
+    procs = []
+    try:
+        import dataclasses
+
+        router_cfg = dataclasses.replace(base, port=free_port())
+        epp_cfg = dataclasses.replace(base, port=free_port())
+        grpc_port, listen, admin = free_port(), free_port(), free_port()
+        router = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "router", *router_cfg.to_argv(),
+                                   "--log-level", "WARNING"], stderr=subprocess.DEVNULL)
+        epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *epp_cfg.to_argv(),
+                                "--grpc-port", str(grpc_port), "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
+        procs += [router, epp]
+        async with httpx.AsyncClient(timeout=60) as client:
+            for port in (router_cfg.port, epp_cfg.port):
+                for _ in range(600):
+                    try:
+                        health = (await client.get(f"http://127.0.0.1:{port}/health")).json()
+                        if health["prefix_routing"].get("tokenizer"):
+                            break
+                    except (httpx.HTTPError, ValueError, KeyError):
+                        pass
+                    await asyncio.sleep(0.2)
+        envoy = Envoy(render(BUFFERED, listen_port=listen, epp_port=grpc_port, admin_port=admin,
+                             decode_only=base.decode), admin)
+        envoy.start()
+        procs.append(envoy)
+        metrics_url = f"http://127.0.0.1:{epp_cfg.port}/metrics"
+        paths = {"router": (f"http://127.0.0.1:{router_cfg.port}", [router.pid]),
+                 "gateway": (f"http://127.0.0.1:{listen}", [epp.pid, envoy.proc.pid])}
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as client:
+            for name, (url, pids) in paths.items():
+                for b in bodies[:32]:  # warm: connections, the tokenizer's caches
+                    await client.post(url + "/v1/completions", json=b)
+                c0, h0 = [cpu(p) for p in pids], buckets(metrics_url)
+                queue: asyncio.Queue = asyncio.Queue()
+                for b in bodies:
+                    queue.put_nowait(b)
+                lat: list[float] = []
+                bad = 0
+
+                async def worker() -> None:
+                    nonlocal bad
+                    while not queue.empty():
+                        b = queue.get_nowait()
+                        t0 = time.perf_counter()
+                        r = await client.post(url + "/v1/completions", json=b)
+                        lat.append(time.perf_counter() - t0)
+                        bad += r.status_code != 200 or "kv_seen" not in r.text
+
+                started = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                wall = time.perf_counter() - started
+                used = [cpu(p) - c for p, c in zip(pids, c0)]
+                row = {"req_per_s": round(len(bodies) / wall, 1), "latency_p50_ms": round(pct(lat, 0.5) * 1e3, 2),
+                       "latency_p99_ms": round(pct(lat, 0.99) * 1e3, 2), "failed": bad,
+                       "cpu_ms_per_request": round(used[0] / len(bodies) * 1e3, 3)}
+                if name == "gateway":
+                    h1 = buckets(metrics_url)
+                    hist = {le: n - h0.get(le, 0.0) for le, n in h1.items()}
+                    row["envoy_cpu_ms_per_request"] = round(used[1] / len(bodies) * 1e3, 3)
+                    row["epp_decision_ms"] = {"p50": round(quantile(hist, 0.5) * 1e3, 3),
+                                              "p99": round(quantile(hist, 0.99) * 1e3, 3)}
+                out[name] = row
+                print(name, row, flush=True)
+    finally:
+        for p in procs:
+            if isinstance(p, Envoy):
+                p.stop()
+            else:
+                p.terminate()
+                p.wait(30)
+        for e in engines:
+            await e.stop()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="rounds per path (alternating); default %(default)s")
+    ap.add_argument("--fakes", type=int, default=0, metavar="N",
+                    help="instead of a fleet: N requests over fake engines (light: run under "
+                         "/tmp/pdfleet-cpu.lock), for the EPP's own decision time and CPU per request")
+    ap.add_argument("--concurrency", type=int, default=8, help="with --fakes; default %(default)s")
     args = ap.parse_args()
+    if args.fakes:
+        print(json.dumps(asyncio.run(_fakes_run(args.fakes, args.concurrency, str(model_dir()))), indent=2))
+        return 0
     reqs = workload()
     mdir = model_dir()
     with tempfile.TemporaryDirectory(prefix="pdfleet-gateway-bench-") as tmp:
