@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PRODUCT = ("operator", "connector", "bench")
 # Values too common to police: role names, "http", "backends", plain numbers, and kv_transfer_params
 # keys that are also ordinary field names elsewhere (a layout's tp_size, a pull's remote_block_ids).
-GENERIC = {"prefill", "decode", "router", "http", "backends", "leg", "true", "True", "False", 8000, 500, 4000,
+GENERIC = {"prefill", "decode", "router", "epp", "http", "backends", "leg", "true", "True", "False", 8000, 500, 4000, 256,
            "pdfleet.io/", "tp_size", "remote_block_ids", "remote_request_id",
            "Always"}  # also a Kubernetes imagePullPolicy
 
