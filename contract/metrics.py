@@ -17,7 +17,7 @@ OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the p
 OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair
 # answered below 500 by decode alone because the pair's KV path failed (its prefill leg failed, or the lease
 # expired before a decode retry), not by the disaggregation policy's choice: the canary's recompute rate
-# counts it (operator/rollout/signals.py reads it; the router counts such requests as OUTCOME_ANSWERED today)
+# counts it (operator/rollout/signals.py reads it; router/timing.py counts it)
 OUTCOME_FALLBACK = "kv_fallback"
 # counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
 # (connector/router/disaggregation.py); exposed with the suffix _total

@@ -93,6 +93,7 @@ class DecodeLeg:
                     if lease is not None and lease.params:
                         self.releaser.release_unread(lease, body, headers, lease_release.LEASE_EXPIRED)
                     self.metrics.fallbacks.labels("lease_expired").inc()
+                    timing.kv_fallback()
                     reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
             decode_body = dict(body)
             if kv_params is not None:

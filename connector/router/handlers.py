@@ -126,6 +126,7 @@ class Handlers:
                                 headers=reply_headers)
         if prefill.kv_transfer_params is None:
             self.metrics.fallbacks.labels("prefill_failed").inc()
+            timing.kv_fallback()
             reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
         lease = (Lease(prefill.url, prefill.kv_transfer_params, prefill.received_at, prefill.wall_at_receipt)
                  if prefill.kv_transfer_params and prefill.url else None)

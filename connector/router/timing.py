@@ -22,7 +22,7 @@ import contextvars
 import time
 from typing import Any, Optional
 
-from pdfleet.contract.metrics import OUTCOME_5XX, OUTCOME_ANSWERED
+from pdfleet.contract.metrics import OUTCOME_5XX, OUTCOME_ANSWERED, OUTCOME_FALLBACK
 
 _current: contextvars.ContextVar[Optional["RequestTiming"]] = contextvars.ContextVar("pdfleet_request_timing",
                                                                                       default=None)
@@ -30,7 +30,7 @@ _SSE_EVENT = b"data:"
 
 
 class RequestTiming:
-    __slots__ = ("metrics", "revision", "started", "last_chunk", "decode_streaming")
+    __slots__ = ("metrics", "revision", "started", "last_chunk", "decode_streaming", "kv_fallback")
 
     def __init__(self, metrics: Any, revision: str) -> None:
         self.metrics = metrics
@@ -38,6 +38,7 @@ class RequestTiming:
         self.started = time.perf_counter()
         self.last_chunk: Optional[float] = None
         self.decode_streaming = False
+        self.kv_fallback = False
 
     def _gauge(self, name: str, *labels: str) -> Any:
         return getattr(self.metrics, name).labels(*labels, self.revision)
@@ -95,9 +96,18 @@ def chunk(data: bytes) -> None:
     t.last_chunk = now
 
 
+def kv_fallback() -> None:
+    """The request goes to decode alone because its KV path failed (a failed prefill leg, a lease
+    that ran out): the pair answers, but recomputes; the canary analysis counts it against the pair."""
+    t = _current.get()
+    if t is not None:
+        t.kv_fallback = True
+
+
 def finished(status: int) -> None:
     """The request was answered (or given up) with this status: count it against its revision."""
     t = _current.get()
     if t is None:
         return
-    t.metrics.revision_requests.labels(t.revision, OUTCOME_5XX if status >= 500 else OUTCOME_ANSWERED).inc()
+    outcome = OUTCOME_5XX if status >= 500 else OUTCOME_FALLBACK if t.kv_fallback else OUTCOME_ANSWERED
+    t.metrics.revision_requests.labels(t.revision, outcome).inc()

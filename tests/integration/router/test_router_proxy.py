@@ -147,6 +147,9 @@ async def test_all_prefills_fail_then_decode_alone_with_bounded_retries(fleet, m
     assert dr.body == COMPLETION  # original body, no kv_transfer_params: decode prefills itself
     text = await metrics(fleet, url)
     assert metric_value(text, 'pdfleet_router_fallbacks_total{reason="prefill_failed"}') == 1
+    # the pair answered, but recomputed: the canary analysis reads it as its own outcome
+    assert metric_value(text, 'pdfleet_router_revision_requests_total{outcome="kv_fallback",revision="static"}') == 1
+    assert 'pdfleet_router_revision_requests_total{outcome="answered"' not in text
 
 
 async def test_prefill_timeout_and_connect_error_fall_back(fleet):
