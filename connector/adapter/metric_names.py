@@ -61,6 +61,12 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "lease_actions_refused": ("lease_actions_refused",
                               "Lease extensions, releases and completions refused because they came from a reader "
                               "the lease was not handed to (prefill side)"),
+    "lease_proof_refused": ("lease_proof_refused",
+                            "Lease heartbeats, releases and completion notifications refused because they named a "
+                            "held lease without its lease id, params 1.4 (prefill side)"),
+    "spent_lease_refused": ("spent_lease_refused",
+                            "Lease heartbeats and completion notifications naming a lease id already spent (completed, "
+                            "released or expired): a replay of old params, or a reader whose lease ended (prefill side)"),
     "params_rejected": ("params_rejected", "Requests whose kv_transfer_params were invalid (computed locally instead)"),
     "blocks_corrupted_for_test": ("test_blocks_corrupted", "Pulled blocks overwritten by the test-only fault hook"),
 }

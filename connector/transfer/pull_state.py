@@ -123,6 +123,9 @@ class PullState:
     failure: Optional[str] = None
     failed_at: Optional[float] = None
     release_remote: bool = False                   # once failed: tell the source to free the blocks
+    # params 1.4: the pull names its lease id; READs wait for the source's grant (an ack), and the
+    # source's "released by you" is no confirmation (a spent lease confirms nothing).
+    single_use: bool = False
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -348,6 +351,10 @@ def _may_post(s: PullState, now: float, wall: float) -> tuple[PullState, bool]:
     # the source held the blocks for the whole READ.
     if not s.verified:
         return s, False
+    if s.single_use:
+        # Only a grant: the lease bound and eager posting also hold for params replayed after the
+        # lease was spent (their blocks may hold another request's KV by then).
+        return s, s.acked and s.deadline is not None
     if s.deadline is None and s.remote_lease_expiry is not None and s.peer_instance is not None:
         s = replace(s, deadline=_deadline_from_expiry(s, now, wall))
     bound_left = s.lease_bound is not None and s.lease_bound - now > EXPIRY_SAFETY_MARGIN
@@ -434,7 +441,7 @@ def _heartbeat_result(s: PullState, e: Union[HeartbeatAnswer, HeartbeatBad, Hear
         s, more = _fail(s, "the source restarted while the read was in flight", e.now)
         return s, out + more
     if e.left is None:
-        if e.released_by_us and reads:
+        if e.released_by_us and reads and not s.single_use:
             # Our own completion notification released it. NIXL sends that notification
             # when the READ is complete, so the READ ran while the blocks were held; only
             # the first ack was late (the pull overtook the hold).

@@ -41,6 +41,7 @@ from typing import Any, Sequence
 from pdfleet.connector.transfer import pull_state as ps
 from pdfleet.connector.transfer import wire
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
+from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.transfer.layout import (
     BLOCK_OUTERMOST_LAYOUTS,
@@ -80,17 +81,36 @@ HEARTBEAT_MAX_IDS = 4096
 HEARTBEAT_MAX_ID_BYTES = 48 * 1024
 # Release notices awaiting the source's word; past this the oldest is given up (its lease runs its course).
 MAX_PENDING_RELEASES = 1024
+LEASE_ID_COST = lease_id_bytes + 2  # a lease id in a heartbeat, msgpack bin header included
+
+
+def _lease_ids(ids: Sequence[str], by_id: dict[str, bytes | None]) -> list[bytes]:
+    """The heartbeat's ``lease_ids`` field for ``ids`` (b"" for none); [] when none has one."""
+    out = [by_id.get(rid) or b"" for rid in ids]
+    return out if any(out) else []
+
+
+def _check_lease_ids(request_ids: Sequence[Any], lease_ids: Sequence[Any] | None) -> dict[str, bytes | None]:
+    if lease_ids is None:
+        return {}
+    if len(lease_ids) != len(request_ids):
+        raise ValueError(f"{len(lease_ids)} lease ids for {len(request_ids)} request ids")
+    for lid in lease_ids:
+        if lid is not None and not is_lease_id(lid):
+            raise ValueError(f"a lease id must be {lease_id_bytes} bytes or None, got {lid!r}")
+    return {str(rid): lid for rid, lid in zip(request_ids, lease_ids)}
 
 
 def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
-                      max_bytes: int = HEARTBEAT_MAX_ID_BYTES) -> list[list[str]]:
+                      max_bytes: int = HEARTBEAT_MAX_ID_BYTES, extra_per_id: int = 0) -> list[list[str]]:
     """Split request ids into heartbeat-sized chunks (at most ``max_ids`` ids and about ``max_bytes``
-    of msgpack each), in order; an id alone over ``max_bytes`` gets a chunk of its own."""
+    of msgpack each, ``extra_per_id`` more bytes per id: its lease id), in order; an id alone over
+    ``max_bytes`` gets a chunk of its own."""
     out: list[list[str]] = []
     cur: list[str] = []
     size = 0
     for rid in ids:
-        cost = len(rid.encode()) + 5  # msgpack string header, at most
+        cost = len(rid.encode()) + 5 + extra_per_id  # msgpack string header, at most
         if cur and (len(cur) >= max_ids or size + cost > max_bytes):
             out.append(cur)
             cur, size = [], 0
@@ -126,6 +146,7 @@ class _Release:
     ids: tuple[str, ...]
     readers: int
     first_sent: float  # monotonic
+    lease_ids: dict[str, bytes | None] = field(default_factory=dict)  # params 1.4: each id's lease id
     sends: int = 0
     call: Call | None = None  # the send in flight
     next_at: float = 0.0  # monotonic: the next send, when none is in flight
@@ -140,6 +161,7 @@ class _Pull:
     remote_ids: list[int]
     local_ids: list[int]
     readers: int = 1  # decode ranks reading this request from its source rank (decode TP / prefill TP)
+    lease_id: bytes | None = None  # params 1.4: named in every message about this lease
     peer: _Peer | None = None
     hb: Call | None = None  # the heartbeat in flight
     handles: list[Any] = field(default_factory=list)
@@ -294,6 +316,7 @@ class KVSink:
         remote_tp_size: int | None = None,
         remote_lease_expiry: float | None = None,
         remote_lease_deadline: float | None = None,
+        lease_id: bytes | None = None,
     ) -> None:
         """Start pulling; never raises for bad input (the request is reported failed by ``poll``).
 
@@ -306,6 +329,11 @@ class KVSink:
         monotonic clock (params 1.3: when decode accepted them + ``remote_lease_seconds``). With time
         left it lets the READs start before the first ack, and it limits how long unanswered
         heartbeats are retried; being an upper bound it never completes a pull: only an ack does.
+
+        ``lease_id`` (optional, params 1.4): the lease's random id. Every heartbeat, release and
+        completion notification names it, and the READs wait for the source's grant of it (an ack
+        naming this lease), whatever ``eager_post`` or the lease bound say: params replayed after
+        the lease was spent get no grant, so nothing is read. Without it the pull runs as for 1.3.
         """
         rid = request_id if isinstance(request_id, str) else repr(request_id)
         try:
@@ -334,6 +362,8 @@ class KVSink:
             ):
                 raise ValueError("remote_lease_deadline must be a monotonic time or None,"
                                  f" got {remote_lease_deadline!r}")
+            if lease_id is not None and not is_lease_id(lease_id):
+                raise ValueError(f"lease_id must be {lease_id_bytes} bytes or None, got {lease_id!r}")
             remote_ids, local_ids = validate_block_ids(
                 remote_block_ids, local_block_ids, local_num_blocks=self._min_local_blocks
             )
@@ -348,8 +378,9 @@ class KVSink:
         state = ps.PullState(rid, remote_engine_id, now, remote_instance_id or None,
                              None if remote_lease_expiry is None else float(remote_lease_expiry),
                              lease_bound=None if remote_lease_deadline is None else float(remote_lease_deadline),
-                             config=self._config, where=f"{endpoint[0]}:{endpoint[1]}")
-        p = _Pull(state, endpoint, remote_ids, local_ids, readers=self._readers(remote_tp_size))
+                             config=self._config, where=f"{endpoint[0]}:{endpoint[1]}",
+                             single_use=lease_id is not None)
+        p = _Pull(state, endpoint, remote_ids, local_ids, readers=self._readers(remote_tp_size), lease_id=lease_id)
         self._pulls[rid] = p
         try:
             peer = self._peers.get(endpoint)
@@ -375,19 +406,22 @@ class KVSink:
         remote = self.layout.tp_size if remote_tp_size is None else remote_tp_size
         return max(1, self.layout.tp_size // remote) if isinstance(remote, int) and remote > 0 else 1
 
-    def keep_alive(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
-        """Extend the source's leases of requests this rank will pull later (fire and forget)."""
+    def keep_alive(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None,
+                   lease_ids: list[bytes | None] | None = None) -> None:
+        """Extend the source's leases of requests this rank will pull later (fire and forget);
+        ``lease_ids``: each request's lease id (params 1.4; None for none)."""
         try:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            chunks = chunk_request_ids([str(r) for r in request_ids])
+            by_id = _check_lease_ids(request_ids, lease_ids)
+            chunks = chunk_request_ids([str(r) for r in request_ids], extra_per_id=LEASE_ID_COST if by_id else 0)
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("keep_alive ignored: %s", exc)
             return
         for ids in chunks:  # every queued request keeps its lease, however many there are
             req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
-                                        readers=self._readers(remote_tp_size))
+                                        readers=self._readers(remote_tp_size), lease_ids=_lease_ids(ids, by_id))
             try:
                 self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
             except ValueError as exc:  # an id too long for one request: that chunk is skipped
@@ -395,8 +429,10 @@ class KVSink:
                 continue
             self._stats["heartbeats"] += 1
 
-    def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None) -> None:
+    def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None,
+                lease_ids: list[bytes | None] | None = None) -> None:
         """Tell the source this rank will not read these requests (aborted, nothing to pull): it frees them now.
+        ``lease_ids``: each request's lease id (params 1.4; a lease held under an id is freed only by it).
 
         Never blocks: ``poll`` sends it again while the source has not acted on it yet (its hold can
         come after the notice; release_retry.py); one given up on leaves the blocks to their lease."""
@@ -404,15 +440,18 @@ class KVSink:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            chunks = chunk_request_ids([str(r) for r in request_ids])
+            by_id = _check_lease_ids(request_ids, lease_ids)
+            chunks = chunk_request_ids([str(r) for r in request_ids], extra_per_id=LEASE_ID_COST if by_id else 0)
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("release ignored: %s", exc)
             return
         for ids in chunks:
-            self._send_release(host, port + rank, ids, self._readers(remote_tp_size))
+            self._send_release(host, port + rank, ids, self._readers(remote_tp_size), by_id)
 
-    def _send_release(self, host: str, port: int, ids: list[str], readers: int) -> None:
-        r = _Release((host, port), tuple(ids), readers, first_sent=time.monotonic())
+    def _send_release(self, host: str, port: int, ids: list[str], readers: int,
+                      lease_ids: dict[str, bytes | None] | None = None) -> None:
+        r = _Release((host, port), tuple(ids), readers, first_sent=time.monotonic(),
+                     lease_ids={rid: lease_ids[rid] for rid in ids if lease_ids and lease_ids.get(rid)})
         if self._submit_release(r):
             if len(self._release_calls) >= MAX_PENDING_RELEASES:  # a flood: the oldest runs its lease
                 self._release_calls.popleft()
@@ -421,7 +460,7 @@ class KVSink:
 
     def _submit_release(self, r: "_Release") -> bool:
         req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=list(r.ids), agent=self.agent_name,
-                                    release=True, readers=r.readers)
+                                    release=True, readers=r.readers, lease_ids=_lease_ids(r.ids, r.lease_ids))
         try:
             r.call = self._client.submit(*r.endpoint, req, timeout=self._hb_timeout, attempts=1)
         except ValueError as exc:
@@ -531,7 +570,7 @@ class KVSink:
             self._orphans.extend(p.handles)
             p.handles = []
         elif action is ps.Do.SEND_RELEASE:
-            self._send_release(*p.endpoint, [p.request_id], p.readers)
+            self._send_release(*p.endpoint, [p.request_id], p.readers, {p.request_id: p.lease_id})
         elif isinstance(action, ps.ReportFailed):
             del self._pulls[p.request_id]
             self._fail_now(p.request_id, action.reason)
@@ -576,7 +615,7 @@ class KVSink:
 
     def _heartbeat(self, p: _Pull) -> None:
         req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name,
-                                    readers=p.readers)
+                                    readers=p.readers, lease_ids=[p.lease_id] if p.lease_id else [])
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._stats["heartbeats"] += 1
 
@@ -727,7 +766,7 @@ class KVSink:
         try:
             for j, read in enumerate(reads):
                 notif = wire.encode_notif(wire.Notif(p.request_id, peer.plan.readers, peer.plan.reader_index,
-                                                     len(reads), j))
+                                                     len(reads), j, p.lease_id or b""))
                 t1 = time.perf_counter()
                 if prepped:
                     handle = agent.make_read(name, self._local_lists[read.local_mem], read.local,

@@ -26,6 +26,7 @@ from pdfleet.connector.transfer.layout import (
 from pdfleet.connector.transfer.leases import LeaseTable
 from pdfleet.connector.transfer.nixl_agent import NixlAgent
 from pdfleet.connector.transfer.sidechannel import SideChannelServer, check_bind_host
+from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 
 __all__ = ["KVSource"]
 
@@ -144,7 +145,8 @@ class KVSource:
                         self._counters["notifs_rejected"] += 1
                     log.warning("KV source %s dropped a notification from %s: %s", self.engine_id, peer, exc)
                     continue
-                self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part, agent=str(peer))
+                self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part, agent=str(peer),
+                                      lease_id=n.lease_id or None)
         busy = len(self._leases) > 0 or time.monotonic() - self._last_message < 2.0
         return 0.001 if busy else 0.05
 
@@ -153,11 +155,16 @@ class KVSource:
         if isinstance(req, wire.HeartbeatRequest):
             if len(req.request_ids) > MAX_HEARTBEAT_IDS:
                 return wire.ErrorReply(id=req.id, reason=f"too many request ids (> {MAX_HEARTBEAT_IDS})")
+            try:
+                lids = wire.lease_id_list(req)
+            except wire.BadMessage as exc:
+                return wire.ErrorReply(id=req.id, reason=str(exc))
             with self._lock:
                 self._counters["heartbeats"] += 1
             if req.release:
-                self._leases.release(list(req.request_ids), req.agent, req.readers)
-            left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent, req.readers)
+                self._leases.release(list(req.request_ids), req.agent, req.readers, lids)
+            left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent, req.readers,
+                                                     lids, count=not req.release)
             return wire.HeartbeatReply(id=req.id, instance_id=self.instance_id, remaining=left, gone=gone,
                                        released_by_you=by_you)
         assert isinstance(req, wire.HandshakeRequest)
@@ -200,20 +207,24 @@ class KVSource:
         return ""
 
     # -- engine thread -------------------------------------------------------
-    def hold(self, request_id: str, block_ids: list[int]) -> float:
+    def hold(self, request_id: str, block_ids: list[int], lease_id: bytes | None = None) -> float:
+        """``lease_id`` (params 1.4): the hold's random id; only messages naming it act on the lease."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
+        if lease_id is not None and not is_lease_id(lease_id):
+            raise ValueError(f"lease_id must be {lease_id_bytes} bytes or None, got {lease_id!r}")
         with self._lock:
             self._counters["leases_held"] += 1
         # Leases run on the monotonic clock: a wall-clock step must never free blocks mid-READ.
         # The unix time returned is only advertised (remote_lease_expiry) as a lower bound.
         now_wall = time.time()
-        self._leases.hold(request_id, block_ids, time.monotonic())
+        self._leases.hold(request_id, block_ids, time.monotonic(), lease_id)
         return now_wall + self._leases.lease_seconds
 
-    def release_unread(self, request_ids: list[str]) -> list[str]:
-        """End leases that no decode will read (the router says so), unless a reader claimed them."""
-        return self._leases.release_unclaimed(request_ids)
+    def release_unread(self, request_ids: list[str], lease_ids: list[bytes | None] | None = None) -> list[str]:
+        """End leases that no decode will read (the router says so), unless a reader claimed them;
+        ``lease_ids``: the lease id the router's params named for each (a lease with one needs it)."""
+        return self._leases.release_unclaimed(request_ids, lease_ids)
 
     def poll_released(self) -> list[str]:
         return self._leases.collect(time.monotonic())
@@ -234,6 +245,10 @@ class KVSource:
         out["leases_released_unread"] = float(self._leases.released_unread)
         out["unread_releases_refused"] = float(self._leases.unread_refused)
         out["lease_actions_refused"] = float(self._leases.refused)  # from agents a lease was not handed to
+        # params 1.4: heartbeats, releases and notifications that named a held lease without its id,
+        # and those that named a spent id (a replay, or a reader whose lease had ended)
+        out["lease_proof_refused"] = float(self._leases.proof_refused)
+        out["spent_lease_refused"] = float(self._leases.spent_refused)
         out["leases_active"] = float(len(self._leases))
         out["messages_rejected"] = float(self._server.rejected)
         out["messages_served"] = float(self._server.served)

@@ -18,6 +18,7 @@ import msgspec
 
 from pdfleet.connector.transfer import auth, bounds
 from pdfleet.connector.transfer.layout import KVLayout, Region
+from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -33,12 +34,14 @@ __all__ = [
     "Notif",
     "encode_notif",
     "decode_notif",
+    "lease_id_list",
 ]
 
 PROTOCOL_VERSION = 2  # 2: auth frame with key id, timestamp and nonce
 MAX_REQUEST_BYTES = 64 * 1024  # handshake/heartbeat requests are small
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # replies carry NIXL agent metadata
 MAX_NOTIF_BYTES = 4096
+# A lease id (params 1.4: kv_params.lease_id_bytes random bytes); b"" in a message names none.
 # No side-channel message nests deeper than a handful of levels (a reply: struct ->
 # list of regions -> region -> field); anything deeper is refused before msgspec
 # recurses into it.
@@ -92,6 +95,9 @@ class HeartbeatRequest(msgspec.Struct, tag="hb", frozen=True):
     # How many readers (decode ranks) read each of these requests from this source rank:
     # the first agent to touch a lease binds it to at most this many (leases.py).
     readers: int = 1
+    # params 1.4: the lease id of each request (same order; b"" for none); empty: none named
+    # (a reader of older params). A lease held under an id acts only on messages naming it.
+    lease_ids: list[bytes] = []
 
 
 class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
@@ -105,6 +111,7 @@ class HeartbeatReply(msgspec.Struct, tag="hb_ok", frozen=True):
     gone: list[str] = []
     # Of `gone`: released because every reader's completion arrived, the asking agent's
     # among them. Its READ then ran while the blocks were held (the ack merely came late).
+    # Never said of a lease with a lease id (a spent id confirms nothing, params 1.4).
     released_by_you: list[str] = []
 
 
@@ -214,6 +221,7 @@ class Notif(msgspec.Struct, array_like=True, frozen=True):
     reader_index: int
     parts: int  # READs this reader posted for the request (one per memory-type pair)
     part: int
+    lease_id: bytes = b""  # params 1.4: the lease's id (b"": none; a source before 1.4 ignores it)
 
 
 _notif_encoder = msgspec.msgpack.Encoder()
@@ -232,4 +240,19 @@ def decode_notif(data: bytes) -> Notif:
     n = _decode(_notif_decoder, bytes(data), "notification")
     if not (0 < n.readers <= 1024 and 0 <= n.reader_index < n.readers and 0 < n.parts <= 16 and 0 <= n.part < n.parts):
         raise BadMessage(f"notification fields out of range: {n}", "out_of_range")
+    if n.lease_id and not is_lease_id(n.lease_id):
+        raise BadMessage(f"notification lease id of {len(n.lease_id)} bytes (expected {lease_id_bytes} or none)",
+                         "out_of_range")
     return n
+
+
+def lease_id_list(req: HeartbeatRequest) -> list[bytes | None] | None:
+    """The lease id named with each of ``req``'s request ids (None: none), or None when it names none at
+    all; raises ``BadMessage`` when the list does not fit the request ids."""
+    if not req.lease_ids:
+        return None
+    if len(req.lease_ids) != len(req.request_ids):
+        raise BadMessage(f"{len(req.lease_ids)} lease ids for {len(req.request_ids)} request ids", "out_of_range")
+    if any(lid and not is_lease_id(lid) for lid in req.lease_ids):
+        raise BadMessage(f"a lease id must be {lease_id_bytes} bytes (or empty for none)", "out_of_range")
+    return [lid or None for lid in req.lease_ids]

@@ -75,8 +75,9 @@ def main() -> int:
     for line in sys.stdin:
         cmd = json.loads(line)
         op = cmd["op"]
-        if op == "hold":
-            say({"expiry": source.hold(cmd["rid"], cmd["blocks"])})
+        if op == "hold":  # "lease": the hold's lease id in hex (params 1.4), absent for none
+            lease = bytes.fromhex(cmd["lease"]) if cmd.get("lease") else None
+            say({"expiry": source.hold(cmd["rid"], cmd["blocks"], lease_id=lease)})
         elif op == "hold_many":
             say({"expiries": [source.hold(rid, cmd["blocks"]) for rid in cmd["rids"]]})
         elif op == "poll":

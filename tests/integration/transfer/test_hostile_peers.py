@@ -92,7 +92,8 @@ def test_row1_deep_notifications_replies_and_kv_events_are_dropped_by_reason():
             assert exc.kind == "too_deep", exc.kind
         else:
             raise AssertionError("a deeply nested message was accepted")
-    notif = b"\x96" + msgspec.msgpack.encode(wire.Notif("r", 1, 0, 1, 0))[1:] + deep(3000)
+    fields = msgspec.msgpack.encode(wire.Notif("r", 1, 0, 1, 0))  # a fixarray: one more item after its fields
+    notif = bytes([fields[0] + 1]) + fields[1:] + deep(3000)
     try:
         wire.decode_notif(notif)
     except wire.BadMessage as exc:

@@ -82,8 +82,8 @@ def test_a_stepped_wall_clock_still_admits_pulls_and_reuses_1_3_leases(step, key
     prefill = side(key_file, src, producer=True)
     params = prefill_params(prefill, "r13", [3, 4])
     old = as_1_2(params, REAL_TIME() + LEASE)  # what a 1.2 prefill would have said at the same moment
-    src.hold("r13", [3, 4])
-    assert params[K.VERSION_KEY] == "1.3" and K.REMOTE_LEASE_EXPIRY not in params
+    src.hold("r13", [3, 4], lease_id=K.lease_id_of(params))  # as the prefill's worker holds it (1.4: with its id)
+    assert K.version_of(params) >= K.LEASE_SECONDS_SINCE and K.REMOTE_LEASE_EXPIRY not in params
 
     monkeypatch.setattr(time, "time", lambda: REAL_TIME() + step)  # decode's and the router's wall clock
     received_at, wall_at_receipt = time.monotonic(), time.time()  # the router gets prefill's answer
@@ -101,7 +101,7 @@ def test_a_stepped_wall_clock_still_admits_pulls_and_reuses_1_3_leases(step, key
               remote_engine_id=remote.remote_engine_id, remote_instance_id=remote.remote_instance_id,
               remote_block_ids=list(spec.remote_block_ids), local_block_ids=list(spec.local_block_ids),
               remote_tp_size=remote.tp_size, remote_lease_expiry=remote.remote_lease_expiry,
-              remote_lease_deadline=remote.lease_deadline)  # as the worker passes them
+              remote_lease_deadline=remote.lease_deadline, lease_id=remote.remote_lease_id)  # as the worker does
     ok, reason = wait_for(sink, "r13")
     print(f"wall clock {step:+.0f}s: 1.3 params admitted, pulled ok={ok} in {time.monotonic() - t0:.3f}s {reason}")
     assert ok, reason

@@ -46,8 +46,8 @@ class SourceProc(LineProc):
         self.base_port: int = ready["base_port"]
         self.instance_id: str = ready["instance_id"]
 
-    def hold(self, rid: str, blocks: list[int]) -> float:
-        return self.cmd("hold", rid=rid, blocks=blocks)["expiry"]
+    def hold(self, rid: str, blocks: list[int], lease_id: bytes | None = None) -> float:
+        return self.cmd("hold", rid=rid, blocks=blocks, lease=lease_id.hex() if lease_id else "")["expiry"]
 
     def released(self) -> list[str]:
         return self.cmd("poll")["released"]

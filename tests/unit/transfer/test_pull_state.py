@@ -166,6 +166,32 @@ ROWS: list[tuple[str, ps.PullState, Any, Phase, list[Any], dict[str, Any]]] = [
                                                                          lease_bound=T0 + 1, deadline=T0 + 30,
                                                                          acked=True),
      ps.Tick(T0 + 2.1, WALL), Phase.DONE, [ps.Do.COMPLETE], {}),
+    # params 1.4 (single_use): the READ waits for the source's grant of this lease id, nothing else
+    ("1.4: the lease bound posts nothing before the grant", pull(remote_instance_id="i1", lease_bound=T0 + 30,
+                                                                  single_use=True),
+     ready(clock_offset=0.0, clock_error=0.01), Phase.ATTACHED, [], {"deadline": None}),
+    ("1.4: eager posts nothing before the grant", pull(remote_instance_id="i1", lease_bound=T0 + 30, single_use=True,
+                                                        config={"eager": True}),
+     ready(), Phase.ATTACHED, [], {}),
+    ("1.4: a 1.2-style expiry posts nothing before the grant", pull(remote_instance_id="i1", remote_lease_expiry=WALL + 30,
+                                                                     single_use=True),
+     ready(clock_offset=0.0, clock_error=0.01), Phase.ATTACHED, [], {}),
+    ("1.4: a tick with the bound but no grant waits", attached(lease_bound=T0 + 30, single_use=True),
+     ps.Tick(T0 + 0.1, WALL), Phase.ATTACHED, [], {}),
+    ("1.4: the grant arrived first: posts on attach", pull(remote_instance_id="i1", single_use=True, acked=True,
+                                                           deadline=T0 + 30),
+     ready(), Phase.ATTACHED, [ps.Do.POST], {}),
+    ("1.4: granted: the next tick posts", attached(single_use=True, acked=True, deadline=T0 + 30,
+                                                   hb={"in_flight": False}),
+     ps.Tick(T0 + 0.1, WALL), Phase.ATTACHED, [ps.Do.POST], {}),
+    ("1.4: 'released by you' is no confirmation: a replay fails", reading(single_use=True),
+     answer(None, released_by_us=True, gone=True), Phase.FAILING, [EXPIRED, *FAIL],
+     {"acked": False, "released_by_us": False,
+      "failure": "the source no longer holds the request's blocks (lease expired or already released)"}),
+    ("1.4: a spent lease id is gone: fails before any READ", attached(single_use=True, lease_bound=T0 + 30),
+     answer(None, gone=True), Phase.FAILING, [EXPIRED, *FAIL], {"posted_at": None}),
+    ("1.3 (negative control): the same answer completes the pull", reading(),
+     answer(None, released_by_us=True, gone=True), Phase.READ_DONE, [], {"acked": True, "released_by_us": True}),
     ("a custom retry policy is followed", attached(deadline=T0 + 30, config={"retry": HeartbeatRetry(budget_seconds=0)}),
      ps.HeartbeatFailed(T0 + 1, WALL + 1, "timeout"), Phase.FAILING, FAIL, {}),
     # ticks
@@ -308,4 +334,22 @@ def test_a_whole_pull_walks_the_phases() -> None:
     s, out = ps.step(s, ps.Tick(T0 + 0.07, WALL))
     assert out == [ps.CheckReads(T0 + 0.07)]
     s, out = ps.step(s, ps.ReadStates(T0 + 0.07, T0 + 0.08, True, False))
+    assert (s.phase, out) == (Phase.DONE, [ps.Do.COMPLETE])
+
+
+def test_a_1_4_pull_walks_the_phases_only_after_the_grant() -> None:
+    """Start to done with a lease id: handshake and bound first, nothing posted until the ack."""
+    s, out = ps.step(ps.PullState("r", "prefill-0", T0, "i1", lease_bound=T0 + 30, where="h:1", single_use=True,
+                                  config=ps.Config(eager=True)), ps.Start(T0))
+    assert out == [ps.Do.SEND_HEARTBEAT]
+    s, out = ps.step(s, ready())
+    assert (s.phase, out) == (Phase.ATTACHED, [])          # verified, bound left, eager: still no READ
+    s, out = ps.step(s, ps.Tick(T0 + 0.015, WALL))
+    assert out == []
+    s, out = ps.step(s, answer(30.0))
+    assert s.acked and out == []
+    s, out = ps.step(s, ps.Tick(T0 + 0.03, WALL))
+    assert out == [ps.Do.POST]
+    s, out = ps.step(s, ps.Posted(T0 + 0.03, T0 + 0.04, 10))
+    s, out = ps.step(s, ps.ReadStates(T0 + 0.05, T0 + 0.06, True, False))
     assert (s.phase, out) == (Phase.DONE, [ps.Do.COMPLETE])

@@ -259,3 +259,139 @@ def test_release_unclaimed_frees_only_a_lease_no_reader_claimed(touch, released)
         assert t.extend(["a"], now=3.0, agent="decode-agent") == ({}, ["a"], [])
     else:  # the reader goes on holding it
         assert t.extend(["a"], now=3.0, agent="decode-agent")[0] == {"a": 10.0}
+
+
+# -- single-use leases (params 1.4, issue 30) ---------------------------------------------------------
+L1, L2, FORGED = b"\x01" * 16, b"\x02" * 16, b"\x0f" * 16
+
+
+@pytest.mark.parametrize("held, given, want", [
+    (None, None, True),  # a lease from before 1.4, a reader of 1.3 params
+    (L1, L1, True),
+    (L1, None, False),  # names the request, not the lease: a 1.3 reader, a thief, a forged notification
+    (L1, FORGED, False),
+    (L1, L2, False),
+    (None, L1, False),  # an id for a lease held without one proves nothing either
+])  # fmt: skip
+def test_proves(held, given, want):
+    from pdfleet.connector.transfer.leases import proves
+
+    assert proves(held, given) is want
+
+
+def test_a_lease_with_an_id_acts_only_on_messages_naming_it():
+    t = LeaseTable(10.0)
+    t.hold("r", [1], now=0.0, lease_id=L1)
+    # a key holder who knows the request id but not the lease id: learns nothing, ends nothing
+    assert t.extend(["r"], now=0.5, agent="thief", lease_ids=[None]) == ({}, [], [])
+    assert t.extend(["r"], now=0.5, agent="thief", lease_ids=[FORGED]) == ({}, [], [])
+    assert t.release(["r"], agent="thief") == [] and t.release(["r"], agent="thief", lease_ids=[FORGED]) == []
+    assert not t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="thief")  # forged notification
+    assert t.release_unclaimed(["r"], [FORGED]) == []
+    assert t.proof_refused == 6 and t.refused == 0 and len(t) == 1
+    # none of that claimed it: the reader who has the params does (negative control: the same calls with the id)
+    assert t.extend(["r"], now=1.0, agent="sink-a", lease_ids=[L1])[0] == {"r": 10.0}
+    assert t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="sink-a", lease_id=L1)
+    assert t.collect(now=1.1) == ["r"]
+
+
+def test_a_spent_lease_id_never_confirms_or_starts_another_pull():
+    t = LeaseTable(10.0)
+    t.hold("r", [5], now=0.0, lease_id=L1)
+    assert t.extend(["r"], now=0.1, agent="sink-a", lease_ids=[L1])[0] == {"r": 10.0}
+    assert t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="sink-a", lease_id=L1)
+    assert t.collect(now=0.2) == ["r"]
+    # the same agent replays the params: gone, and never "released by you" (its own earlier pull's word)
+    assert t.extend(["r"], now=1.0, agent="sink-a", lease_ids=[L1]) == ({}, ["r"], [])
+    assert not t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="sink-a", lease_id=L1)
+    assert t.spent_refused == 2
+    # the request id held again (blocks reused) under a new id: the old id still gets nothing
+    t.hold("r", [5], now=2.0, lease_id=L2)
+    assert t.extend(["r"], now=2.1, agent="sink-a", lease_ids=[L1]) == ({}, ["r"], [])
+    assert not t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="sink-a", lease_id=L1)
+    assert t.release(["r"], agent="sink-a", lease_ids=[L1]) == [] and len(t) == 1
+    # negative control: a lease without an id (1.3) credits the same agent's late ask
+    t.hold("old", [6], now=3.0)
+    assert t.complete("old", readers=1, reader_index=0, parts=1, part=0, agent="sink-a")
+    assert t.extend(["old"], now=3.1, agent="sink-a") == ({}, ["old"], ["old"])
+
+
+def test_expired_and_released_ids_are_spent_too():
+    t = LeaseTable(1.0)
+    t.hold("x", [1], now=0.0, lease_id=L1)
+    t.hold("y", [2], now=0.0, lease_id=L2)
+    assert t.release(["y"], agent="sink-a", lease_ids=[L2]) == ["y"]
+    assert sorted(t.collect(now=1.5)) == ["x", "y"]
+    assert t.extend(["x", "y"], now=1.6, agent="sink-a", lease_ids=[L1, L2]) == ({}, ["x", "y"], [])
+    assert t.spent_refused == 2 and t.proof_refused == 0
+
+
+def test_early_completions_without_the_id_do_not_complete_a_1_4_hold():
+    t = LeaseTable(10.0)
+    assert not t.complete("r", readers=1, reader_index=0, parts=1, part=0, agent="forger")  # before the hold
+    assert not t.complete("q", readers=1, reader_index=0, parts=1, part=0, agent="forger", lease_id=L2)
+    assert t.proof_refused == 1  # a 1.4 reader posts nothing before its grant: an early one with an id is forged
+    t.hold("r", [1], now=0.0, lease_id=L1)
+    assert t.collect(now=0.1) == [] and len(t) == 1  # still held
+    # negative control: without a lease id (1.3) the early completion releases the hold, as before
+    t.complete("s", readers=1, reader_index=0, parts=1, part=0, agent="sink-a")
+    t.hold("s", [2], now=0.2)
+    assert t.collect(now=0.3) == ["s"]
+
+
+def test_spent_ids_are_bounded_in_count_and_age():
+    from pdfleet.connector.transfer.leases import SpentIds
+
+    spent = SpentIds(limit=3, ttl=10.0)
+    for i in range(5):
+        spent.add(bytes([i]) * 16, now=float(i))
+    assert len(spent) == 3 and bytes([1]) * 16 not in spent and bytes([4]) * 16 in spent
+    spent.prune(now=12.5)  # ids 2 (spent at 2.0) is older than 10 s
+    assert bytes([2]) * 16 not in spent and bytes([3]) * 16 in spent
+    with pytest.raises(ValueError):
+        SpentIds(limit=0, ttl=1.0)
+    # a forgotten spent id still matches no live lease: the request is then unknown, never granted
+    t = LeaseTable(1.0)
+    t._spent = SpentIds(limit=1, ttl=100.0)
+    t.hold("a", [1], now=0.0, lease_id=L1)
+    t.hold("b", [2], now=0.0, lease_id=L2)
+    t.collect(now=2.0)  # both expired; only one id fits the memory
+    assert len(t._spent) == 1
+    left, gone, mine = t.extend(["a", "b"], now=3.0, agent="sink-a", lease_ids=[L1, L2])
+    assert left == {} and mine == [] and sorted(gone) == ["a", "b"]  # the request ids are remembered apart
+
+
+@pytest.mark.parametrize("lease_ids, problem", [
+    ([b"\x01" * 16], None),
+    ([b""], None),
+    ([], None),
+    ([b"\x01" * 15], "16 bytes"),
+    ([b"\x01" * 16, b"\x02" * 16], "2 lease ids for 1 request ids"),
+])  # fmt: skip
+def test_heartbeat_lease_ids_are_checked(lease_ids, problem):
+    req = wire.HeartbeatRequest(id=1, request_ids=["r"], lease_ids=lease_ids)
+    if problem is None:
+        got = wire.lease_id_list(req)
+        assert got == (None if not lease_ids else [lease_ids[0] or None])
+        return
+    with pytest.raises(wire.BadMessage, match=problem):
+        wire.lease_id_list(req)
+
+
+def test_a_notification_carries_the_lease_id_and_an_old_source_ignores_it():
+    import msgspec
+
+    n = wire.Notif("r", 1, 0, 1, 0, b"\x01" * 16)
+    assert wire.decode_notif(wire.encode_notif(n)) == n
+    assert wire.decode_notif(wire.encode_notif(wire.Notif("r", 1, 0, 1, 0))).lease_id == b""
+    with pytest.raises(wire.BadMessage, match="lease id of 3 bytes"):
+        wire.decode_notif(wire.encode_notif(wire.Notif("r", 1, 0, 1, 0, b"abc")))
+
+    class OldNotif(msgspec.Struct, array_like=True, frozen=True):  # a source before 1.4
+        request_id: str
+        readers: int
+        reader_index: int
+        parts: int
+        part: int
+
+    assert msgspec.msgpack.decode(wire.encode_notif(n), type=OldNotif).request_id == "r"
