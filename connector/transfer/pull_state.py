@@ -8,7 +8,8 @@ events are the edge's clocks: ``now`` monotonic, ``wall`` unix time; nothing her
 Phases (``Phase``):
 - HANDSHAKE: no peer yet; a handshake with the source is on its way.
 - ATTACHED: the peer is known; the READs wait until they may be posted (the instance verified
-  and a lease deadline known, or verified only with ``eager``).
+  and a lease deadline known, or verified only with ``eager``; a single-use lease, params 1.4,
+  only once the source granted it: an ack to a heartbeat naming its lease id).
 - READING: READs posted, in flight.
 - READ_DONE: every READ finished; the first lease ack is still awaited.
 - FAILING: failed; waiting until no READ can still write local blocks.

@@ -16,7 +16,8 @@ Life of a pull:
    ``eager_post=True`` they are posted as soon as the instance is verified by
    ``remote_instance_id`` (saves one side-channel round trip); the request still only
    completes if the ack then confirms the lease, else it fails and the data is discarded.
-   Each READ carries a completion notification to the source.
+   Each READ carries a completion notification to the source. A pull with a lease id (params 1.4)
+   names it in every message and posts only after the source's grant of it, whatever the mode.
 6. ``poll`` reports the request done when every READ is DONE, the ack arrived, and the
    completion was seen before the deadline; otherwise failed with a reason. While it
    waits, heartbeats extend the lease. A transfer or handshake error drops the peer so
