@@ -235,7 +235,7 @@ def _number(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
-_LEASE_ID = re.compile(r"^[0-9a-f]{%d}$" % (2 * lease_id_bytes))
+_LEASE_ID = re.compile(rf"^[0-9a-f]{{{2 * lease_id_bytes}}}$")
 
 
 def new_lease_id() -> bytes:
