@@ -28,5 +28,10 @@ VLLM_SHM_SPIN_NAP_US = "PDFLEET_VLLM_SHM_SPIN_NAP_US"
 # or the engine's wall clock (time.time) is stepped by the seconds the file holds.
 TEST_STUCK_READS = "PDFLEET_TEST_STUCK_READS"
 TEST_WALL_CLOCK_STEP = "PDFLEET_TEST_WALL_CLOCK_STEP"
+# The bearer token the engines require on their OpenAI API (issue 30): vLLM reads it from VLLM_API_KEY
+# (its --api-key, never in args); the router (and the EPP) send it, from ENGINE_API_KEY, on every
+# upstream request. Both come from the fleet's generated Secret through secretKeyRef.
+VLLM_API_KEY = "VLLM_API_KEY"
+ENGINE_API_KEY = "PDFLEET_ENGINE_API_KEY"
 # Every test-only hook's name starts so: a fleet spec may never set one (validate, CRD, plan refuse it).
 TEST_PREFIX = "PDFLEET_TEST_"

@@ -4,12 +4,13 @@ the upstream HTTP session, and the background work a request can leave behind (r
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
 
-from pdfleet.connector.router import lease_release
+from pdfleet.connector.router import engine_auth, lease_release
 from pdfleet.connector.router.abandon import Abandoned
 from pdfleet.connector.router.decode_leg import DecodeLeg
 from pdfleet.connector.router.endpoints import RevisionEndpoints
@@ -69,6 +70,7 @@ class RouterState:
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._decode_timeout, auto_decompress=False,
             skip_auto_headers=("User-Agent",),
+            middlewares=engine_auth.middlewares(os.environ),  # the engines answer only the fleet's token
         )
 
     async def close(self) -> None:

@@ -43,6 +43,7 @@ OWNED_FLAGS = (
     "--kv-events-config",  # the router subscribes where the plan says engines publish
     "--prefix-caching-hash-algo",  # the router reproduces the plan's block hash
     "--config",  # a YAML file of flags: could set any of these
+    "--api-key",  # the engines answer only the fleet's token (plan/auth.py); a flag would replace it
 )
 # vLLM's short aliases of owned flags (vllm/engine/arg_utils.py).
 OWNED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-n": "--nnodes", "-r": "--node-rank"}
@@ -601,6 +602,11 @@ def operator_only_errors(spec: DisaggregatedInferenceSpec) -> list[FieldError]:
                     FieldError(f"spec.{path}[{i}]", f"{arg.split('=', 1)[0]!r} sets {flag}, which pdfleet sets from "
                                "the spec; remove it from extraArgs")
                 )
+    for path, env in [("engine.env", spec.engine.env)] + [(f"{r}.env", spec.role(r).env) for r in ROLES]:
+        for i, var in enumerate(env):
+            if var.name == env_names.VLLM_API_KEY:
+                errors.append(FieldError(f"spec.{path}[{i}].name", f"{env_names.VLLM_API_KEY} is set by pdfleet from "
+                                         "the fleet's generated Secret (the engines answer only the fleet)"))
     if spec.network.network_policy:
         env_lists = [("engine.env", spec.engine.env)] + [(f"{r}.env", spec.role(r).env) for r in ROLES]
         for path, env in env_lists:

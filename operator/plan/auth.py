@@ -1,4 +1,5 @@
-"""The side channel's key: the user's Secret, or one the operator generates per fleet (pure).
+"""The fleet's generated Secrets (pure): the side channel's key (the user's Secret, or one the
+operator generates per fleet) and the engines' API token (always generated).
 
 Secure by default: without ``kvTransfer.authSecretRef`` the engines still sign every
 side-channel message, with a key the operator generates once per fleet and keeps in
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Optional
 
+from pdfleet.contract import env as env_names
 from pdfleet.contract import labels
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
@@ -58,3 +60,45 @@ def generated_secret(fleet: str, namespace: str, key: bytes, owner: Optional[dic
         # Never changed after creation: immutable Secrets are also cheaper for the kubelet.
         "data": {GENERATED_KEY: base64.b64encode(key.hex().encode()).decode()},
     }
+
+
+# The engines' API token (issue 30): vLLM's --api-key, through VLLM_API_KEY, so that the engines'
+# OpenAI API answers only the fleet (the router, and the EPP). /health and /metrics stay open to the
+# kubelet and Prometheus: vLLM 0.32 guards only the paths under /v1, /v2, /inference and /cohere.
+API_TOKEN_KEY = "token"
+
+
+def api_secret_name(fleet: str) -> str:
+    return f"{fleet}-engine-api"
+
+
+def api_token_env(fleet: str, name: str) -> dict[str, Any]:
+    """An env entry holding the fleet's engine API token, from its Secret (never a literal value).
+    The engines get it as VLLM_API_KEY, the router as ENGINE_API_KEY; the EPP's Deployment mounts it
+    the same way (``api_token_env(fleet, env_names.ENGINE_API_KEY)``)."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": api_secret_name(fleet), "key": API_TOKEN_KEY}}}
+
+
+def engine_api_token_env(fleet: str) -> dict[str, Any]:
+    return api_token_env(fleet, env_names.VLLM_API_KEY)
+
+
+def client_api_token_env(fleet: str) -> dict[str, Any]:
+    """For whatever sends requests to the engines: the router, the EPP."""
+    return api_token_env(fleet, env_names.ENGINE_API_KEY)
+
+
+def generated_api_secret(fleet: str, namespace: str, token: bytes, owner: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The Secret holding the engines' API token (hex text: a header-safe bearer token)."""
+    if len(token) < 16:
+        raise ValueError("a generated engine API token must have at least 16 bytes")
+    meta: dict[str, Any] = {
+        "name": api_secret_name(fleet),
+        "namespace": namespace,
+        "labels": naming.fleet_labels(fleet),
+        "annotations": {GENERATED_ANNOTATION: "engine-api-token"},
+    }
+    if owner:
+        meta["ownerReferences"] = [dict(owner)]
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "data": {API_TOKEN_KEY: base64.b64encode(token.hex().encode()).decode()}}

@@ -147,7 +147,7 @@ def engine_env(spec: DisaggregatedInferenceSpec, role: str) -> dict[str, str]:
     if spec.kv_transfer.buffer_device == "cuda":  # CPU-only UCX would warn about an unused variable
         env[UCX_CUDA_IPC_GET_ZCOPY] = "y"
     for var in [*spec.engine.env, *spec.role(role).env]:
-        if not var.name.startswith(env_names.TEST_PREFIX):
-            env[var.name] = var.value
+        if not var.name.startswith(env_names.TEST_PREFIX) and var.name != env_names.VLLM_API_KEY:
+            env[var.name] = var.value  # the API token comes from the fleet's Secret only (plan/auth.py)
     return env
 

@@ -10,7 +10,7 @@ from pdfleet.contract import ports
 from pdfleet.operator.api.rules import gpus
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain, naming
-from pdfleet.operator.plan.auth import auth_secret
+from pdfleet.operator.plan.auth import auth_secret, engine_api_token_env
 from pdfleet.operator.plan.engine import (
     ENGINE_MODULE,
     KV_EVENTS_PORT,
@@ -42,7 +42,7 @@ def side_channel_ports(spec: DisaggregatedInferenceSpec, role: str) -> list[tupl
     return [(SIDE_CHANNEL_PORT_NAME if r == 0 else f"{SIDE_CHANNEL_PORT_NAME}-{r}", base + r) for r in range(tp)]
 
 
-def _env(spec: DisaggregatedInferenceSpec, role: str) -> list[dict[str, Any]]:
+def _env(fleet: str, spec: DisaggregatedInferenceSpec, role: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         # The side channel must be reachable by other pods and must not be
         # 0.0.0.0 or localhost, which make decode dial itself.
@@ -56,6 +56,7 @@ def _env(spec: DisaggregatedInferenceSpec, role: str) -> list[dict[str, Any]]:
             ref = source.hf.token_secret_ref
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env += [{"name": k, "value": v} for k, v in engine_env(spec, role).items()]
+    env.append(engine_api_token_env(fleet))  # last: a spec env var of that name cannot replace the Secret's
     return env
 
 
@@ -160,7 +161,7 @@ def pod_template(ctx: Context, spec: DisaggregatedInferenceSpec, role: str) -> d
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python3", "-m", ENGINE_MODULE],
         "args": vllm_args(spec, role, ctx.revision),
-        "env": _env(spec, role),
+        "env": _env(ctx.fleet, spec, role),
         "ports": ports,
         "volumeMounts": mounts,
         **_probes(HTTP_PORT_NAME),

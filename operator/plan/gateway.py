@@ -18,6 +18,7 @@ from pdfleet.contract.labels import ROLE_DECODE, ROLE_EPP
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain, kinds, naming, router
+from pdfleet.operator.plan.auth import client_api_token_env
 from pdfleet.operator.plan.meta import Context, metadata
 
 POOL = kinds.INFERENCE_POOL
@@ -76,8 +77,10 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
             {"name": gw.GRPC_PORT_NAME, "containerPort": spec.gateway.inference_pool.epp_port, "protocol": "TCP"},
             {"name": HTTP_NAME, "containerPort": gw.EPP_METRICS, "protocol": "TCP"},
         ],
-        # like the router: only Services whose owner reference carries this uid are the fleet's
-        **({"env": [{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}]} if ctx.owner else {}),
+        # like the router: only Services whose owner reference carries this uid are the fleet's, and the
+        # engines answer only the fleet's API token (plan/auth.py; the EPP's prefill leg sends it)
+        "env": [*([{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}] if ctx.owner else []),
+                client_api_token_env(ctx.fleet)],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},

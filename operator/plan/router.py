@@ -11,6 +11,7 @@ from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain, naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
+from pdfleet.operator.plan.auth import client_api_token_env
 from pdfleet.operator.plan.meta import Context, metadata
 
 RESTRICTED_CONTAINER_SECURITY = {
@@ -75,7 +76,9 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
         "args": router_args(ctx, spec),
         "ports": [{"name": HTTP_NAME, "containerPort": spec.router.port, "protocol": "TCP"}],
         # the router trusts only Services whose owner reference carries this uid (connector/router/ownership.py)
-        **({"env": [{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}]} if ctx.owner else {}),
+        # and sends the engines the fleet's API token (plan/auth.py), which only it and the EPP mount
+        "env": [*([{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}] if ctx.owner else []),
+                client_api_token_env(ctx.fleet)],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},

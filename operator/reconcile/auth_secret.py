@@ -1,4 +1,5 @@
-"""Creates each fleet's generated side-channel key Secret, once (the I/O edge of plan/auth.py).
+"""Creates each fleet's generated Secrets, once (the I/O edge of plan/auth.py): the side-channel key
+and the engines' API token (issue 30); both are handled alike.
 
 The operator only ever *creates* this Secret (POST). A 409 AlreadyExists is checked:
 the existing Secret's metadata (only; PartialObjectMetadata, so no key reaches the
@@ -21,7 +22,9 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan.auth import KEY_BYTES, generated_secret, generated_secret_name, needs_generated_secret
+from pdfleet.operator.plan.auth import (
+    KEY_BYTES, api_secret_name, generated_api_secret, generated_secret, generated_secret_name, needs_generated_secret,
+)
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.ownership import ownership
@@ -36,23 +39,33 @@ class AuthSecrets:
         self._client = client
         self._clock = clock
         self._keygen = keygen
-        self._confirmed: dict[tuple[str, str, str], float] = {}  # (namespace, fleet, uid) -> when
+        self._confirmed: dict[tuple[str, str, str, str], float] = {}  # (namespace, fleet, uid, Secret) -> when
         self.created = 0
 
     async def ensure(self, namespace: str, fleet: str, spec: DisaggregatedInferenceSpec,
                      owner: Optional[Mapping[str, Any]]) -> tuple[Optional[str], Optional[str]]:
-        """(error, not owned): (None, None) when the Secret the engines mount is the fleet's (or the user
-        brings one); an error to retry; or the Secret's ref when one of that name is someone else's."""
-        if not needs_generated_secret(spec):
-            return None, None
+        """(error, not owned): (None, None) when the Secrets the engines mount are the fleet's (or the user
+        brings the side-channel key); an error to retry; or a Secret's ref when one of that name is someone
+        else's. Two Secrets: the side-channel key (unless the user brings one) and the engines' API token."""
+        made = []
+        if needs_generated_secret(spec):
+            made.append((generated_secret_name(fleet), generated_secret))
+        made.append((api_secret_name(fleet), generated_api_secret))
+        for name, build in made:
+            error, foreign = await self._ensure_one(namespace, fleet, name, build, owner)
+            if error or foreign:
+                return error, foreign
+        return None, None
+
+    async def _ensure_one(self, namespace: str, fleet: str, name: str, build: Callable[..., dict[str, Any]],
+                          owner: Optional[Mapping[str, Any]]) -> tuple[Optional[str], Optional[str]]:
         uid = str((owner or {}).get("uid", ""))
-        key = (namespace, fleet, uid)
+        key = (namespace, fleet, uid, name)
         seen = self._confirmed.get(key)
         now = self._clock()
         if seen is not None and now - seen < RECHECK_SECONDS:
             return None, None
-        name = generated_secret_name(fleet)
-        body = generated_secret(fleet, namespace, self._keygen(), dict(owner) if owner else None)
+        body = build(fleet, namespace, self._keygen(), dict(owner) if owner else None)
         try:
             await self._client.create(SECRET, body)
             self.created += 1

@@ -11,7 +11,7 @@ import logging
 import pytest
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import eventually
-from operator_scenarios import CR_RESOURCE, STS, condition, fleet, scenario_create, settle, wait_status
+from operator_scenarios import CR_RESOURCE, DEPLOY, STS, condition, fleet, scenario_create, settle, wait_status
 
 from pdfleet.operator.plan import plan
 
@@ -45,7 +45,7 @@ async def test_generated_key_secret_created_once_kept_and_never_leaked(kube, sta
     await d.patch_cr("llama", {"metadata": {"annotations": {"touched": "yes"}}})
     await eventually(lambda: d.operator_runs() >= runs + 2, what="two more reconciles")
     await settle(d)
-    assert len(secret_creates(kube)) == 1
+    assert len(secret_creates(kube)) == 2  # this key and the engines' API token (issue 30)
 
     # An operator restart tries once, gets 409 AlreadyExists, and keeps the key.
     await d.operator.astop()
@@ -55,9 +55,9 @@ async def test_generated_key_secret_created_once_kept_and_never_leaked(kube, sta
     await settle(d)
     again = kube.get(SECRETS, NAMESPACE, "llama-kv-auth")
     assert again["data"] == secret["data"] and again["metadata"]["resourceVersion"] == version
-    # 409, then a metadata-only read of its owner: ours (never patched or listed)
-    assert [(c.verb, c.status) for c in secret_creates(kube, mark)] == [("create", 409), ("get", 200)]
-    assert [c.verb for c in secret_creates(kube)] == ["create", "create", "get"]
+    # 409, then a metadata-only read of its owner: ours (never patched or listed); the same for the API token
+    assert [(c.verb, c.status) for c in secret_creates(kube, mark)] == [("create", 409), ("get", 200)] * 2
+    assert [c.verb for c in secret_creates(kube)] == ["create", "create"] + ["create", "get"] * 2
 
     # The key is nowhere but in the Secret.
     haystacks = {
@@ -85,7 +85,9 @@ async def test_user_secret_ref_is_mounted_and_no_secret_is_generated(driver: Fak
         assert vols["side-channel-secret"]["secret"] == {
             "secretName": "my-key", "items": [{"key": "k", "path": "side-channel-secret"}], "defaultMode": 0o400}
     assert kube.get(SECRETS, NAMESPACE, "own-kv-auth") is None
-    assert not secret_creates(kube)
+    # only the engines' API token is generated (issue 30)
+    assert [s["metadata"]["name"] for s in kube.list(SECRETS, NAMESPACE)] == ["own-engine-api"]
+    assert len(secret_creates(kube)) == 1
 
 
 async def test_two_fleets_get_different_keys(driver: FakeDriver, kube):
@@ -121,3 +123,34 @@ async def test_squatted_key_secret_is_never_used(driver: FakeDriver, kube):
     ours = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "llama-kv-auth"), timeout=20, what="our Secret")
     assert ours["metadata"]["ownerReferences"][0]["name"] == "llama" and ours["data"] != squat["data"]
     await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, timeout=20, what="the engines")
+
+
+async def test_engine_api_token_is_generated_mounted_by_reference_and_a_squatted_one_is_never_used(driver, kube):
+    """Issue 30: the engines' API token Secret is generated once per fleet and owned by it; the engines
+    (VLLM_API_KEY) and the router (PDFLEET_ENGINE_API_KEY) take it through secretKeyRef. One of that name
+    made by someone else (who knows the token) stops every workload, as the side-channel key does."""
+    squat = await kube.put(SECRETS, NAMESPACE, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                                                "metadata": {"name": "llama-engine-api", "namespace": NAMESPACE},
+                                                "data": {"token": base64.b64encode(b"0" * 64).decode()}})
+    await driver.create_cr(fleet())
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["reason"] == "NotOwned", "NotOwned")
+    assert "Secret/llama-engine-api" in condition(st, "Ready")["message"]
+    await settle(driver)
+    assert kube.list(STS, NAMESPACE) == [] and kube.get(DEPLOY, NAMESPACE, "llama-router") is None
+    assert kube.get(SECRETS, NAMESPACE, "llama-engine-api") == squat
+
+    await kube.remove(SECRETS, NAMESPACE, "llama-engine-api")
+    ours = await eventually(lambda: kube.get(SECRETS, NAMESPACE, "llama-engine-api"), timeout=20, what="ours")
+    token = base64.b64decode(ours["data"]["token"]).decode()
+    assert len(token) == 64 and ours["metadata"]["ownerReferences"][0]["name"] == "llama"
+    await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, timeout=20, what="the engines")
+    ref = {"secretKeyRef": {"name": "llama-engine-api", "key": "token"}}
+    for sts in kube.list(STS, NAMESPACE):
+        env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["VLLM_API_KEY"]["valueFrom"] == ref
+    router = await eventually(lambda: kube.get(DEPLOY, NAMESPACE, "llama-router"), what="the router")
+    env = {e["name"]: e for e in router["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PDFLEET_ENGINE_API_KEY"]["valueFrom"] == ref
+    everything = json.dumps([o for res in ("apps/v1/statefulsets", "apps/v1/deployments", "v1/configmaps",
+                                           "v1/services", "v1/events") for o in kube.list(res, NAMESPACE)])
+    assert token not in everything and token not in json.dumps(kube.get(CR_RESOURCE, NAMESPACE, "llama"))
