@@ -20,9 +20,25 @@ window's total goodput given what each tenant offered; J = (sum x)^2 / (n sum x^
 Goals (issue 22): interactive TTFT p90 under flow control <= 1.2x the unloaded figure; J >= 0.9;
 every request answered or refused with 429.
 
-    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/flow_control.py [--seconds 15] [--json out.json]
+Issue 31's parts (``--parts``; the default runs all four):
+  overload    the three runs above;
+  bounds      in-process, the queue discipline alone, this tree's against the one before issue 31 (read
+              from git when there): queue entries and traced memory after 100,000 pass-throughs behind
+              one waiting request (goal: no growth beyond maxQueuedRequests entries); time per arrival at a
+              full queue of 20,000 tenants against 20 (goal: within 2x);
+  throughput  closed loop at saturation (3x decode's slots of clients sending back to back) through the
+              real router on the fake engines: flow control off, on, and on with the decode leg reporting
+              to the gate (``gate.decode_started()`` from Picker.acquire(decode), patched into the router
+              process until the picker calls it); goal: on / off >= 0.97;
+  cost        in-process, the gate in front of a fake decode of 8 slots whose time is 5 ms per token: two
+              tenants at the same request rate, one asking 4x the tokens (a alone asks 0.6 of decode, b
+              2.4); Jain's index of their decode time (each over its max-min fair share) with fairness
+              "requests" and "cost" (goal >= 0.9).
 
-About a minute; stops by itself (every client request has a deadline, every child is killed at the end).
+    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/flow_control.py [--seconds 15] [--json out.json]
+    flock /tmp/pdfleet-cpu.lock .venv/bin/python bench/flow_control.py --parts bounds throughput cost
+
+About a minute per part; stops by itself (every client request has a deadline, every child is killed at the end).
 """
 
 from __future__ import annotations
@@ -275,6 +291,234 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 1)
 
 
+# ---- issue 31: bounds, throughput at saturation, fairness by cost ------------------
+
+def _old_discipline():
+    """The discipline before issue 31, from git (None when there is no history to read it from)."""
+    import importlib.util
+    import tempfile
+    try:
+        rev = subprocess.run(["git", "log", "-1", "--format=%H", "--grep", "the bounds flow control states",
+                              "--", "connector/router/flow/discipline.py"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        src = subprocess.run(["git", "show", f"{rev}~1:connector/router/flow/discipline.py"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if not rev or not src:
+        return None
+    path = Path(tempfile.mkdtemp()) / "old_discipline.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("old_discipline", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_discipline"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _entries(fq) -> int:
+    if hasattr(fq, "entries"):
+        return fq.entries()
+    return len(fq._arrivals) + sum(len(q) for c in fq.classes for q in c.flows.values())  # the old queue
+
+
+def bounds_of(module, label: str) -> dict:
+    import time
+    import tracemalloc
+
+    out: dict = {"discipline": label}
+    # memory: one low-class request waits behind the top class's headroom while 100,000 pass through
+    fq = module.FlowQueue([1, 1], 1000, 3600.0)
+    tracemalloc.start()
+    fq.offer(module.Item("slow", 1, 0.0))
+    before = tracemalloc.get_traced_memory()[0]
+    for n in range(100_000):
+        fq.offer(module.Item(f"t{n % 50}", 0, 1.0 + n * 1e-4))
+        fq.dispatch(3, 4)
+    out["entries_after_100k"] = _entries(fq)
+    out["traced_growth_mib"] = round((tracemalloc.get_traced_memory()[0] - before) / 2**20, 2)
+    tracemalloc.stop()
+    # per arrival at a full queue of 20,000 low-class requests from T tenants; arrivals are top class
+    # (best of 3: the machine is shared, and the best run is the one least disturbed)
+    for tenants in (20, 20_000):
+        best = float("inf")
+        for _ in range(3):
+            fq = module.FlowQueue([1, 1], 20_000, 3600.0)
+            for n in range(20_000):
+                fq.offer(module.Item(f"t{n % tenants}", 1, float(n)))
+            arrivals = [module.Item(f"h{n}", 0, 30_000.0 + n) for n in range(5_000 if tenants == 20 or
+                                                                               hasattr(fq, "entries") else 200)]
+            t0 = time.perf_counter()
+            for it in arrivals:
+                fq.offer(it)
+            best = min(best, (time.perf_counter() - t0) / len(arrivals))
+        out[f"arrival_us_{tenants}_tenants"] = round(best * 1e6, 2)
+    out["arrival_ratio"] = round(out["arrival_us_20000_tenants"] / out["arrival_us_20_tenants"], 2)
+    return out
+
+
+def part_bounds() -> dict:
+    from pdfleet.connector.router.flow import discipline
+
+    rows = [bounds_of(discipline, "this tree")]
+    old = _old_discipline()
+    if old is not None:
+        rows.append(bounds_of(old, "before issue 31"))
+    print("| discipline | entries after 100,000 pass-throughs | traced growth MiB | us/arrival at 20 tenants "
+          "| at 20,000 | ratio |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['discipline']} | {r['entries_after_100k']} | {r['traced_growth_mib']} | "
+              f"{r['arrival_us_20_tenants']} | {r['arrival_us_20000_tenants']} | {r['arrival_ratio']} |")
+    new = rows[0]
+    print(f"goals: entries <= maxQueuedRequests (1000): {new['entries_after_100k']}; "
+          f"arrival time 20,000 vs 20 tenants <= 2x: {new['arrival_ratio']}x")
+    return {"bounds": rows}
+
+
+# A router process whose decode leg reports to the gate, as the picker will (one line in Picker.acquire).
+_HOOKED_ROUTER = """
+import sys
+from pdfleet.connector.router import picker
+from pdfleet.connector.router.flow import gate
+_acquire = picker.Picker.acquire
+def acquire(self, role, url):
+    _acquire(self, role, url)
+    if role == "decode":
+        gate.decode_started()
+picker.Picker.acquire = acquire
+from pdfleet.operator.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_router_cmd(prefill: str, decode: str, flow: dict | None, hooked: bool) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    head = [sys.executable, "-c", _HOOKED_ROUTER] if hooked else [sys.executable, "-m", "pdfleet.operator.cli"]
+    cmd = head + ["router", "--port", str(port), "--prefill", prefill, "--decode", decode, "--prefill-policy",
+                  LEAST_OUTSTANDING, "--decode-policy", LEAST_OUTSTANDING, "--log-level", "WARNING"]
+    if flow is not None:
+        cmd += ["--flow-control", json.dumps(flow)]
+    proc = start(cmd, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, timeout=30, interval=0.1)
+    return proc, url
+
+
+async def closed_loop(url: str, clients: int, seconds: float) -> tuple[int, int]:
+    """(completed, refused) by ``clients`` sending back to back for ``seconds`` (completions counted when
+    their last byte came within the window)."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    done = refused = 0
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": TOKENS, "stream": True}
+
+    async def client(session) -> None:
+        nonlocal done, refused
+        while loop.time() < end:
+            async with session.post(url + "/v1/completions", json=body, headers={TENANT_HEADER: "t"}) as resp:
+                await resp.read()
+                if resp.status == 429:
+                    refused += 1
+                    await asyncio.sleep(0.05)
+                elif resp.status == 200 and loop.time() <= end:
+                    done += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=CLIENT_DEADLINE_S)) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    return done, refused
+
+
+def part_throughput(prefill: str, decode: str, seconds: float, in_flight: int) -> dict:
+    flow = {"enabled": True, "maxQueueSeconds": 30, "maxQueuedRequests": 1000, "maxInFlightPerDecode": in_flight}
+    clients = 3 * DECODE_SLOTS
+    rows = []
+    for name, cfg, hooked in (("off", None, False), ("on", flow, False), ("on, decode reported", flow, True),
+                              ("off (again)", None, False)):
+        proc, url = start_router_cmd(prefill, decode, cfg, hooked)
+        try:
+            asyncio.run(closed_loop(url, clients, 2.0))  # warm the connections
+            done, refused = asyncio.run(closed_loop(url, clients, seconds))
+        finally:
+            stop_groups([proc.pid], [proc], grace_s=5)
+        rows.append({"run": name, "rps": round(done / seconds, 2), "refused": refused})
+        print(f"  {rows[-1]}", flush=True)
+    off = (rows[0]["rps"] + rows[3]["rps"]) / 2
+    print(f"\n| run | completed req/s | vs off (mean of both off runs: {off:.2f}) | refused |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['rps']} | {r['rps'] / off:.3f} | {r['refused']} |")
+    print(f"goal: on / off >= 0.97 (capacity {CAPACITY:.0f} req/s; {clients} clients back to back)")
+    return {"throughput": rows, "off_rps": off}
+
+
+async def _cost_run(fairness: str, seconds: float) -> dict:
+    """Two tenants, same request rate, b asks 4x the tokens; decode time 5 ms per token, 8 slots."""
+    from prometheus_client import CollectorRegistry
+
+    from pdfleet.connector.router.flow.cost import estimate_cost
+    from pdfleet.connector.router.flow.gate import FlowGate, Shed
+    from pdfleet.contract.flow_control import FlowControlConfig
+
+    slots, per_token = 8, 0.005
+    tokens = {"a": 20, "b": 80}
+    g = FlowGate(FlowControlConfig(enabled=True, max_in_flight_per_decode=slots, max_queued=400,
+                                   max_queue_s=60, fairness=fairness), CollectorRegistry())
+    g.set_ready_decodes(1)
+    # per tenant: a's decode demand alone is 0.6 of decode (b's 2.4): both ask for more than an equal share
+    rate = 0.6 * slots / (per_token * tokens["a"])
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    end = t0 + seconds
+    busy = {t: 0.0 for t in tokens}
+    rng = random.Random(31)
+
+    async def one(tenant: str) -> None:
+        body = {"prompt": "hello", "max_tokens": tokens[tenant]}
+        try:
+            async with g.admit({TENANT_HEADER: tenant}, cost=estimate_cost(body, chat=False)):
+                start = loop.time()
+                await asyncio.sleep(per_token * tokens[tenant])
+                busy[tenant] += max(0.0, min(loop.time(), end) - max(start, t0))
+        except Shed:
+            pass
+
+    async def arrivals(tenant: str) -> list:
+        tasks = []
+        t = t0
+        while True:
+            t += rng.expovariate(rate)
+            if t >= end:
+                return tasks
+            await asyncio.sleep(max(0.0, t - loop.time()))
+            tasks.append(asyncio.create_task(one(tenant)))
+
+    groups = await asyncio.gather(*(arrivals(t) for t in tokens))
+    for task in [t for g_ in groups for t in g_]:
+        task.cancel()
+    await asyncio.gather(*[t for g_ in groups for t in g_], return_exceptions=True)
+    total = sum(busy.values())
+    fair = max_min_fair({t: rate * per_token * n * seconds for t, n in tokens.items()}, total)
+    x = [busy[t] / fair[t] for t in tokens]
+    return {"fairness": fairness, "decode_share": {t: round(busy[t] / total, 3) for t in tokens},
+            "jain_decode_time": round(sum(x) ** 2 / (len(x) * sum(v * v for v in x)), 3),
+            "utilisation": round(total / (slots * seconds), 3)}
+
+
+def part_cost(seconds: float) -> dict:
+    rows = [asyncio.run(_cost_run(f, seconds)) for f in ("requests", "cost")]
+    print("| fairness | decode time share a (20 tokens) / b (80 tokens) | Jain by decode time | decode busy |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['fairness']} | {r['decode_share']['a']} / {r['decode_share']['b']} | {r['jain_decode_time']} "
+              f"| {r['utilisation']} |")
+    print(f"goal: Jain by decode time >= 0.9 with fairness by cost: {rows[1]['jain_decode_time']}")
+    return {"cost": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=15.0, help="load window of each overloaded run")
@@ -282,10 +526,29 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--in-flight-per-decode", type=int, default=IN_FLIGHT_PER_DECODE,
                     help="flowControl.maxInFlightPerDecode; default %(default)s (the decode's slots)")
+    ap.add_argument("--parts", nargs="+", choices=("overload", "bounds", "throughput", "cost"),
+                    default=["overload", "bounds", "throughput", "cost"])
     ap.add_argument("--engines", action="store_true", help=argparse.SUPPRESS)  # child: serve the fake engines
     args = ap.parse_args()
     if args.engines:
         serve_engines()
+        return 0
+    figures: dict = {}
+    if "bounds" in args.parts:
+        figures.update(part_bounds())
+    if "cost" in args.parts:
+        figures.update(part_cost(min(args.seconds, 10.0)))
+    if "throughput" in args.parts:
+        engines = start([sys.executable, __file__, "--engines"], stdout=subprocess.PIPE, text=True)
+        try:
+            prefill_port, decode_port = json.loads(engines.stdout.readline())
+            figures.update(part_throughput(f"http://127.0.0.1:{prefill_port}", f"http://127.0.0.1:{decode_port}",
+                                           min(args.seconds, 10.0), args.in_flight_per_decode))
+        finally:
+            stop_groups([engines.pid], [engines], grace_s=5)
+    if "overload" not in args.parts:
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1))
         return 0
 
     engines = start([sys.executable, __file__, "--engines"], stdout=subprocess.PIPE, text=True)
@@ -336,8 +599,8 @@ def main() -> int:
     print(f"lost (neither answered nor refused with 429): flow control {flow['lost']}, unloaded {runs[0]['lost']}; "
           f"FIFO {fifo['lost']} {fifo['lost_why']}")
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "interactive_p90_ratio": ratio, "fifo_p90_ratio": fifo_ratio},
-                                        indent=1))
+        args.json.write_text(json.dumps({"runs": runs, "interactive_p90_ratio": ratio, "fifo_p90_ratio": fifo_ratio,
+                                         **figures}, indent=1))
     return 0 if lost == 0 else 1
 
 

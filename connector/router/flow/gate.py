@@ -21,7 +21,7 @@ endpoints of the serving revision. A request holds a decode from its decode leg 
 says when, with ``decode_started()``), not during its prefill leg or the router's own delays; the
 gate keeps decode full by letting a pipeline of requests through ahead of it, as many as decode
 frees while one prefill leg runs (Little's law: capacity x mean pre-decode time / mean decode time,
-at most capacity). Until a front end reports decode legs, every admitted request counts as a decode
+with a margin, at most capacity). Until a front end reports decode legs, every admitted request counts as a decode
 (no pipeline): the gate as before.
 """
 
@@ -52,6 +52,10 @@ from pdfleet.connector.router.flow.discipline import (
 _MAX_TENANT_LEN = 128  # longer ids are hashed: memory per queued request stays bounded
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _EWMA = 0.1  # weight of the newest request in the means (service time for Retry-After, stage times)
+# The pipeline is sized for the mean; arrivals at decode vary around it, so a little more keeps decode
+# from idling (measured: bench/flow_control.py --parts throughput); the surplus waits at most one
+# prefill leg inside decode.
+PIPELINE_MARGIN = 1.5
 _ADMITTED = None  # a waiting request's future resolves to this, or to the reason it was shed
 _current: contextvars.ContextVar[Optional["Admission"]] = contextvars.ContextVar("pdfleet_flow_admission",
                                                                                  default=None)
@@ -152,10 +156,12 @@ class FlowGate:
 
     def pipeline(self) -> int:
         """Requests let through beyond decode's capacity, to be in their prefill legs when decode frees
-        slots: capacity x mean pre-decode time / mean decode time, at most capacity (0 until known)."""
+        slots: capacity x mean pre-decode time / mean decode time (x PIPELINE_MARGIN), at most capacity
+        (0 until known)."""
         if self.mean_pre_decode_s is None or not self.mean_decode_s:
             return 0
-        return min(self.capacity, math.ceil(self.capacity * self.mean_pre_decode_s / self.mean_decode_s))
+        return min(self.capacity,
+                   math.ceil(PIPELINE_MARGIN * self.capacity * self.mean_pre_decode_s / self.mean_decode_s))
 
     def effective_capacity(self) -> int:
         return self.capacity + self.pipeline() if self.capacity else 0
