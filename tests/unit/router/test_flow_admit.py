@@ -114,9 +114,9 @@ async def test_capacity_counts_decode_and_lets_a_pipeline_through_ahead_of_it() 
         gate_module.decode_started()
         gate_module.decode_started()  # a retried decode leg: the same hold
         assert (g.in_flight, g.in_decode) == (1, 1)
-        a.decode_at = loop.time() - 0.6  # 600 ms of decode
+        a.decode_at = loop.time() - 0.8  # 800 ms of decode
     assert (g.in_flight, g.in_decode) == (0, 0)
-    assert g.pipeline() == 1 and g.effective_capacity() == 5  # ceil(1.5 x 4 x 0.1 / 0.6)
+    assert g.pipeline() == 1 and g.effective_capacity() == 5  # ceil(1.5 x 4 x 0.1 / 0.8)
     g.mean_pre_decode_s = 10.0
     assert g.pipeline() == 4  # never more than decode's capacity again
 
