@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
 
 import aiohttp
@@ -23,7 +23,7 @@ from pdfleet.contract.labels import ROLE_DECODE, ROLLOUT
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.autoscale.planner_edge import _fetch
-from pdfleet.operator.autoscale.signals import MetricsError
+from pdfleet.operator.autoscale.signals import WENT_DOWN, MetricsError
 from pdfleet.operator.plan import naming
 from pdfleet.operator.reconcile.children import ObservedPod
 from pdfleet.operator.api import event_reasons as reasons
@@ -35,6 +35,7 @@ from pdfleet.operator.rollout.signals import (
     parse_decode_recomputed,
     parse_revision_sample,
     step_signals,
+    went_down,
 )
 
 Key = tuple[str, str]
@@ -74,9 +75,11 @@ def analysis_of(cr: DisaggregatedInference) -> canary.Analysis:
 
 class CanaryEdge:
     def __init__(self, post_event: PostEvent, *, fetch: Fetch = _fetch, interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 count_rejected: Callable[[str, int], None] = lambda reason, n: None):
         self.post_event = post_event
         self.fetch = fetch
+        self.count_rejected = count_rejected  # figures skipped (a router's counts went down within a step)
         self.interval_s = interval_s
         self.clock = clock
         self._baseline: dict[Key, tuple[Window, Snapshot]] = {}
@@ -167,6 +170,10 @@ class CanaryEdge:
                 if decodes is not None:
                     recomputed = decode_recomputed(base[1].decodes or {}, decodes,
                                                    cr.spec.decode.tensor_parallel_size)
+                if down := went_down(base[1].routers, routers):  # not monotonic: skipped, counted
+                    self.count_rejected(WENT_DOWN, len(down))
+                    rebased = replace(base[1], routers={**base[1].routers, **{p: routers[p] for p in down}})
+                    self._baseline[key] = base = (window, rebased)
                 signals = step_signals(base[1].routers, routers, recomputed)
         self._last[key] = (window, now, signals, trouble, snapshot)
         return signals, trouble, snapshot

@@ -110,7 +110,8 @@ class Reconciler:
         self.autoscalers = autoscalers   # (namespace, scaler name) -> HPAs that target it
         self.planner = PlannerEdge(client, self._event, fetch=self._screened_fetch,
                                    count_rejected=self._count_rejected)
-        self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s, fetch=self._screened_fetch)
+        self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s, fetch=self._screened_fetch,
+                                 count_rejected=self._count_rejected)
 
     async def _screened_fetch(self, url: str) -> str:
         """A router's /metrics page; the values the parsers will skip (NaN, negative) are counted here."""

@@ -89,6 +89,13 @@ def _restarted(cur: RevisionSample, before: RevisionSample) -> bool:
             or any(cur.itl.get(le, 0.0) < n for le, n in before.itl.items()))
 
 
+def went_down(baseline: Mapping[str, RevisionSample], current: Mapping[str, RevisionSample]) -> list[str]:
+    """Router pods whose counts went down since the step's baseline (a restart, or figures that are
+    not counters): the edge skips what they counted before and takes their current figures as their
+    new baseline, so that a step's figures only ever grow (issue 30)."""
+    return sorted(pod for pod, cur in current.items() if pod in baseline and _restarted(cur, baseline[pod]))
+
+
 def step_signals(baseline: Mapping[str, RevisionSample], current: Mapping[str, RevisionSample],
                  recomputed: Optional[float] = None) -> Signals:
     """The revision's figures since the baseline, from two scrapes of every router pod (keyed by pod);
