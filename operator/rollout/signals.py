@@ -3,8 +3,9 @@
 The router counts every generate request per revision and outcome
 (``pdfleet_router_revision_requests``) and keeps TTFT / ITL histograms per revision. A step's
 figures are the difference between a scrape at the step's start (the baseline) and now, summed
-over the fleet's router pods; a pod that restarted (a count went down) or appeared since counts
-from zero. p90s are computed like PromQL's histogram_quantile.
+over the fleet's router pods; a pod that appeared since counts from zero, and one whose counts went
+down (``went_down``) is rebased by the canary edge first (issue 30: counts only grow within a step).
+p90s are computed like PromQL's histogram_quantile.
 
 The recompute figure (``analysis.maxRecomputeRate``) counts requests the pair answered without moving
 their KV from its prefill:
