@@ -36,7 +36,14 @@ from pdfleet.connector.adapter.params import (
     wants_remote_decode,
     wants_remote_prefill,
 )
-from pdfleet.contract.kv_params import DO_REMOTE_PREFILL, RELEASE_KEY, error_params, release_reply, wants_release
+from pdfleet.contract.kv_params import (
+    DO_REMOTE_PREFILL,
+    RELEASE_KEY,
+    error_params,
+    lease_id_of,
+    release_reply,
+    wants_release,
+)
 
 __all__ = ["KeepAlive", "PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
 
@@ -67,6 +74,8 @@ class KeepAlive:
     tp_size: int
     remote_request_ids: tuple[str, ...]
     hosts: tuple[str, ...] = ()  # one per prefill node (remote_hosts); () = every rank at `host`
+    # params 1.4: each request's lease id, same order (None: params older than 1.4); () = none at all
+    lease_ids: tuple[bytes | None, ...] = ()
 
 
 @dataclass
@@ -79,6 +88,9 @@ class PdfleetConnectorMetadata(KVConnectorMetadata):
     releases: tuple[KeepAlive, ...] = ()
     # This prefill's own leases that the router says no decode will read: freed unless claimed.
     local_releases: tuple[str, ...] = ()
+    # params 1.4: the lease id of each hold (a fresh random one) and of each local release, by request id
+    hold_leases: dict[str, bytes] = field(default_factory=dict)
+    local_release_leases: dict[str, bytes] = field(default_factory=dict)
     params_rejected: int = 0
 
 
@@ -113,6 +125,8 @@ class SchedulerSide:
         self._rejected: dict[str, str] = {}  # request id -> reason
         self._pulls: dict[str, PullSpec] = {}
         self._holds: dict[str, tuple[int, ...]] = {}
+        self._hold_leases: dict[str, bytes] = {}  # request id -> the lease id its params carry
+        self._local_release_leases: dict[str, bytes] = {}
         self._rejected_since_meta = 0
         self._queued: dict[str, RemotePrefill] = {}  # valid remote prefills not yet pulled
         self._last_keep_alive = 0.0
@@ -138,7 +152,9 @@ class SchedulerSide:
             target = release_target(params, self._ring)
             if target is not None:  # a fleet prefill holds these blocks for us: free them now
                 host, port, tp, remote_id, hosts = target
-                self._refused_releases.append(KeepAlive(host, port, tp, (remote_id,), hosts))
+                lease_id = lease_id_of(params)  # signed: release_target verified it
+                self._refused_releases.append(KeepAlive(host, port, tp, (remote_id,), hosts,
+                                                        (lease_id,) if lease_id else ()))
 
     def _parse(self, request: Any) -> RemotePrefill | None:
         """The request's validated remote prefill, or None (not one, or rejected and recorded)."""
@@ -180,7 +196,11 @@ class SchedulerSide:
         try:
             if not self.is_producer:
                 raise InvalidTransferParams(RELEASE_KEY, "this server holds no leases (it is not a KV producer)")
-            self._local_releases.append(own_lease_to_release(params, engine_id=self.engine_id, ring=self._ring))
+            own = own_lease_to_release(params, engine_id=self.engine_id, ring=self._ring)
+            self._local_releases.append(own)
+            lease_id = lease_id_of(params)
+            if lease_id is not None:
+                self._local_release_leases[own] = lease_id
             self._release_replies[rid] = release_reply()
         except InvalidTransferParams as exc:
             held = self._drops.note(RELEASE_KEY, time.monotonic())
@@ -196,11 +216,12 @@ class SchedulerSide:
 
     @staticmethod
     def _group(remotes: Iterable[RemotePrefill]) -> tuple[KeepAlive, ...]:
-        groups: dict[tuple[tuple[str, ...], int, int], list[str]] = {}
+        groups: dict[tuple[tuple[str, ...], int, int], list[RemotePrefill]] = {}
         for r in remotes:
-            groups.setdefault((r.hosts, r.remote_port, r.tp_size), []).append(r.remote_request_id)
-        return tuple(KeepAlive(hs[0], p, tp, tuple(ids), hs if len(hs) > 1 else ())
-                     for (hs, p, tp), ids in groups.items())
+            groups.setdefault((r.hosts, r.remote_port, r.tp_size), []).append(r)
+        return tuple(KeepAlive(hs[0], p, tp, tuple(r.remote_request_id for r in rs), hs if len(hs) > 1 else (),
+                               tuple(r.remote_lease_id for r in rs) if any(r.remote_lease_id for r in rs) else ())
+                     for (hs, p, tp), rs in groups.items())
 
     def _keep_alive(self) -> tuple[KeepAlive, ...]:
         now = time.monotonic()
@@ -257,9 +278,11 @@ class SchedulerSide:
             pulls=self._pulls, holds=self._holds, keep_alive=self._keep_alive(),
             releases=self._group(self._releases) + tuple(self._refused_releases),
             local_releases=tuple(self._local_releases), params_rejected=self._rejected_since_meta,
+            hold_leases=self._hold_leases, local_release_leases=self._local_release_leases,
         )
         self._pulls, self._holds, self._rejected_since_meta, self._releases = {}, {}, 0, []
         self._refused_releases, self._local_releases = [], []
+        self._hold_leases, self._local_release_leases = {}, {}
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -306,6 +329,10 @@ class SchedulerSide:
             num_tokens=request.num_computed_tokens,
             hosts=self.node_hosts,
         )
+        # A fresh random lease id (params 1.4): the same goes to every worker's hold.
+        lease_id = lease_id_of(params)
+        assert lease_id is not None
+        self._hold_leases[rid] = lease_id
         if self._ring is not None:
             params[SIGNATURE_KEY] = sign_params(params, self._ring.current)
         return True, params

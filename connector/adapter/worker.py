@@ -202,18 +202,20 @@ class WorkerSide:
         if not isinstance(meta, PdfleetConnectorMetadata):
             return
         self._own["params_rejected"] += meta.params_rejected
+        hold_leases = getattr(meta, "hold_leases", {})
         for rid, ids in meta.holds.items():
             if self.source is None:
                 log.warning("hold for %s ignored: this worker is not a KV producer", rid)
                 continue
             try:
-                self.source.hold(rid, list(ids))
+                self.source.hold(rid, list(ids), lease_id=hold_leases.get(rid))
             except Exception:  # never let one request take the engine down; the lease is lost
                 log.exception("hold of %s failed", rid)
         local = getattr(meta, "local_releases", ())
         if local and self.source is not None:  # after the holds: a release may follow its hold in one step
             try:
-                self.source.release_unread(list(local))
+                by_id = getattr(meta, "local_release_leases", {})
+                self.source.release_unread(list(local), [by_id.get(r) for r in local])
             except Exception:  # best effort: the lease then runs its course
                 log.exception("releasing %d unread lease(s) failed", len(local))
         for rid, spec in meta.pulls.items():
@@ -222,13 +224,13 @@ class WorkerSide:
             for ka in meta.keep_alive:
                 try:
                     self.sink.keep_alive(list(ka.remote_request_ids), host=self._host_of(ka), port=ka.port,
-                                         remote_tp_size=ka.tp_size)
+                                         remote_tp_size=ka.tp_size, lease_ids=list(ka.lease_ids) or None)
                 except Exception:  # best effort: a lost heartbeat only shortens a lease
                     log.exception("keep_alive to %s:%d", ka.host, ka.port)
             for rel in getattr(meta, "releases", ()):
                 try:
                     self.sink.release(list(rel.remote_request_ids), host=self._host_of(rel), port=rel.port,
-                                      remote_tp_size=rel.tp_size)
+                                      remote_tp_size=rel.tp_size, lease_ids=list(rel.lease_ids) or None)
                 except Exception:  # best effort: a lost notice only means the lease runs out
                     log.exception("release to %s:%d", rel.host, rel.port)
 
@@ -267,6 +269,8 @@ class WorkerSide:
                 remote_lease_expiry=remote.remote_lease_expiry,
                 # params >= 1.3: bounds heartbeat retries only (monotonic, shared with the scheduler)
                 remote_lease_deadline=remote.lease_deadline,
+                # params >= 1.4: named in every lease message; the READ waits for the source's grant of it
+                lease_id=remote.remote_lease_id,
             )
         except Exception as exc:  # the core promises not to raise; never let it kill the engine
             log.exception("KV pull of %s raised", rid)

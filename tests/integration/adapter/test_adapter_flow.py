@@ -30,6 +30,9 @@ def test_basic_pd_flow(pair):
     assert params["do_remote_prefill"] is True and params["remote_request_id"] == pid
     assert params["remote_block_ids"] == [p_blocks[: len(params["remote_block_ids"][0])]]
     assert params["remote_instance_id"] == prefill.worker._worker.instance_id
+    # params 1.4: the scheduler's fresh lease id, and the worker holds the lease under that same id
+    assert params["pdfleet_params_version"] == "1.4" and len(params["remote_lease_id"]) == 32
+    assert prefill.worker._worker.source._leases._leases[pid].lease_id == bytes.fromhex(params["remote_lease_id"])
     free_before = prefill.free_blocks()
 
     dreq = request(n, dict(params), max_tokens=3, seed=3)
@@ -51,6 +54,9 @@ def test_basic_pd_flow(pair):
     assert prefill.free_blocks() > free_before
     stats = decode.worker.get_kv_connector_stats()
     assert stats is not None and stats.data["transfers"] == 1 and stats.data["bytes"] > 0
+    # every message decode sent named the lease id: none refused, the lease ended by its completion
+    prefill_stats = prefill.worker._worker.cumulative_stats()
+    assert prefill_stats["lease_proof_refused"] == 0 and prefill_stats["leases_completed"] == 1
 
 
 def test_prompt_shorter_than_a_block_pulls_nothing(pair):
