@@ -41,7 +41,7 @@ def env_of(c: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("spec", [
     {},
     {"decode": {"nodesPerReplica": 2, "tensorParallelSize": 2}},   # a LeaderWorkerSet
-    {"gateway": {"inferencePool": {"enabled": True}}},              # the EPP beside the router
+    {"gateway": {"inferencePool": {"enabled": True, "allowFrom": [{"namespaceSelector": {}}]}}},  # the EPP too
 ])
 def test_only_engines_router_and_epp_get_the_token_from_the_secret(spec: dict[str, Any]) -> None:
     assert api_secret_name("t") == REF["secretKeyRef"]["name"]
