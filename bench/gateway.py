@@ -150,7 +150,7 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
 
         router_cfg = dataclasses.replace(base, port=free_port())
         epp_cfg = dataclasses.replace(base, port=free_port())
-        grpc_port, listen, admin = free_port(), free_port(), free_port()
+        grpc_port = free_port()
         router = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "router", *router_cfg.to_argv(),
                                    "--log-level", "WARNING"], stderr=subprocess.DEVNULL)
         epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *epp_cfg.to_argv(),
@@ -166,9 +166,9 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
                     except (httpx.HTTPError, ValueError, KeyError):
                         pass
                     await asyncio.sleep(0.2)
-        envoy = Envoy(render(BUFFERED, listen_port=listen, epp_port=grpc_port, admin_port=admin,
-                             decode_only=base.decode), admin)
+        envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0, decode_only=base.decode))
         envoy.start()
+        listen = envoy.listener_port()
         procs.append(envoy)
         metrics_url = f"http://127.0.0.1:{epp_cfg.port}/metrics"
         paths = {"router": (f"http://127.0.0.1:{router_cfg.port}", [router.pid]),
@@ -250,7 +250,7 @@ def main() -> int:
                                 for e in engines),
                 tokenizer=str(mdir), block_size=BLOCK, hash_seed=hash_seed(tiny_spec()),
                 prefill_policy=PREFIX_AWARE, decode_policy=PREFIX_AWARE, port=free_port())
-            grpc_port, listen, admin = free_port(), free_port(), free_port()
+            grpc_port = free_port()
             epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *config.to_argv(),
                                     "--grpc-port", str(grpc_port), "--log-level", "WARNING"],
                                    stdout=subprocess.PIPE, text=True)
@@ -264,12 +264,12 @@ def main() -> int:
                     if health.status_code == 200 and health.json()["prefix_routing"].get("tokenizer"):
                         break
                     time.sleep(0.2)
-                envoy = Envoy(render(BUFFERED, listen_port=listen, epp_port=grpc_port, admin_port=admin,
+                envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0,
                                      decode_only=config.decode,
                                      message_timeout_s=message_timeout_for(config.prefill_timeout_s,
-                                                                           config.prefill_attempts)), admin)
+                                                                           config.prefill_attempts)))
                 envoy.start()
-                gateway = f"http://127.0.0.1:{listen}"
+                gateway = f"http://127.0.0.1:{envoy.listener_port()}"
                 paths = {"router": (fleet.router, fleet.proc.pid), "gateway": (gateway, epp.pid)}
                 results = {p: [] for p in paths}
                 cpu_s = {"router": 0.0, "gateway": 0.0, "envoy": 0.0}

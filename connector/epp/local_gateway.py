@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 
 from pdfleet.connector.epp.envoy_config import BUFFERED, message_timeout_for, render
-from pdfleet.connector.epp.envoy_process import Envoy, free_port
+from pdfleet.connector.epp.envoy_process import Envoy
 from pdfleet.connector.epp.server import EndpointPicker
 from pdfleet.contract.gateway import FAIL_CLOSE
 from pdfleet.contract.router_config import RouterConfig
@@ -27,15 +27,14 @@ class LocalGateway:
 
     async def start(self) -> str:
         epp_port = await self.epp.start("127.0.0.1", 0)
-        listen, admin = self.port or free_port(), free_port()
         cfg = self.config
         timeout = message_timeout_for(cfg.prefill_timeout_s, cfg.prefill_attempts,
                                       cfg.flow_control.max_queue_s if cfg.flow_control.enabled else 0.0)
-        self.envoy = Envoy(render(self.mode, listen_port=listen, epp_port=epp_port, admin_port=admin,
+        self.envoy = Envoy(render(self.mode, listen_port=self.port, epp_port=epp_port, admin_port=0,
                                   decode_only=cfg.decode, failure_mode=self.failure_mode,
-                                  message_timeout_s=timeout, connect_timeout_s=cfg.connect_timeout_s), admin)
+                                  message_timeout_s=timeout, connect_timeout_s=cfg.connect_timeout_s))
         await asyncio.to_thread(self.envoy.start)
-        self.url = f"http://127.0.0.1:{listen}"
+        self.url = f"http://127.0.0.1:{self.envoy.listener_port()}"
         return self.url
 
     async def stop(self) -> None:

@@ -71,15 +71,14 @@ class Gateway:
         """(Re)start Envoy, with ``changes`` to the arguments of the last start."""
         args = dict(self._envoy_args, **changes)
         extra_filters = args.pop("extra_filters")
-        listen, admin = free_port(), free_port()
-        config = render(args.pop("mode"), listen_port=listen, epp_port=self.epp_port, admin_port=admin,
+        config = render(args.pop("mode"), listen_port=0, epp_port=self.epp_port, admin_port=0,
                         connect_timeout_s=1.0, **args)
         anchor = "          - name: envoy.filters.http.ext_proc\n"
         for f in extra_filters:  # JSON is YAML: one flow-style list item, before ext_proc
             config = config.replace(anchor, f"          - {f}\n" + anchor)
-        self.envoy = Envoy(config, admin)
+        self.envoy = Envoy(config)
         await asyncio.to_thread(self.envoy.start)
-        self.url = f"http://127.0.0.1:{listen}"
+        self.url = f"http://127.0.0.1:{self.envoy.listener_port()}"
         return self.url
 
     async def close_envoy(self) -> None:
