@@ -30,7 +30,7 @@ _SSE_EVENT = b"data:"
 
 
 class RequestTiming:
-    __slots__ = ("metrics", "revision", "started", "last_chunk", "decode_streaming", "kv_fallback")
+    __slots__ = ("metrics", "revision", "started", "last_chunk", "decode_streaming", "kv_path_failed")
 
     def __init__(self, metrics: Any, revision: str) -> None:
         self.metrics = metrics
@@ -38,7 +38,7 @@ class RequestTiming:
         self.started = time.perf_counter()
         self.last_chunk: Optional[float] = None
         self.decode_streaming = False
-        self.kv_fallback = False
+        self.kv_path_failed = False
 
     def _gauge(self, name: str, *labels: str) -> Any:
         return getattr(self.metrics, name).labels(*labels, self.revision)
@@ -101,7 +101,7 @@ def kv_fallback() -> None:
     that ran out): the pair answers, but recomputes; the canary analysis counts it against the pair."""
     t = _current.get()
     if t is not None:
-        t.kv_fallback = True
+        t.kv_path_failed = True
 
 
 def finished(status: int) -> None:
@@ -109,5 +109,5 @@ def finished(status: int) -> None:
     t = _current.get()
     if t is None:
         return
-    outcome = OUTCOME_5XX if status >= 500 else OUTCOME_FALLBACK if t.kv_fallback else OUTCOME_ANSWERED
+    outcome = OUTCOME_5XX if status >= 500 else OUTCOME_FALLBACK if t.kv_path_failed else OUTCOME_ANSWERED
     t.metrics.revision_requests.labels(t.revision, outcome).inc()
