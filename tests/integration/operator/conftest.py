@@ -42,11 +42,25 @@ VOLCANO_PODGROUP_CRD = ("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGro
 INFERENCE_POOL_CRD = ("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
 
 _recorded: set[tuple[str, str, str, bool]] = set()
-_state = {"collected": 0, "passed": 0}
+_state: dict[str, Any] = {"collected": 0, "passed": 0, "files": set(), "deselected": 0}
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    _state["collected"] = sum(1 for i in items if HERE in pathlib.Path(str(i.fspath)).resolve().parents)
+    mine = [pathlib.Path(str(i.fspath)).resolve() for i in items]
+    mine = [p for p in mine if HERE in p.parents]
+    _state["collected"] = len(mine)
+    _state["files"] = set(mine)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _state["deselected"] += sum(1 for i in items if HERE in pathlib.Path(str(i.fspath)).resolve().parents)
+
+
+def _whole_directory_ran() -> bool:
+    """Every test module here collected, none of its tests deselected (-k, -m), all passed."""
+    every = {p.resolve() for p in HERE.glob("test_*.py")}
+    return (bool(_state["collected"]) and _state["files"] == every and not _state["deselected"]
+            and _state["passed"] == _state["collected"])
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -56,7 +70,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Regenerate only from a complete, green run of this directory: a partial run would drop calls.
-    if _state["collected"] and _state["passed"] == _state["collected"] and _recorded:
+    if _whole_directory_ran() and _recorded:
         def rows(keep: Callable[[str], bool]) -> list[dict[str, Any]]:
             return [{"verb": v, "group": g, "resource": r, "namespaced": n}
                     for v, g, r, n in sorted(_recorded) if keep(g)]
