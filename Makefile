@@ -66,5 +66,8 @@ crds: setup
 	$(VENV)/bin/pdfleet crd --kind scaler -o crds/pdfleet.io_disaggregatedinferencescalers.yaml
 	cp crds/pdfleet.io_disaggregatedinferencescalers.yaml charts/pdfleet/crds/pdfleet.io_disaggregatedinferencescalers.yaml
 
+lint: setup
+	$(VENV)/bin/ruff check operator connector contract tests bench docs
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
