@@ -538,6 +538,13 @@ def _peers_well_formed(spec: DisaggregatedInferenceSpec) -> bool:
     return True
 
 
+
+def _gateway_peers_named(spec: DisaggregatedInferenceSpec) -> bool:
+    """Secure by default: the gateway's way to decode is opened only to the peers the spec names."""
+    pool = spec.gateway.inference_pool
+    return not (pool.enabled and spec.network.network_policy) or bool(pool.allow_from)
+
+
 _POOL = "self.gateway.inferencePool"
 GATEWAY_RULES: tuple[Rule, ...] = (
     Rule(
@@ -552,6 +559,14 @@ GATEWAY_RULES: tuple[Rule, ...] = (
         check=_peers_well_formed,
         cel=f"!has({_POOL}.allowFrom) || {_POOL}.allowFrom.all(p, has(p.ipBlock)"
         " ? !(has(p.podSelector) || has(p.namespaceSelector)) : (has(p.podSelector) || has(p.namespaceSelector)))",
+    ),
+    Rule(
+        field="gateway.inferencePool.allowFrom",
+        message="is required with enabled and network.networkPolicy: name the gateway's proxies, which reach the "
+        "decode pods' engine port (e.g. a namespaceSelector of their namespace; namespaceSelector: {} admits every "
+        "namespace)",
+        check=_gateway_peers_named,
+        cel=f"!{_POOL}.enabled || !self.network.networkPolicy || (has({_POOL}.allowFrom) && size({_POOL}.allowFrom) > 0)",
     ),
 )
 SPEC_RULES = SPEC_RULES + GATEWAY_RULES

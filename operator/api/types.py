@@ -453,8 +453,9 @@ class InferencePoolSpec(Model):
     )
     allow_from: Annotated[list[NetworkPolicyPeer], Field(max_length=32)] = Field(
         default_factory=list,
-        description="With network.networkPolicy: the NetworkPolicy peers (networking.k8s.io/v1 from entries, e.g. "
-        "the gateway's namespace) allowed to reach the decode pods' engine port; empty: any source.",
+        description="The NetworkPolicy peers (networking.k8s.io/v1 from entries, e.g. the gateway's namespace) "
+        "allowed to reach the decode pods' engine port; required with network.networkPolicy (namespaceSelector: {} "
+        "admits every namespace).",
     )
 
 

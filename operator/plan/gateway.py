@@ -140,13 +140,11 @@ def pdb(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
 
 
 def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
-    """The gateway's proxies reach the decode pods' engine port (the fleet's policy admits only its own pods).
-    Only the engine port: side channel, KV events and UCX stay the fleet's."""
+    """The gateway's proxies (allowFrom) reach the decode pods' engine port (the fleet's policy admits only its
+    own pods). Only the engine port: side channel, KV events and UCX stay the fleet's."""
     peers = [p.model_dump(mode="json", by_alias=True, exclude_none=True)
              for p in spec.gateway.inference_pool.allow_from]
-    rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
-    if peers:
-        rule["from"] = peers
+    rule: dict[str, Any] = {"from": peers, "ports": [{"protocol": "TCP", "port": spec.engine.port}]}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -166,6 +164,8 @@ def children(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[dict[str, A
     out = [inference_pool(ctx, spec), *rbac(ctx), deployment(ctx, spec), service(ctx, spec)]
     if spec.disruption.enabled:
         out.append(pdb(ctx, spec))
-    if spec.network.network_policy:
+    # no peers named (validation refuses it): no opening, decode stays the fleet's alone (an empty `from`
+    # would admit every source)
+    if spec.network.network_policy and spec.gateway.inference_pool.allow_from:
         out.append(network_policy(ctx, spec))
     return out

@@ -23,6 +23,8 @@ from operator_scenarios import (
 
 pytestmark = pytest.mark.timeout(60)
 
+POOL_SPEC = {"enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}]}
+
 POOL = KIND_RESOURCES["InferencePool"]
 GATEWAY_CHILDREN = {("InferencePool", "llama"), ("Deployment", "llama-epp"), ("Service", "llama-epp"),
                     ("ServiceAccount", "llama-epp"), ("Role", "llama-epp"), ("RoleBinding", "llama-epp"),
@@ -41,7 +43,7 @@ async def wait_plan(d: FakeDriver) -> dict:
 
 async def test_the_pool_and_its_picker_live_and_die_with_the_fleet(driver: FakeDriver, kube):
     d = driver
-    cr = await d.create_cr(fleet(gateway={"inferencePool": {"enabled": True}}))
+    cr = await d.create_cr(fleet(gateway={"inferencePool": POOL_SPEC}))
     await wait_plan(d)
     assert GATEWAY_CHILDREN <= pairs(await fleet_children(d, "llama"))
     pool = await d.get(POOL, "llama")
@@ -87,7 +89,7 @@ async def test_the_pool_and_its_picker_live_and_die_with_the_fleet(driver: FakeD
 
 async def test_a_pool_changed_by_hand_is_put_back(driver: FakeDriver, kube):
     d = driver
-    await d.create_cr(fleet(gateway={"inferencePool": {"enabled": True}}))
+    await d.create_cr(fleet(gateway={"inferencePool": POOL_SPEC}))
     await wait_plan(d)
     await settle(d)
     resp = await kube.delete(f"/apis/inference.networking.k8s.io/v1/namespaces/{NAMESPACE}/inferencepools/llama")

@@ -62,7 +62,7 @@ def fleet_roles() -> list[dict]:
         "apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
         "metadata": {"name": "llama", "namespace": "team-a"},
         "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "network": {"networkPolicy": True},
-                 "gateway": {"inferencePool": {"enabled": True}}},
+                 "gateway": {"inferencePool": {"enabled": True, "allowFrom": [{"namespaceSelector": {}}]}}},
     }
     return by_kind(plan(resource), "Role")
 

@@ -20,7 +20,7 @@ def pod_monitor(values):
 
 def planned_pods():
     cr = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
-    cr["spec"]["gateway"] = {"inferencePool": {"enabled": True}}  # the Endpoint Picker's pods too
+    cr["spec"]["gateway"] = {"inferencePool": {"enabled": True, "allowFrom": [{"namespaceSelector": {}}]}}  # the EPP too
     resource = parse(cr)
     for obj in plan(resource, PlanOptions(default_image="registry.example/runtime:1", namespace="team-a")):
         if obj["kind"] in ("StatefulSet", "Deployment"):

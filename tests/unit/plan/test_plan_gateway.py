@@ -27,11 +27,14 @@ OWNER = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", 
          "controller": True, "blockOwnerDeletion": True}  # fmt: skip
 
 
+GW_NAMESPACE = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}]
+
+
 def cr(pool: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     out = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
     out["metadata"]["namespace"] = "ml"
     if pool is not None:
-        out["spec"]["gateway"] = {"inferencePool": copy.deepcopy(pool)}
+        out["spec"]["gateway"] = {"inferencePool": {"allowFrom": GW_NAMESPACE, **copy.deepcopy(pool)}}
     out["spec"].update(copy.deepcopy(spec))
     return out
 
@@ -173,7 +176,7 @@ def test_the_picker_pod_is_restricted_and_drains_like_the_router() -> None:
 
 # case, allowFrom, the ingress rule's from (None: any source)
 PEERS = [
-    ("any source", [], None),
+    ("every namespace", [{"namespaceSelector": {}}], [{"namespaceSelector": {}}]),
     ("the gateway's namespace", [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}],
      [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}]),
     ("a cidr", [{"ipBlock": {"cidr": "10.0.0.0/8"}}], [{"ipBlock": {"cidr": "10.0.0.0/8"}}]),
@@ -190,7 +193,20 @@ def test_the_gateway_reaches_only_the_decode_engine_port(case, allow, want) -> N
     assert selector.items() <= decode.items() and not selector.items() <= prefill.items()
     (rule,) = policy["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
-    assert rule.get("from") == want
+    assert rule["from"] == want
+
+
+def test_no_peers_no_opening() -> None:
+    """Validation refuses enabled + networkPolicy without allowFrom; the plan, given one anyway, opens nothing
+    (an empty `from` would admit every source) and decode stays the fleet's alone."""
+    from pdfleet.operator.plan import context, gateway
+
+    resource = parse(cr({"enabled": True}))
+    spec = resource.spec.model_copy(deep=True)
+    spec.gateway.inference_pool.allow_from = []
+    objs = gateway.children(context(resource), spec)
+    assert not [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert [o for o in gateway.children(context(resource), resource.spec) if o["kind"] == "NetworkPolicy"]
 
 
 @pytest.mark.parametrize("version", ["1.30.0", "1.33.0"])
