@@ -27,7 +27,25 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # one batch; vLLM's largest are a few hundr
 MAX_EVENTS_PER_BATCH = 65_536
 MAX_HASHES_PER_EVENT = 65_536
 MAX_HASH_BYTES = 64
-GPU_MEDIUMS = (None, "GPU")  # the engine's own cache; "CPU"/"STORAGE" tiers are not what prefill reuses
+GPU_MEDIUMS = (None, "GPU")
+# What a decoded event takes in Python objects, bounded (CPython 3.11): the struct and its list, about
+# 150 bytes; per hash an 8-byte list slot and an object of at most 36 bytes (an int up to 2**64; a bytes
+# hash's header is 33) and, for bytes, its content, which is no more than the event's wire size. An int
+# hash that msgpack packs in 1 to 9 bytes takes about 45 decoded: up to 45x its wire size, so the wire size
+# alone bounds nothing.
+DECODED_EVENT_BYTES = 160
+DECODED_PER_HASH = 48  # 44 measured for 64-bit ints, with the list's own slack
+
+
+def decoded_size(event: Any, wire_bytes: int) -> int:
+    """An upper bound of the bytes one decoded event holds (``wire_bytes``: its msgpack size)."""
+    hashes = getattr(event, "block_hashes", ())
+    return DECODED_EVENT_BYTES + DECODED_PER_HASH * len(hashes) + (0 if all_ints(hashes) else wire_bytes)
+
+
+def all_ints(hashes: list[Any]) -> bool:
+    return not hashes or (isinstance(hashes[0], int) and isinstance(hashes[-1], int)
+                          and not any(isinstance(h, bytes) for h in hashes))  # the engine's own cache; "CPU"/"STORAGE" tiers are not what prefill reuses
 
 _Hash = Union[int, Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]]
 _Hashes = Annotated[list[_Hash], msgspec.Meta(max_length=MAX_HASHES_PER_EVENT)]
@@ -82,10 +100,14 @@ def decode_seq(frame: bytes) -> int | None:
     return int.from_bytes(frame, "big", signed=True)
 
 
-def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -> Message | str:
+def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES,
+                   max_decoded_bytes: int | None = None) -> Message | str:
     """One multipart message as a Message, or the reason it is dropped.
 
     Reasons are short metric label values: frames, oversized, bad_seq, malformed, too_deep, dp_rank.
+    ``oversized``: the payload is over ``max_bytes``, or its events, decoded one by one, add up past
+    ``max_decoded_bytes`` (decoding stops there: at most one event more, MAX_HASHES_PER_EVENT hashes,
+    is held for a moment).
     Never raises: the subscriber's loop must survive any bytes a peer sends.
     """
     if len(frames) != 3:
@@ -106,9 +128,14 @@ def decode_message(frames: list[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES) -
         return "dp_rank"  # one engine, one data-parallel rank: another rank's blocks are not ours
     events: list[Event] = []
     unknown = 0
+    decoded = 0
     for raw in batch.events:
         try:
             events.append(_event_decoder.decode(raw))
+            if max_decoded_bytes is not None:
+                decoded += decoded_size(events[-1], len(raw))
+                if decoded > max_decoded_bytes:
+                    return "oversized"
         except RecursionError:
             return "too_deep"
         except msgspec.ValidationError as exc:

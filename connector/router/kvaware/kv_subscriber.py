@@ -1,12 +1,17 @@
 """One engine's KV event stream, read over ZMQ into its BlockIndex (the I/O edge).
 
-A SUB socket receives vLLM's batches; a DEALER socket asks the engine's replay
+A SUB connection receives vLLM's batches; a DEALER connection asks the engine's replay
 ROUTER for batches the router missed: at start (to learn what the engine
 cached before the router subscribed, and as a sign the stream is reachable)
 and after a sequence gap. A gap the replay cannot fill, or a publisher that
 starts over, resets the index: the router then knows less, never something
 false. Every message is checked by kv_events.decode_message (msgspec, bounded
 sizes); a bad one is dropped and counted, and changes nothing.
+
+Both connections speak ZMTP through zmtp.py rather than libzmq sockets, so that a *message* is
+bounded, not only each frame: a multipart message that never ends is refused at its bound, and
+its connection dropped (libzmq buffers such a message without limit). Each batch is decoded
+once, and its decoded size is bounded too (kv_events.decode_message's ``max_decoded_bytes``).
 """
 
 from __future__ import annotations
@@ -17,18 +22,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import zmq
-import zmq.asyncio
-
 from pdfleet.connector.router.kvaware import kv_events as ke
+from pdfleet.connector.router.kvaware import zmtp
 
 log = logging.getLogger("pdfleet.router.kv_events")
 
-# ZMQ drops a peer that sends a frame above max_bytes + this (decode_message counts those
-# between max_bytes and it as "oversized").
+# A connection is dropped when a message's frames add up past max_bytes + this (decode_message counts
+# those between max_bytes and it as "oversized"); the slack is for the topic and sequence frames.
 _FRAME_SLACK = 64 * 1024
-# Bytes of batches ZMQ may queue per socket (a publisher has two: live SUB, replay DEALER); the depth
-# in messages follows from the message cap.
+_LIVE_FRAMES, _REPLAY_FRAMES = 3, 4  # [topic, seq, payload]; a replayed batch has a delimiter first
+# Bytes of batches planned per connection (a publisher has two: live SUB, replay DEALER); the depth in
+# messages follows from the message cap (see Budget for what the router holds of it).
 LIVE_QUEUE_BYTES = 64 * 1024 * 1024
 _MIN_RCVHWM, _MAX_RCVHWM = 4, 10_000
 MIN_MESSAGE_BYTES = 64 * 1024  # the cap a tight budget may shrink a publisher's messages to
@@ -69,19 +73,26 @@ class Counters:
     def index_size(self, url: str, size: int) -> None: ...
 
 
-def safe_decode(frames: list[bytes], *, max_bytes: int) -> ke.Message | str:
+def decoded_allowance(max_bytes: int, depth: int) -> int:
+    """Bytes a publisher's decoded batch may take: its queue budget (``Budget.queue_bytes``) less the two
+    wire messages it holds while reading (one per connection)."""
+    return 2 * max(1, depth) * (max_bytes + _FRAME_SLACK)
+
+
+def safe_decode(frames: list[bytes], *, max_bytes: int, max_decoded_bytes: int | None = None) -> ke.Message | str:
     """decode_message, with anything it raises (a deeply nested batch: RecursionError) as "malformed"."""
     try:
-        return ke.decode_message(frames, max_bytes=max_bytes)
+        return ke.decode_message(frames, max_bytes=max_bytes, max_decoded_bytes=max_decoded_bytes)
     except Exception:  # noqa: BLE001 - a peer's bytes must never end the subscription
         return "malformed"
 
 
-def handle_message(state: EndpointState, frames: list[bytes], counters: Counters, *,
+def handle_message(state: EndpointState, message: list[bytes] | ke.Message, counters: Counters, *,
                    max_bytes: int, replay: Callable[[int, int], list[ke.Message] | None]) -> None:
-    """Apply one live message. ``replay(start, stop)``: the decoded batches [start, stop) or None."""
+    """Apply one live message (its frames, or the batch already decoded from them: a batch is decoded
+    once). ``replay(start, stop)``: the decoded batches [start, stop) or None."""
     url = state.source.url
-    msg = safe_decode(frames, max_bytes=max_bytes)
+    msg = safe_decode(message, max_bytes=max_bytes) if isinstance(message, list) else message
     if isinstance(msg, str):
         counters.dropped(url, msg)
         return
@@ -130,8 +141,9 @@ def live_queue_depth(max_bytes: int, queue_bytes: int = LIVE_QUEUE_BYTES) -> int
 
 @dataclass(frozen=True)
 class Budget:
-    """What one publisher may hold: ``depth`` messages of at most ``max_bytes`` queued on each of its two
-    sockets (plus one being received), and ``index_blocks`` block hashes in its index."""
+    """What one publisher may hold: ``queue_bytes`` for its batches, i.e. the message being read on each
+    of its two connections (at most ``max_bytes``) and one decoded batch (``decoded_allowance``: the
+    rest, room for ``depth`` messages a connection), and ``index_blocks`` block hashes in its index."""
 
     depth: int
     max_bytes: int
@@ -186,13 +198,14 @@ class Subscriber:
     batch brings it back.
     """
 
-    def __init__(self, state: EndpointState, counters: Counters, ctx: zmq.asyncio.Context, *,
+    def __init__(self, state: EndpointState, counters: Counters, ctx: object = None, *,
                  max_bytes: int = ke.MAX_MESSAGE_BYTES, depth: int | None = None, resume: bool = False) -> None:
         self.state = state
         self.counters = counters
-        self.ctx = ctx
+        self.ctx = ctx  # unused since the connections speak ZMTP themselves (kept for callers that pass one)
         self.max_bytes = max_bytes
         self.depth = live_queue_depth(max_bytes) if depth is None else depth
+        self.max_decoded_bytes = decoded_allowance(max_bytes, self.depth)
         # resume: the state is kept from a subscriber this one replaces (a smaller budget); a synced
         # state needs no initial replay, a gap in between is filled like any other
         self.resume = resume
@@ -219,34 +232,59 @@ class Subscriber:
                 self.counters.index_size(url, 0)
                 await asyncio.sleep(restart_delay(failures))
 
+    async def _connect_live(self) -> zmtp.Connection:
+        """The live connection; an engine not listening yet is retried every RETRY_S (as a libzmq
+        SUB would, quietly), with the initial replay tried meanwhile."""
+        while True:
+            try:
+                return await zmtp.Connection.open(self.state.source.endpoint, zmtp.SUB)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+                log.debug("KV events of %s: cannot connect yet: %r", self.state.source.url, exc)
+            await asyncio.sleep(RETRY_S)
+
+    async def _recv(self, conn: zmtp.Connection, max_frames: int) -> list[bytes]:
+        try:
+            return await conn.recv_multipart(max_bytes=self.max_bytes + _FRAME_SLACK, max_frames=max_frames)
+        except zmtp.MessageTooLarge as exc:
+            self.counters.dropped(self.state.source.url, exc.reason)
+            raise
+
+    async def _next_live(self, conn: list[zmtp.Connection]) -> list[bytes]:
+        if not conn:
+            conn.append(await self._connect_live())
+        return await self._recv(conn[0], _LIVE_FRAMES)
+
     async def run(self) -> None:
-        sub = self.ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, self.depth)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + _FRAME_SLACK)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(self.state.source.endpoint)
+        conn: list[zmtp.Connection] = []  # the live connection, once made
+        # connecting (and reading) goes on beside the initial replay, as a libzmq SUB's would
+        pending: asyncio.Future[list[bytes]] | None = asyncio.ensure_future(self._next_live(conn))
         try:
             if not (self.resume and self.state.synced):
                 await self._initial_replay()
             self.resume = False  # a restart after a failure starts over
             while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(self._next_live(conn))
                 if not self.state.synced and self.state.source.replay:
-                    # Until the stream is known to be reachable, ask again now and then.
-                    try:
-                        frames = await asyncio.wait_for(sub.recv_multipart(copy=True), RETRY_S)
-                    except asyncio.TimeoutError:
+                    # Until the stream is known to be reachable, ask again now and then (the read goes
+                    # on meanwhile: a message is never cut halfway).
+                    done, _ = await asyncio.wait({pending}, timeout=RETRY_S)
+                    if not done:
                         await self._initial_replay()
                         continue
-                else:
-                    frames = await sub.recv_multipart(copy=True)
+                frames = await pending
+                pending = None
                 await self._handle(frames)
         finally:
-            sub.close(linger=0)
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            for c in conn:
+                c.close()
 
     async def _handle(self, frames: list[bytes]) -> None:
         url = self.state.source.url
-        msg = safe_decode(frames, max_bytes=self.max_bytes)
+        msg = safe_decode(frames, max_bytes=self.max_bytes, max_decoded_bytes=self.max_decoded_bytes)
         if isinstance(msg, str):
             self.counters.dropped(url, msg)
             return
@@ -254,7 +292,7 @@ class Subscriber:
             verdict = ke.StreamTracker(self.state.tracker.last, self.state.tracker.replayed_upto).classify(msg.seq)
             if verdict == ke.GAP and self.state.source.replay:
                 await self._fill_gap(self.state.tracker.expected, msg.seq)
-            handle_message(self.state, frames, self.counters, max_bytes=self.max_bytes, replay=lambda a, b: None)
+            handle_message(self.state, msg, self.counters, max_bytes=self.max_bytes, replay=lambda a, b: None)
         except Exception:  # never let one message end the subscription
             log.exception("KV events from %s: message not applied", url)
             self.counters.dropped(url, "error")
@@ -304,28 +342,31 @@ class Subscriber:
 
     async def _replay(self, start: int, stop: int | None):
         """Yield the batches [start, stop) from the replay endpoint, one at a time; raise
-        _ReplayFailed when it does not answer in time or sends more than _MAX_REPLAYED."""
+        _ReplayFailed when it does not answer in time (each batch within REPLAY_TIMEOUT_S of the
+        last), sends more than _MAX_REPLAYED, or a message past the bounds."""
         if not self.state.source.replay:
             raise _ReplayFailed("no replay endpoint")
-        dealer = self.ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.RCVHWM, self.depth)
-        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_bytes + _FRAME_SLACK)
-        dealer.connect(self.state.source.replay)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + REPLAY_TIMEOUT_S  # an engine that is down must not stall the stream
+        # An engine that is down must not stall the stream: the connection, and each next batch, must come
+        # within REPLAY_TIMEOUT_S (the time applying what came is not counted; _MAX_REPLAYED bounds the rest).
         count = 0
+        dealer: zmtp.Connection | None = None
         try:
-            await dealer.send_multipart(ke.encode_replay_request(start))
+            try:
+                async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                    dealer = await zmtp.Connection.open(self.state.source.replay, zmtp.DEALER)
+                    await dealer.send_multipart(ke.encode_replay_request(start))
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, zmtp.ProtocolError) as exc:
+                raise _ReplayFailed(f"connect: {exc!r}") from None
             while True:
                 try:
-                    frames = await asyncio.wait_for(dealer.recv_multipart(copy=True),
-                                                    max(0.0, deadline - loop.time()))
-                except (asyncio.TimeoutError, TimeoutError):
-                    raise _ReplayFailed("timeout") from None
+                    async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                        frames = await self._recv(dealer, _REPLAY_FRAMES)
+                except (TimeoutError, asyncio.IncompleteReadError, OSError, zmtp.ProtocolError) as exc:
+                    raise _ReplayFailed(f"{exc!r}") from None  # the connection is dropped in any case
                 if ke.is_replay_end(frames):
                     return
-                msg = safe_decode(frames[1:], max_bytes=self.max_bytes)  # drop the delimiter
+                msg = safe_decode(frames[1:], max_bytes=self.max_bytes,  # drop the delimiter
+                                  max_decoded_bytes=self.max_decoded_bytes)
                 if isinstance(msg, str):
                     self.counters.dropped(self.state.source.url, msg)
                     continue
@@ -336,4 +377,5 @@ class Subscriber:
                     raise _ReplayFailed("too many batches")
                 yield msg
         finally:
-            dealer.close(linger=0)
+            if dealer is not None:
+                dealer.close()

@@ -103,3 +103,60 @@ def test_every_publisher_together_stays_within_the_total(total):
     # negative control: bounds per publisher only (as before) overrun the total with a few publishers
     old_queue = 2 * ks.live_queue_depth(8 * MiB) * 8 * MiB
     assert 8 * old_queue > total // 2 or total > 1024 * MiB
+
+
+# ---- issue 31: decoded size counted, one decode per batch ------------------------------------------
+
+def _batch(events: int, hashes: int, base: int = 1000) -> list[bytes]:
+    evs = [{"type": "BlockStored", "block_hashes": list(range(base + i * hashes, base + (i + 1) * hashes)),
+            "medium": "GPU"}
+           for i in range(events)]
+    return [b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([1.0, evs, 0])]
+
+
+@pytest.mark.parametrize("events,hashes,max_decoded,expected", [
+    (4, 1000, None, "ok"),  # no decoded bound: as before
+    (4, 1000, 4 * (ke.DECODED_EVENT_BYTES + ke.DECODED_PER_HASH * 1000), "ok"),
+    (4, 1000, 4 * (ke.DECODED_EVENT_BYTES + ke.DECODED_PER_HASH * 1000) - 1, "oversized"),  # the 4th tips it
+    (1, 60_000, 1_000_000, "oversized"),  # small ints: ~180 KB on the wire, ~2.6 MB decoded
+])
+def test_the_decoded_size_of_a_batch_is_bounded(events, hashes, max_decoded, expected) -> None:
+    msg = ke.decode_message(_batch(events, hashes), max_bytes=ke.MAX_MESSAGE_BYTES, max_decoded_bytes=max_decoded)
+    assert (msg if isinstance(msg, str) else "ok") == expected
+
+
+@pytest.mark.parametrize("base", [1000, 2**63])  # small ints (3 bytes on the wire) and 64-bit ones (9)
+def test_the_decoded_estimate_bounds_what_python_holds(base) -> None:
+    """The estimate is an upper bound of the decoded batch's real size (measured with tracemalloc)."""
+    import tracemalloc
+
+    frames = _batch(3, 20_000, base)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    msg = ke.decode_message(frames, max_bytes=ke.MAX_MESSAGE_BYTES)
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert isinstance(msg, ke.Message)
+    estimate = 3 * (ke.DECODED_EVENT_BYTES + ke.DECODED_PER_HASH * 20_000)
+    assert held <= estimate, (held, estimate)
+    assert held > estimate / 3, (held, estimate)  # and not wildly above it (the budget stays useful)
+
+
+async def test_a_live_batch_is_decoded_once(monkeypatch) -> None:
+    calls = []
+    real = ke.decode_message
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ke, "decode_message", counting)
+    state = ks.EndpointState(ks.EventSource("http://e", "tcp://127.0.0.1:1"), ke.BlockIndex())
+    sub = ks.Subscriber(state, ks.Counters())
+    await sub._handle(_batch(1, 10))
+    assert len(calls) == 1 and len(state.index) == 10
+
+
+def test_the_decoded_allowance_is_the_queue_budget_less_the_two_messages_being_read() -> None:
+    b = ks.plan_budget(3, total_bytes=64 * MiB, max_bytes=ke.MAX_MESSAGE_BYTES, index_max_blocks=10**6)
+    assert ks.decoded_allowance(b.max_bytes, b.depth) + 2 * (b.max_bytes + 64 * 1024) == b.queue_bytes
