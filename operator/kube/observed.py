@@ -11,7 +11,8 @@ from typing import Any, Mapping, Optional
 
 from pdfleet.contract import fabric
 from pdfleet.contract import labels as label_keys
-from pdfleet.operator.plan.kinds import OWNED_KINDS, POD_GROUP_KINDS, Kind
+from pdfleet.operator.kube.pool_status import ParentCondition, parse_parents
+from pdfleet.operator.plan.kinds import INFERENCE_POOL, OWNED_KINDS, POD_GROUP_KINDS, Kind
 
 ROLE_LABEL = label_keys.ROLE
 REVISION_LABEL = label_keys.REVISION
@@ -98,6 +99,7 @@ class ObservedChild:
     controller_uid: str = ""       # uid of the controller ownerReference
     revisions: tuple[str, ...] = ()   # a StatefulSet's status.currentRevision / updateRevision
     labels: tuple[tuple[str, str], ...] = ()
+    pool_parents: tuple[ParentCondition, ...] = ()  # an InferencePool's status.parents (the gateways' word)
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ def observe_child(body: Mapping[str, Any]) -> ObservedChild:
         controller_uid=(controller_of(meta) or ("", "", ""))[2],
         revisions=tuple(sorted({str(status[k]) for k in ("currentRevision", "updateRevision") if status.get(k)})),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        pool_parents=parse_parents(status) if body.get("kind") == INFERENCE_POOL.kind else (),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from pdfleet.contract.labels import ROLE_EPP
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
 from pdfleet.operator.kube.observed import ObservedChild, ObservedPod
+from pdfleet.operator.kube.pool_status import CONDITION_TYPE as POOL_ACCEPTED, pool_condition
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
 from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision, Endpoint, format_time
 from pdfleet.operator.rollout import canary as canary_core
@@ -217,6 +218,12 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     if inp.scaling_condition is not None:
         conds.append(Cond("ScalingLimited", *inp.scaling_condition))
     conds += canary_conditions(inp.strategy, d, inp.canary)
+    if inp.epp_enabled:  # informative: the router may serve while no gateway took the pool
+        pools = [c for c in inp.children if c.ref.kind == "InferencePool" and not c.deleting]
+        accepted = pool_condition(True, pools[0].pool_parents if pools else ())
+        if accepted is not None:
+            status, reason, message = accepted
+            conds.append(Cond(POOL_ACCEPTED, status if status == "Unknown" else status == "True", reason, message))
     if fabric is not None:
         conds.append(Cond(KV_TRANSPORT, fabric.status if fabric.status == "Unknown" else fabric.status == "True",
                           fabric.reason, fabric.message))

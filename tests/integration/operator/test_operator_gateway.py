@@ -96,3 +96,30 @@ async def test_a_pool_changed_by_hand_is_put_back(driver: FakeDriver, kube):
     assert resp.status == 200, await resp.text()
     await eventually(lambda: kube.get(POOL, NAMESPACE, "llama") is not None, what="the pool re-created")
 
+
+
+async def test_the_gateways_word_on_the_pool_reaches_the_fleets_status(driver: FakeDriver, kube):
+    d = driver
+    await d.create_cr(fleet(gateway={"inferencePool": POOL_SPEC}))
+    await wait_plan(d)
+    await wait_status(d, "llama", lambda s: condition(s, "InferencePoolAccepted")["reason"] == "NoParent", "NoParent")
+    applied = (await d.get(POOL, "llama"))["metadata"]["annotations"]["pdfleet.io/applied-hash"]
+    gateway = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": NAMESPACE, "name": "gw"}
+
+    def parents(accepted: str, reason: str) -> dict:
+        return {"parents": [{"parentRef": gateway, "conditions": [
+            {"type": "Accepted", "status": accepted, "reason": reason, "message": "",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "ResolvedRefs", "status": "True", "reason": "ResolvedRefs", "message": "",
+             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}
+
+    await kube.set_status(POOL, NAMESPACE, "llama", parents("False", "NotSupportedByGateway"))
+    st = await wait_status(d, "llama", lambda s: condition(s, "InferencePoolAccepted")["status"] == "False", "False")
+    assert condition(st, "InferencePoolAccepted")["reason"] == "NotSupportedByGateway"
+    await kube.set_status(POOL, NAMESPACE, "llama", parents("True", "Accepted"))
+    st = await wait_status(d, "llama", lambda s: condition(s, "InferencePoolAccepted")["status"] == "True", "True")
+    assert f"Gateway/{NAMESPACE}/gw" in condition(st, "InferencePoolAccepted")["message"]
+    # the gateway's status is not the operator's to undo: the pool is not re-applied
+    await settle(d)
+    assert (await d.get(POOL, "llama"))["metadata"]["annotations"]["pdfleet.io/applied-hash"] == applied
+    assert (await d.get(POOL, "llama"))["status"] == parents("True", "Accepted")
