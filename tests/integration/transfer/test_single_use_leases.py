@@ -55,7 +55,8 @@ def test_a_replayed_params_set_recomputes_and_never_reads_a_byte_of_the_victims_
     """A client that once got signed params replays them after prefill gave their blocks to another
     request. The same decode (whose earlier pull the source credits as "released by you") and another
     decode both take the replay: each fails (decode recomputes), no READ is posted, the local blocks
-    stay untouched. Without a lease id the same replay "succeeds" with the victim's KV."""
+    stay untouched. Without a lease id the same replay posts a READ of the victim's blocks, and the
+    decode that read the lease before reports it done."""
     src = source_factory(secret=SECRET.hex(), lease=30.0)
     local, other_local = LocalKV(), LocalKV()
     sink = sink_factory(local, secret=SECRET, eager_post=False)
@@ -87,10 +88,11 @@ def test_a_replayed_params_set_recomputes_and_never_reads_a_byte_of_the_victims_
         assert not any(block.any() for block in victims)  # not a byte of the victim's blocks
         assert stats["spent_lease_refused"] >= 2
         assert "victim" not in src.released()  # the victim's lease goes on
-    else:  # the defect: the replay reports done with another request's KV in decode's blocks
+    else:  # the defect: a READ of the victim's blocks is posted on the lease bound, and the decode that
+        # read the lease before takes its own old completion as this pull's ack: "done" (its bytes are
+        # the victim's 0xEE, or whatever part of them had landed when done was reported)
         assert same_ok
-        assert (local.block(0, 9) == 0xEE).all()
-        assert (other_local.block(0, 9) == 0xEE).all()  # read (then discarded: no ack) by the other decode
+        assert sink.stats()["descriptors"] > reads_before
 
 
 @pytest.mark.parametrize("single_use", MODES)
