@@ -53,7 +53,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet.contract.kv_params import produce

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_router_discovery import NS, apply, endpoint_slice, kubeconfig, wait_health  # noqa: F401 (fixture)
+import test_router_discovery
+from test_router_discovery import NS, apply, endpoint_slice, wait_health
 
 from pdfleet.connector.router.canary import to_canary
 from pdfleet.contract import labels
 
 pytestmark = pytest.mark.timeout(240)
+kubeconfig = test_router_discovery.kubeconfig  # the fixture, for this module's tests
 N = 600
 SYSTEM = ("You are the support assistant of a hardware store. Answer briefly, cite the aisle, never invent "
           "prices, and ask a clarifying question when the customer's request is ambiguous. ") * 6

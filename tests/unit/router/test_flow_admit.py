@@ -84,7 +84,7 @@ async def test_costs_decide_who_goes_next() -> None:
     await asyncio.sleep(0)
     log: list[str] = []
     tasks = []
-    for i in range(10):
+    for _ in range(10):
         for tenant, cost in (("a", 100.0), ("b", 400.0)):
             ev = asyncio.Event()
             ev.set()
