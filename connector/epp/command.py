@@ -52,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config, grpc_port: int) -> int:
     from pdfleet.connector.epp.server import EndpointPicker
 
-    epp = EndpointPicker(config)
+    from pdfleet.connector.router.engine_auth import EngineTokenError
+
+    try:
+        epp = EndpointPicker(config)
+    except EngineTokenError as exc:
+        print(f"pdfleet epp: {exc}", file=sys.stderr)
+        return 2
     try:
         bound = await epp.start(config.host, grpc_port, metrics_port=config.port)
     except OSError as exc:

@@ -282,6 +282,8 @@ class Exchange:
         set_headers = {}
         if REQUEST_ID_HEADER in self.upstream_headers:
             set_headers["x-request-id"] = self.upstream_headers[REQUEST_ID_HEADER]
+        if self.epp.engine_authorization is not None:
+            set_headers["authorization"] = self.epp.engine_authorization
         if not self.duplex:
             if self.with_body:
                 await self.send(messages.route_buffered_body(address, set_headers, self.new_body))

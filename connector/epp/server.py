@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import grpc
 from aiohttp import web
@@ -22,6 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from pdfleet.connector.epp.exchange import Exchange, timed_pick
+from pdfleet.connector.router import engine_auth
 from pdfleet.connector.router.app import Discovery, static_groups
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.router_state import RouterState
@@ -53,6 +55,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
     def __init__(self, config: RouterConfig, *, discovery: Discovery | None = None) -> None:
         self.config = config
         self.router = RouterState(config)  # the router's parts, without its HTTP handlers
+        # The decode request is the proxy's: the EPP sets the fleet's engine token on it (replacing a
+        # client's Authorization), as the router's session does on its own legs (engine_auth.py).
+        token = engine_auth.engine_token(os.environ)
+        self.engine_authorization = f"Bearer {token}" if token else None
         self.metrics = EppMetrics(self.router.metrics.registry)
         # Every pick this EPP's requests make (the prefill leg's too) counts in their decision time.
         self.router.picker.pick = timed_pick(self.router.picker.pick)

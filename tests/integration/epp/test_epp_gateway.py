@@ -186,3 +186,27 @@ async def test_bad_requests_are_answered_by_the_epp_naming_the_problem(gw, mode,
         assert r.status == status
         assert needle in (await r.json())["error"]["message"]
     assert not p.received and not d.received
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("token", ["fleet-token", None], ids=["fleet_token", "no_token"])
+async def test_decode_gets_the_fleets_engine_token_not_the_clients(gw, monkeypatch, mode, token):
+    """The decode request is the proxy's: with the fleet's token set (PDFLEET_ENGINE_API_KEY), the EPP
+    puts it on that request in place of the client's Authorization, as the router does on both its
+    legs. Negative control: without a token the client's header passes unchanged."""
+    from pdfleet.contract.env import ENGINE_API_KEY
+
+    if token:
+        monkeypatch.setenv(ENGINE_API_KEY, token)
+    else:
+        monkeypatch.delenv(ENGINE_API_KEY, raising=False)
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], mode=mode)
+    async with gw.session.post(gw.url + "/v1/completions", json={"prompt": "hi"},
+                               headers={"Authorization": "Bearer client"}) as r:
+        assert r.status == 200
+    expected = f"Bearer {token}" if token else "Bearer client"
+    assert d.received[0].headers.get("Authorization") == expected
+    if token:
+        assert p.received[0].headers.get("Authorization") == expected  # the prefill leg: the router's session
