@@ -572,7 +572,6 @@ GATEWAY_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + GATEWAY_RULES
 
 
-
 def vllm_flag_name(arg: str) -> Optional[str]:
     """The flag an argument sets as vLLM's parser reads it (FlexibleArgumentParser), or None for a value:
     ``--a_b=1`` and ``--a-b.c`` are ``--a-b`` (underscores become dashes, a dotted key sets a JSON field)."""
