@@ -184,7 +184,7 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
                 lat: list[float] = []
                 bad = 0
 
-                async def worker() -> None:
+                async def worker(url: str = url, queue: asyncio.Queue = queue, lat: list = lat) -> None:
                     nonlocal bad
                     while not queue.empty():
                         b = queue.get_nowait()

@@ -39,7 +39,6 @@ from pdfleet.connector.router.flow.gate import Shed
 from pdfleet.connector.router.fanout import FAN_OUT
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_decode, json_encode
-from pdfleet.contract.gateway import DESTINATION_ENDPOINT_HEADER
 from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
 
 log = logging.getLogger("pdfleet.epp")
@@ -194,7 +193,8 @@ class Exchange:
             body = json_decode(raw)
         except msgspec.DecodeError as exc:
             metrics.errors.labels("client_invalid_json").inc()
-            raise _refuse(400, f"request body is not valid JSON: {exc}", "client_invalid_json", self.reply_headers)
+            raise _refuse(400, f"request body is not valid JSON: {exc}", "client_invalid_json",
+                          self.reply_headers) from None
         if not isinstance(body, dict):
             metrics.errors.labels("client_not_object").inc()
             raise _refuse(400, f"request body must be a JSON object, got {type(body).__name__}", "client_not_object",

@@ -567,7 +567,8 @@ async def _gateway_run(fleet, tiny_model_dir, reqs: list[Req], prefix: dict[str,
         hits = {}
         for path, base, salt in (("gateway", url, "issue-29-gw"), ("router", fleet.router, "issue-29-rt")):
             first, later = prefix["prefixAware"]
-            salted = lambda qs: [Req(q.label, q.path, {**q.body, "cache_salt": salt}) for q in qs]  # noqa: E731
+            salted = lambda qs, salt=salt: [Req(q.label, q.path, {**q.body, "cache_salt": salt})  # noqa: E731
+                                            for q in qs]
             await run_workload(base, salted(first), [])
             mid = await asyncio.to_thread(prefill_counters, list(prefills))
             later_answers = await run_workload(base, [], salted(later))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import aiohttp
 import pytest
 
 from pdfleet.contract.flow_control import FlowControlConfig
