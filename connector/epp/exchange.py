@@ -212,7 +212,8 @@ class Exchange:
         spent = [0.0]  # this request's decision time (see timed_pick)
         _DECISION.set(spent)
         started = time.perf_counter()
-        group = self.picker.choose_pair(body, chat=chat, request_id=request_id)  # both legs on this pair
+        group = self.picker.choose_pair(body, chat=chat, request_id=request_id,
+                                        headers=self.headers)  # both legs on this pair
         if group is None:
             metrics.errors.labels("no_endpoints").inc()
             raise _refuse(503, f"no endpoints to serve: {self.picker.selection.reason}", "no_endpoints",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -17,6 +18,7 @@ from pdfleet.connector.router.lease_release import Lease
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.errors import error_response
 from pdfleet.connector.router.fanout import FAN_OUT
+from pdfleet.connector.router.flow.cost import estimate_cost
 from pdfleet.connector.router.outcome import CLIENT_CLOSED, recorded_status
 from pdfleet.connector.router.request_id import upstream_request_id
 from pdfleet.connector.router.upstream import (
@@ -47,8 +49,7 @@ class Handlers:
         started = time.perf_counter()
         status = 500
         try:
-            response = await self.flow.guard(request.headers,
-                                             functools.partial(self._generate, request, path, chat=chat))
+            response = await self._generate(request, path, chat=chat)
             status = recorded_status(response.status, delivered=DELIVERED in request,
                                      client_left=request.get(CLIENT_LEFT, False))
             return response
@@ -90,8 +91,15 @@ class Handlers:
             )
         if body.pop("kv_transfer_params", None) is not None:
             self.metrics.client_kv_params_dropped.inc()
+        # The gate sees the body's cost; a client still sending its body holds no slot.
+        return await self.flow.guard(request.headers, functools.partial(
+            self._serve, request, path, body, request_id, reply_headers, chat=chat), cost=estimate_cost(body, chat=chat))
 
-        group = self.picker.choose_pair(body, chat=chat, request_id=request_id)  # both legs on this pair
+    async def _serve(self, request: web.Request, path: str, body: dict[str, Any], request_id: str,
+                     reply_headers: dict[str, str], *, chat: bool) -> web.StreamResponse:
+        """An admitted request: its pair, the disaggregation decision, then its legs."""
+        group = self.picker.choose_pair(body, chat=chat, request_id=request_id,
+                                        headers=request.headers)  # both legs on this pair
         if group is None:
             self.metrics.errors.labels("no_endpoints").inc()
             return error_response(503, f"no endpoints to serve: {self.selection.reason}", headers=reply_headers)

@@ -33,7 +33,7 @@ from pdfleet.connector.router.endpoints import (
     select_revision,
 )
 from pdfleet.connector.router.fanout import fan_out_reason
-from pdfleet.connector.router.flow.gate import FlowGate
+from pdfleet.connector.router.flow.gate import FlowGate, decode_started
 from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.contract.router_config import RouterConfig
@@ -104,9 +104,11 @@ class Picker:
 
     # ---- decisions -------------------------------------------------------
 
-    def choose_pair(self, body: Mapping[str, Any], *, chat: bool, request_id: str) -> RevisionEndpoints | None:
-        """The revision pair that serves this request (both legs); None when no pair can."""
-        return canary.choose(self.selection, body, chat=chat, request_id=request_id)
+    def choose_pair(self, body: Mapping[str, Any], *, chat: bool, request_id: str,
+                    headers: Mapping[str, str] | None = None) -> RevisionEndpoints | None:
+        """The revision pair that serves this request (both legs); None when no pair can. ``headers``
+        may name the conversation (canary.py: the session header)."""
+        return canary.choose(self.selection, body, chat=chat, request_id=request_id, headers=headers)
 
     def pick(self, role: str, candidates: Collection[str], tried: Collection[str] = (),
              body: Mapping[str, Any] | None = None, chat: bool = False) -> str | None:
@@ -159,7 +161,10 @@ class Picker:
     # ---- load ------------------------------------------------------------
 
     def acquire(self, role: str, url: str) -> None:
-        """A leg of ``role`` started on ``url`` (release it exactly once)."""
+        """A leg of ``role`` started on ``url`` (release it exactly once). A decode leg moves the
+        request's flow-control slot from the pipeline ahead of decode to decode (flow/gate.py)."""
+        if role == DECODE:
+            decode_started()
         self.outstanding.acquire(url)
         timing.leg_started(role)
         gauge = self._in_flight.get((role, url))

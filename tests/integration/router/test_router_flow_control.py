@@ -126,7 +126,8 @@ async def test_queued_requests_reach_decode_by_priority_then_round_robin(fleet, 
         assert m[("pdfleet_router_flow_admitted_total", ("priority", "interactive"))] == 1
         assert m[("pdfleet_router_flow_queue_wait_seconds_count", ("priority", "batch"))] == 6
         assert queued(m) == 0 and m[("pdfleet_router_flow_in_flight",)] == 0
-        assert m[("pdfleet_router_flow_capacity",)] == 1
+        # decode's one slot, plus (once decode legs were timed) a pipeline of at most as many ahead of it
+        assert 1 <= m[("pdfleet_router_flow_capacity",)] <= 2
     else:
         assert m == {}, "disabled: no flow metrics at all"
 
