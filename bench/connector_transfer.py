@@ -143,7 +143,7 @@ def child_main(args: argparse.Namespace) -> int:
         return 0
     buffers = [np.random.default_rng(i).integers(0, 256, pool_blocks * block_len, dtype=np.uint8)
                for i in range(args.regions)]
-    from pdfleet.connector.transfer import KVLayout, KVSource, Region
+    from pdfleet.connector.transfer import KVSource, Region
 
     regions = [Region(base=b.ctypes.data, num_blocks=pool_blocks, block_stride=block_len, block_len=block_len)
                for b in buffers]
@@ -510,8 +510,8 @@ def print_steps(steps: dict) -> None:
     """The per-step medians of part l as one table (ms)."""
     cols = [label for label, _ in L_STEPS]
     width = max(len(k) for k in steps)
-    print(f"\nper-step medians, ms (pull() = the sink's pull call: checks, heartbeat, desc + create + submit;"
-          f" READ = posted until poll saw it done; ack wait = READ done until the lease ack let it complete)")
+    print("\nper-step medians, ms (pull() = the sink's pull call: checks, heartbeat, desc + create + submit;"
+          " READ = posted until poll saw it done; ack wait = READ done until the lease ack let it complete)")
     print(f"{'variant':{width}}  " + "  ".join(f"{c:>8}" for c in cols) + "  descriptors")
     for name, s in steps.items():
         vals = [f"{s[key] * 1e3:8.3f}" if key in s else f"{'-':>8}" for _, key in L_STEPS]

@@ -102,7 +102,7 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]
 async def measure(url: str, model: str, work: list[tuple[str, list[int]]], salt: str, max_tokens: int,
                   concurrency: int) -> dict:
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
-        for kind, prompt in work[:4]:  # warm-up on a salt of its own (first handshake, first compile paths)
+        for _kind, prompt in work[:4]:  # warm-up on a salt of its own (first handshake, first compile paths)
             await one(client, url, model, prompt, salt + "-warm", 4)
         sem = asyncio.Semaphore(concurrency)
 

@@ -176,7 +176,7 @@ async def main(n_single: int, n_many: int) -> None:
                     t0 = time.perf_counter()
                     resp = await kube.post(CR_PATH, json=fleet(name))
                     assert resp.status == 201
-                    await wait_until(lambda: applied(kube, name, n_children), 30)
+                    await wait_until(lambda: applied(kube, name, n_children), 30)  # noqa: B023 (awaited in the loop)
                     latencies.append(time.perf_counter() - t0)
                 base_single = []
                 for i in range(n_single):

@@ -152,7 +152,6 @@ def step(point: Point, prefill: int, decode: int, backlog: float, rng: Optional[
         queued = max(0.0, needed - streams_possible)   # requests waiting for a decode slot
     itl = ITL0_S + ITL_PER_STREAM_S * batch
     decode_wait = queued / max(point.rps, 1e-9) if queued else 0.0
-    ttft_mean = service + wait + decode_wait + itl
     noise = (lambda: math.exp(rng.gauss(0, 0.05))) if rng else (lambda: 1.0)
     obs = Observation(
         ttft_p90=(service + P90_SPREAD["ttft"] * (wait + decode_wait) + itl) * noise(),

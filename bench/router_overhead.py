@@ -417,7 +417,7 @@ def prefix_scoring(args: argparse.Namespace) -> int:
         rounds = max(1, args.rounds)
         samples: dict[tuple[str, str], list[dict]] = {}
         for name, w in workloads.items():
-            for policy, via in vias.items():
+            for _policy, via in vias.items():
                 # warm up (connection pool; for prefixAware the router's prompt token cache sees
                 # the workload's shared text once, as it would have from earlier requests)
                 run_aiohttp(via + "/v1/completions", 1, 1, w["body"](10**6))

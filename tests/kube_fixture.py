@@ -384,9 +384,9 @@ class FakeKube(kmock.KubernetesEmulator):
             try:
                 patched = jsonpatch.apply_patch(current, request.data, in_place=False)
             except jsonpatch.JsonPatchTestFailed as e:
-                raise _error(422, "Invalid", f"the server rejected our request due to an error in our request: {e}")
+                raise _error(422, "Invalid", f"the server rejected our request due to an error in our request: {e}") from None
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
-                raise _error(422, "Invalid", str(e))
+                raise _error(422, "Invalid", str(e)) from None
             precondition = None
         elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/json", ""):
             if current is None:

@@ -255,7 +255,7 @@ async def scenario_delete(d: Driver) -> None:
 
 async def scenario_paired_rollout(d: Driver, *, drain_seconds: float) -> list[dict[str, Any]]:
     """Spec change -> new revision beside the old one; switch when both new roles are ready; drain."""
-    cr = await scenario_create(d)
+    await scenario_create(d)
     await make_fleet_ready(d, "llama")
     st = await wait_status(d, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
     old = st["revision"]

@@ -31,7 +31,7 @@ def check_backoff(policy: object, *names: str) -> None:
         value = getattr(policy, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
             raise ValueError(f"{kind}.{name} must be a number >= 0, got {value!r}")
-    if getattr(policy, "first_delay") > getattr(policy, "max_delay"):
+    if policy.first_delay > policy.max_delay:
         raise ValueError(f"{kind}.first_delay must not exceed max_delay")
 
 

@@ -7,7 +7,6 @@ One per worker rank. The side channel listens on ``host:port + layout.tp_rank``
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid

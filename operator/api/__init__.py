@@ -15,7 +15,7 @@ from pdfleet.operator.api.types import (
     RoleSpec,
 )
 from pdfleet.operator.api.validation import InvalidResource, errors_of, parse
-from pdfleet.operator.api import scaler  # noqa: E402  (after types: it imports crd)
+from pdfleet.operator.api import scaler  # noqa: E402, F401  (after types: it imports crd)
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "SHORT_NAMES", "SINGULAR", "VERSION",

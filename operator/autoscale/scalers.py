@@ -11,7 +11,7 @@ result in each scaler's status and the fleet's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pdfleet.operator.api import DisaggregatedInference

@@ -137,7 +137,7 @@ async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> Optional[st
 def format_transfer_stats(engines: list[tuple[str, str, Optional[str]]], router_metrics: Optional[str]) -> list[str]:
     """Lines for the report: token sources per engine, connector metrics, router counters."""
     lines = []
-    for name, role, text in engines:
+    for name, _role, text in engines:
         if text is None:
             lines.append(f"{name}: /metrics unavailable")
             continue

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from pdfleet.contract.fabric import CONDITION_TYPE, VERIFIED
 # A pod's own verdict is parsed where its status is observed; the roll-up to a condition is here.
-from pdfleet.operator.kube.observed import PREFLIGHT_CONTAINER, PodTransport, from_pod_status
+from pdfleet.operator.kube.observed import PodTransport, from_pod_status
 
 PENDING = "Pending"
 __all__ = ["CONDITION_TYPE", "PodTransport", "RoleTransport", "fleet_transport", "from_pod_status", "role_transport"]

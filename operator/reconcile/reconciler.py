@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from typing import Any, Callable, Hashable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pdfleet.contract.labels import ROLE_EPP
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
-from pdfleet.operator.kube.observed import ObservedChild, ObservedPod
+from pdfleet.operator.kube.observed import ObservedChild
 from pdfleet.operator.kube.pool_status import CONDITION_TYPE as POOL_ACCEPTED, pool_condition
 from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
 from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision, Endpoint, format_time

@@ -8,12 +8,10 @@ model image, so scenarios that need ready pods are skipped here (the kmock tests
 
 from __future__ import annotations
 
-import os
 import pathlib
-import ssl
 import sys
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator
 
 import aiohttp
 import kopf
@@ -28,7 +26,6 @@ for path in (TESTS, pathlib.Path(__file__).resolve().parent):
 from k8s_env import K8sDriver, _session, apply_crd  # noqa: E402
 from operator_scenarios import IMAGE  # noqa: E402
 
-from pdfleet.operator import api  # noqa: E402
 from pdfleet.operator.reconcile.embedded import EmbeddedOperator  # noqa: E402
 from pdfleet.operator.reconcile.handlers import OperatorOptions  # noqa: E402
 from pdfleet.operator.reconcile.reconciler import ReconcileOptions  # noqa: E402

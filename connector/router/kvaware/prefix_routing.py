@@ -30,13 +30,8 @@ from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoint
 from pdfleet.connector.router.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
 from pdfleet.connector.router.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
 from pdfleet.connector.router.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
-from pdfleet.connector.router.kvaware.prefix_scoring import (
-    LEAST_OUTSTANDING,
-    PREFIX_AWARE,
-    Choice,
-    RoutedIndex,
-    choose_endpoint,
-)
+from pdfleet.connector.router.kvaware.prefix_scoring import Choice, RoutedIndex, choose_endpoint
+from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
 from pdfleet.connector.router.kvaware.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
 from pdfleet.connector.router.kvaware.tokenizer import Tokenizer, load_tokenizer
 

@@ -14,7 +14,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pdfleet.contract.routing import LEAST_OUTSTANDING, POLICIES, PREFIX_AWARE
 
 
 

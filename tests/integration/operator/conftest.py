@@ -23,7 +23,7 @@ for path in (TESTS, pathlib.Path(__file__).resolve().parent):
 
 from kube_fixture import FakeKube, fake_kube  # noqa: E402
 from fake_env import NAMESPACE, FakeDriver  # noqa: E402
-from operator_scenarios import CR_RESOURCE, IMAGE  # noqa: E402
+from operator_scenarios import IMAGE  # noqa: E402
 
 from pdfleet.operator import api  # noqa: E402
 from pdfleet.operator.reconcile.embedded import EmbeddedOperator  # noqa: E402

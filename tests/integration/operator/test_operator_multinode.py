@@ -9,7 +9,6 @@ import json
 import pytest
 from fake_env import NAMESPACE, FakeDriver
 from operator_scenarios import (
-    CR_RESOURCE,
     KIND_RESOURCES,
     condition,
     expected_children,

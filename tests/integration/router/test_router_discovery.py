@@ -192,7 +192,6 @@ async def test_list_errors_keep_last_endpoints_and_watch_errors_relist():
     from pdfleet.connector.router.app import Router
     from pdfleet.contract.router_config import RouterConfig
     from pdfleet.connector.router.discovery import ApiAccess, kubernetes_discovery
-    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
 
     class Engine:  # only its URL matters here
         def __init__(self, port):

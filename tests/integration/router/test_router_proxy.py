@@ -105,7 +105,7 @@ async def test_streaming_is_relayed_chunk_by_chunk(fleet):
     events = []
     async with fleet.session.post(url + "/v1/completions", json=dict(COMPLETION, stream=True)) as resp:
         assert resp.status == 200
-        for i in range(3):
+        for _ in range(3):
             # The fake sends chunk i+1 only after we saw chunk i: a router that
             # buffers the stream would make this wait time out.
             events.append(await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5))
@@ -189,7 +189,7 @@ async def test_decode_failure_retries_another_decode_with_prefill_kv(fleet):
     bad = await fleet.engine("bad", "decode", mode="http500")
     good = await fleet.engine("good", "decode")
     url = await fleet.router([p], [bad, good], decode_attempts=2)
-    for i in range(6):
+    for _ in range(6):
         before = len(bad.received)
         status, headers, raw = await post(fleet, url, COMPLETION)
         assert status == 200

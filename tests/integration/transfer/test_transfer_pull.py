@@ -82,7 +82,7 @@ def test_heterogeneous_tp_reads_head_slices(source_factory, sink_factory):
         ranks.append((kv, sink))
     remote, local = [7, 8, 9], [0, 1, 2]
     src.hold("h1", remote)
-    for rank, (kv, sink) in enumerate(ranks):
+    for rank, (_kv, sink) in enumerate(ranks):
         # prefill tp_size 1: both decode ranks dial base_port + 0
         pull(sink, src, "h1", remote, local, remote_tp_size=1)
         assert wait_for(sink, "h1") == (True, "")

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from pdfleet.connector.transfer.sidechannel import SideChannelServer, unpinned
+from pdfleet.connector.transfer.sidechannel import SideChannelServer
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
                                 reason="needs Linux CPU affinity and 2 CPUs")

@@ -18,7 +18,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from transfer_harness import LocalKV, local_kv, sink_factory, source_factory, wait_for  # noqa: F401
 

@@ -7,13 +7,11 @@ LeaderWorkerSet, against kubernetes-validate strict for 1.30 and 1.33."""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
 import sys
 

@@ -41,7 +41,7 @@ def restricted_violations(pod: dict[str, Any]) -> set[str]:
             out.add("capabilities.drop")
         if set(caps.get("add") or ()) - {"NET_BIND_SERVICE"}:
             out.add("capabilities.add")
-        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
             out.add("runAsNonRoot")
         if sc.get("runAsUser", psc.get("runAsUser")) == 0:
             out.add("runAsUser")

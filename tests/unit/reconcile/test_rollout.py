@@ -98,7 +98,7 @@ def test_decisions_only_move_forward():
     """Replaying a rollout at every step: the served revision never goes back to 'old' after a switch."""
     states = [RolloutState(serving="old")]
     served = []
-    for step, new_ready in itertools.product(range(6), [False]):
+    for step, _new_ready in itertools.product(range(6), [False]):
         pods = [pod(r, "old") for r in ("prefill", "decode")]
         pods += [pod(r, "new", ready=step >= 2) for r in ("prefill", "decode")]
         d = run("new", states[-1], pods, ["old", "new"], now=NOW + datetime.timedelta(seconds=20 * step))
