@@ -652,8 +652,59 @@ async def wall_clock_step(cf: ChaosFleet, notes: list[str], probes: list[Req], a
     return {"step_s": step, "outcomes": [o for _, o in probed], **d}
 
 
+async def replayed_params(cf: ChaosFleet, notes: list[str], reqs: list[Req], prompts: int = 3,
+                          replays: int = 2) -> dict[str, Any]:
+    """Issue 30: a client that can reach the engines takes signed kv_transfer_params from a prefill
+    (its own prefill leg, ``do_remote_decode``), has a decode read them (the legitimate reader), then
+    replays them to every decode, ``replays`` times each, while the load goes on and the prefill gives
+    those blocks to other requests. Params 1.4 leases are single-use: each replay's pull is refused
+    before any READ (counted by the prefill as ``spent_lease_refused``) and decode computes the prompt
+    itself, so every answer is still token-identical. A fresh ``cache_salt`` per request keeps decode's
+    prefix cache from answering instead of a pull. Legitimate readers lose nothing: decode's pull
+    failures grow by the replays at most, and no prefill lease expires. Prompts of two blocks or more,
+    so that every replay reaches a pull."""
+    names = {"spent_lease_refused": "prefill", "lease_proof_refused": "prefill", "leases_expired": "prefill",
+             "failures": "decode", "transfers": "decode"}
+    before = await counters(cf, names)
+    prefills = [e["url"] for e in cf.engines() if e["role"] == "prefill"]
+    decodes = [e["url"] for e in cf.engines() if e["role"] == "decode"]
+    rng = random.Random(30)
+    outcomes: list[Outcome] = []
+    sent_replays = 0
+    salt = iter(range(10**6))
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as http:
+        # prompts of two full blocks or more (a shorter one pulls at most one, under a block none)
+        spans = [r for r in reqs if not r.stream and isinstance(r.body.get("prompt"), list)
+                 and len(r.body["prompt"]) >= 64]
+        for req in spans[:prompts]:
+            body = dict(req.body, cache_salt=f"replay-{rng.random()}-{next(salt)}")
+            leg = dict(body, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+            resp = await http.post(prefills[0] + req.path, json=leg)
+            params = resp.json().get("kv_transfer_params") if resp.status_code == 200 else None
+            if not params or not params.get("do_remote_prefill"):
+                notes.append(f"{req.label}: no params from the prefill leg (HTTP {resp.status_code})")
+                continue
+            legit = Req(req.label, req.path, dict(body, kv_transfer_params=params))
+            outcomes.append(Outcome(legit, await ask(http, decodes[0], legit)))
+            await asyncio.sleep(1.0)  # the load goes on: the prefill reuses the freed blocks
+            for url in decodes:
+                for _ in range(replays):
+                    replay = Req(req.label, req.path, dict(req.body, cache_salt=f"replay-{next(salt)}",
+                                                           kv_transfer_params=params))
+                    outcomes.append(Outcome(replay, await ask(http, url, replay)))
+                    sent_replays += 1
+    await publish_counters(cf, reqs[0])
+    d = deltas(before, await counters(cf, names))
+    legit_lost = max(0, d["failures"] - sent_replays) + d["leases_expired"]
+    notes.append(f"{sent_replays} replays of spent params to {len(decodes)} decode(s): "
+                 + ", ".join(f"{k}={v}" for k, v in d.items()) + f"; leases lost by legitimate readers {legit_lost}")
+    return {"replays": sent_replays, "legit_lost": legit_lost, "outcomes": outcomes, **d}
+
+
 # Faults that need no engine restart first; then one restart each (minutes on 2 shared cores).
 SCENARIOS: dict[str, Callable[..., Awaitable[Any]]] = {
+    "replayed params under load": replayed_params,
     "side-channel garbage flood": garbage_flood,
     "deeply nested signed messages": deep_messages,
     "keyless unfinished-message flood": unfinished_message_flood,
@@ -681,7 +732,7 @@ async def run_scenario(cf: ChaosFleet, name: str, reqs: list[Req], reference: di
     cf.replaced = []
     async with Load(cf.base, reqs, clients=clients) as load:
         await asyncio.sleep(warm_s)
-        if fault is client_aborts:
+        if fault in (client_aborts, replayed_params):
             fault_kwargs.setdefault("reqs", reqs)
         if fault in (stuck_reads, wall_clock_step):
             fault_kwargs.setdefault("after", reqs[0])
