@@ -126,10 +126,10 @@ def cpu(pid: int) -> float:
 
 
 async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
-    """The EPP's own costs without engines' noise: fake engines (tests/integration/router/router_fakes.py)
+    """The EPP's own costs without engines' noise: fake engines (tests/support/router_fakes.py)
     in this process, `pdfleet epp` and `pdfleet router` as processes on them, the same requests through
     Envoy + EPP and through the router."""
-    sys.path.insert(0, str(REPO / "tests" / "integration" / "router"))
+    sys.path.insert(0, str(REPO / "tests" / "support"))
     from router_fakes import FakeEngine
 
     from pdfleet.operator.local.tiny_model import build_corpus

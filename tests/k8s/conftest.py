@@ -9,7 +9,6 @@ model image, so scenarios that need ready pods are skipped here (the kmock tests
 from __future__ import annotations
 
 import pathlib
-import sys
 import uuid
 from typing import AsyncIterator
 
@@ -18,10 +17,6 @@ import kopf
 import pytest
 import yaml
 
-TESTS = pathlib.Path(__file__).resolve().parents[1]
-for path in (TESTS, pathlib.Path(__file__).resolve().parent):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
 from k8s_env import K8sDriver, _session, apply_crd  # noqa: E402
 from operator_scenarios import IMAGE  # noqa: E402
@@ -30,7 +25,7 @@ from pdfleet.operator.reconcile.embedded import EmbeddedOperator  # noqa: E402
 from pdfleet.operator.reconcile.handlers import OperatorOptions  # noqa: E402
 from pdfleet.operator.reconcile.reconciler import ReconcileOptions  # noqa: E402
 
-CRD_FILE = TESTS.parent / "crds" / "pdfleet.io_disaggregatedinferences.yaml"
+CRD_FILE = pathlib.Path(__file__).resolve().parents[2] / "crds" / "pdfleet.io_disaggregatedinferences.yaml"
 
 
 @pytest.fixture

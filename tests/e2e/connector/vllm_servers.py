@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,16 +20,12 @@ from typing import Any
 import httpx
 
 from pdfleet.operator.local.health import NotHealthy, wait_healthy
+from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 MODEL_NAME = "tiny"
 BLOCK = 32
 STARTUP_TIMEOUT = 240
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -10,7 +10,6 @@ blocks the scheduler assigned, and feeds connector results back to the scheduler
 from __future__ import annotations
 
 import itertools
-import socket
 import time
 from typing import Any
 
@@ -28,6 +27,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from pdfleet.connector import PdfleetConnector
+from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 BLOCK = 32
 HEADS = 2  # KV heads of the tiny Llama
@@ -37,11 +37,6 @@ EOS = 1
 _ids = itertools.count(1)
 init_none_hash(sha256)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shared_secret_file() -> str:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import pathlib
-import sys
 
 import aiohttp
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "router"))
 from router_fakes import FakeEngine  # noqa: E402
 
 from pdfleet.connector.epp.envoy_config import render  # noqa: E402

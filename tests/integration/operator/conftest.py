@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import kmock
 import kopf
 import pytest
 
-TESTS = pathlib.Path(__file__).resolve().parents[2]
-for path in (TESTS, pathlib.Path(__file__).resolve().parent):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
 from kube_fixture import FakeKube, fake_kube  # noqa: E402
 from fake_env import NAMESPACE, FakeDriver  # noqa: E402

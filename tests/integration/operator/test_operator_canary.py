@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-import sys
 from typing import Any
 
 import aiohttp
@@ -30,7 +29,6 @@ from pdfleet.contract import metrics as metric_names
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.reconcile.reconciler import ReconcileOptions
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "router"))
 from router_fakes import FakeEngine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 
 import aiohttp
@@ -16,14 +15,10 @@ from operator_scenarios import STS, fleet
 from observability_assets import OPERATOR_PREFIX, all_queries, split_by_source
 
 from pdfleet.operator.observability.promql import exported_names, missing_metrics
+from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 pytestmark = pytest.mark.timeout(60)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_operator_command_serves_a_namespace(kube, tmp_path):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import pathlib
-import sys
 from typing import Any
 
 import aiohttp
@@ -20,7 +18,6 @@ from pdfleet.connector.router.app import start_router
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator import api
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "router"))
 from router_fakes import FakeEngine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)

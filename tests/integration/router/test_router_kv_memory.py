@@ -18,6 +18,7 @@ import msgspec
 import pytest
 import zmq
 from test_router_kv_events import Publisher
+from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,12 +69,6 @@ async def run_router(pub: Publisher, port: int, want_batches: int) -> float:
         proc.terminate()
         proc.wait(10)
 
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_a_large_replay_does_not_grow_the_router_by_its_decoded_size():

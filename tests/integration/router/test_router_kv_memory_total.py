@@ -22,6 +22,7 @@ import zmq
 
 from pdfleet.connector.router.kvaware import kv_subscriber as ks
 from pdfleet.connector.router.kvaware.kv_events import MAX_MESSAGE_BYTES
+from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,12 +56,6 @@ def peak_rss_mib(pid: int) -> float:
                 return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
 
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def flood_growth(total_bytes: int, message_bytes: int, enough_mib: float = float("inf")) -> float:

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from line_proc import LineProc  # noqa: E402
 
 # A child that answers "ping" and then handles "exit" as the case says.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,21 +14,16 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 from source_proc import pattern  # noqa: E402
 
 from line_proc import LineProc  # noqa: E402
 
 from pdfleet.connector.transfer import KVLayout, KVSink, Region  # noqa: E402
+from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 LAYOUT = dict(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SourceProc(LineProc):

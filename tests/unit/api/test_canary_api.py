@@ -4,14 +4,11 @@ field named, by the operator (Python) and by the API server (CEL) alike; the wei
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import K8S_CEL_FUNCTIONS, _apply_defaults, admission_errors, root_schema  # noqa: E402
 from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse  # noqa: E402
 from pdfleet.operator.api.crd import crd  # noqa: E402

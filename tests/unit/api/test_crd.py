@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 import itertools
 import random
 from pathlib import Path
@@ -20,7 +19,6 @@ from pdfleet.operator.api.rules import CANARY_RULES, FLOW_CONTROL_RULES, SCALING
 from pdfleet.operator.api.rules import TEST_HOOK_RULES  # own grid: test_test_hook_rules.py
 from pdfleet.operator.api.rules import DISAGGREGATION_RULES  # own grid: test_disaggregation_api.py
 from pdfleet.operator.api.rules import GATEWAY_RULES  # own grid: test_gateway_api.py
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import _apply_defaults, root_schema  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import admission_errors  # noqa: E402
 from pdfleet.connector.router import command  # noqa: E402
 from pdfleet.contract.flow_control import (  # noqa: E402

@@ -4,7 +4,6 @@ checks and by the CRD's own admission (schema and CEL) alike."""
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,6 @@ import celpy
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import _apply_defaults, admission_errors, root_schema  # noqa: E402
 from pdfleet.contract import gateway as gw  # noqa: E402
 from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse  # noqa: E402

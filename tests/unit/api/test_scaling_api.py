@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,7 +14,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import _apply_defaults, admission_errors, root_schema  # noqa: E402
 from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse, scaler
 from pdfleet.operator.api.rules import SCALING_RULES, ratio_satisfiable

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import sys
-from pathlib import Path
 from typing import Any
 
 import celpy
@@ -14,7 +12,6 @@ import celpy
 from pdfleet.operator.api import DisaggregatedInferenceSpec
 from pdfleet.operator.api.rules import TEST_HOOK_RULES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from crd_admission import _apply_defaults, root_schema  # noqa: E402
 
 NAMES = [None, [], ["A"], ["PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"], ["A", "PDFLEET_TEST_X"], ["PDFLEET_TESTS"],

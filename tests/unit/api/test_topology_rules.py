@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import copy
 import itertools
-import sys
-from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from crd_admission import _apply_defaults, admission_errors, root_schema  # noqa: E402
 from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse  # noqa: E402
 from pdfleet.operator.api.rules import TOPOLOGY_RULES, gpus  # noqa: E402

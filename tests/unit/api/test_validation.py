@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the offline admission helper beside this file
 from crd_admission import admission_errors  # noqa: E402
 from pdfleet.operator.api import errors_of, parse
 

@@ -12,9 +12,6 @@ from pdfleet.operator import cli
 
 def entrypoint() -> list[str]:
     # The operator image's ENTRYPOINT (Dockerfile target `operator`); the chart supplies only args.
-    import sys
-
-    sys.path.insert(0, str(REPO / "tests" / "unit" / "images"))
     from dockerfile_model import parse
 
     stage = parse((REPO / "Dockerfile").read_text()).stage("operator")

@@ -6,7 +6,6 @@ its CEL rules included); every built-in child against kubernetes-validate strict
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import third_party_crds  # noqa: E402
 from test_plan_security import restricted_violations  # noqa: E402
 from pdfleet.contract import gateway as gw  # noqa: E402

@@ -13,9 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-import sys
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import third_party_crds  # noqa: E402
 from pdfleet.operator.plan import PlanOptions, plan, revision_of  # noqa: E402
 from pdfleet.operator.api import parse  # noqa: E402

@@ -14,7 +14,7 @@ import celpy
 import jsonschema
 import yaml
 
-CRDS = Path(__file__).resolve().parents[2] / "crds"
+CRDS = Path(__file__).resolve().parents[1] / "crds"  # tests/crds: the vendored third-party CRDs
 FILES = {
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "scheduling.volcano.sh_podgroups.yaml",
