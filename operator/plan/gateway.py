@@ -12,13 +12,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pdfleet.contract import env as env_names
 from pdfleet.contract import gateway as gw
 from pdfleet.contract.labels import ROLE_DECODE, ROLE_EPP
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import drain, kinds, naming, router
-from pdfleet.operator.plan.auth import client_api_token_env
+from pdfleet.operator.plan import kinds, naming, router
 from pdfleet.operator.plan.meta import Context, metadata
 
 POOL = kinds.INFERENCE_POOL
@@ -64,48 +62,14 @@ def epp_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
 
 
 def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
-    name = epp_name(ctx.fleet)
-    labels = naming.role_labels(ctx.fleet, ROLE_EPP)
-    probe = {"httpGet": {"path": "/health", "port": HTTP_NAME}, "periodSeconds": 5, "failureThreshold": 3}
-    container = {
-        "name": ROLE_EPP,
-        "image": ctx.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": ["pdfleet"],
-        "args": epp_args(ctx, spec),
-        "ports": [
-            {"name": gw.GRPC_PORT_NAME, "containerPort": spec.gateway.inference_pool.epp_port, "protocol": "TCP"},
-            {"name": HTTP_NAME, "containerPort": gw.EPP_METRICS, "protocol": "TCP"},
-        ],
-        # like the router: only Services whose owner reference carries this uid are the fleet's, and the
-        # engines answer only the fleet's API token (plan/auth.py; the EPP's prefill leg sends it)
-        "env": [*([{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}] if ctx.owner else []),
-                client_api_token_env(ctx.fleet)],
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "periodSeconds": 10},
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": router.RESTRICTED_CONTAINER_SECURITY,
-    }
-    pod_spec: dict[str, Any] = {
-        "serviceAccountName": name,
-        # it runs prefill legs and waits on decodes as the router does: the same drain
-        "terminationGracePeriodSeconds": drain.ROUTER_GRACE_SECONDS,
-        "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [container],
-    }
-    if spec.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata(ctx, name, labels),
-        "spec": {
-            "replicas": spec.gateway.inference_pool.epp_replicas,
-            "selector": {"matchLabels": naming.selector(ctx.fleet, ROLE_EPP)},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    ports = [
+        {"name": gw.GRPC_PORT_NAME, "containerPort": spec.gateway.inference_pool.epp_port, "protocol": "TCP"},
+        {"name": HTTP_NAME, "containerPort": gw.EPP_METRICS, "protocol": "TCP"},
+    ]
+    # it runs prefill legs and waits on decodes as the router does: the same pod, drain and token
+    return router.front_end_deployment(ctx, spec, role=ROLE_EPP, name=epp_name(ctx.fleet), container_name=ROLE_EPP,
+                                       args=epp_args(ctx, spec), ports=ports,
+                                       replicas=spec.gateway.inference_pool.epp_replicas)
 
 
 def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:

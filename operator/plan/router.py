@@ -65,18 +65,29 @@ def router_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
 
 
 def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
-    name = naming.router_name(ctx.fleet)
-    labels = naming.role_labels(ctx.fleet, naming.ROUTER)
+    ports = [{"name": HTTP_NAME, "containerPort": spec.router.port, "protocol": "TCP"}]
+    return front_end_deployment(ctx, spec, role=naming.ROUTER, name=naming.router_name(ctx.fleet),
+                                container_name="router", args=router_args(ctx, spec), ports=ports,
+                                replicas=spec.router.replicas)
+
+
+def front_end_deployment(ctx: Context, spec: DisaggregatedInferenceSpec, *, role: str, name: str,
+                         container_name: str, args: list[str], ports: list[dict[str, Any]],
+                         replicas: int) -> dict[str, Any]:
+    """A Deployment of a front end that picks engines and talks to them: the router, or the gateway's
+    Endpoint Picker (plan/gateway.py). Both run `pdfleet`, serve /health on the HTTP port, trust only
+    the fleet's Services and hold the engines' API token."""
+    labels = naming.role_labels(ctx.fleet, role)
     probe = {"httpGet": {"path": "/health", "port": HTTP_NAME}, "periodSeconds": 5, "failureThreshold": 3}
     container = {
-        "name": "router",
+        "name": container_name,
         "image": ctx.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["pdfleet"],
-        "args": router_args(ctx, spec),
-        "ports": [{"name": HTTP_NAME, "containerPort": spec.router.port, "protocol": "TCP"}],
-        # the router trusts only Services whose owner reference carries this uid (connector/router/ownership.py)
-        # and sends the engines the fleet's API token (plan/auth.py), which only it and the EPP mount
+        "args": args,
+        "ports": ports,
+        # only Services whose owner reference carries this uid are the fleet's (connector/router/ownership.py),
+        # and the engines answer only the fleet's API token (plan/auth.py), which only the front ends mount
         "env": [*([{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}] if ctx.owner else []),
                 client_api_token_env(ctx.fleet)],
         "readinessProbe": probe,
@@ -86,7 +97,7 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": name,
-        # requests in flight finish on SIGTERM (plan/drain.py): not the default 30 s
+        # requests in flight (prefill legs, decodes waited on) finish on SIGTERM (plan/drain.py): not 30 s
         "terminationGracePeriodSeconds": drain.ROUTER_GRACE_SECONDS,
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
@@ -99,8 +110,8 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
         "kind": "Deployment",
         "metadata": metadata(ctx, name, labels),
         "spec": {
-            "replicas": spec.router.replicas,
-            "selector": {"matchLabels": naming.selector(ctx.fleet, naming.ROUTER)},
+            "replicas": replicas,
+            "selector": {"matchLabels": naming.selector(ctx.fleet, role)},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
