@@ -44,22 +44,23 @@ def generated_secret(fleet: str, namespace: str, key: bytes, owner: Optional[dic
     """The Secret holding a generated key (hex text, so that it is also a valid text file)."""
     if len(key) < 16:
         raise ValueError("a generated side-channel key must have at least 16 bytes")
+    return _secret(generated_secret_name(fleet), namespace, fleet, "side-channel-key", GENERATED_KEY, key, owner)
+
+
+def _secret(name: str, namespace: str, fleet: str, purpose: str, data_key: str, value: bytes,
+            owner: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """A generated Secret: ``value`` as hex text under ``data_key``, owned by the fleet. Never changed
+    after creation."""
     meta: dict[str, Any] = {
-        "name": generated_secret_name(fleet),
+        "name": name,
         "namespace": namespace,
         "labels": naming.fleet_labels(fleet),
-        "annotations": {GENERATED_ANNOTATION: "side-channel-key"},
+        "annotations": {GENERATED_ANNOTATION: purpose},
     }
     if owner:
         meta["ownerReferences"] = [dict(owner)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": meta,
-        "type": "Opaque",
-        # Never changed after creation: immutable Secrets are also cheaper for the kubelet.
-        "data": {GENERATED_KEY: base64.b64encode(key.hex().encode()).decode()},
-    }
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "data": {data_key: base64.b64encode(value.hex().encode()).decode()}}
 
 
 # The engines' API token (issue 30): vLLM's --api-key, through VLLM_API_KEY, so that the engines'
@@ -92,13 +93,4 @@ def generated_api_secret(fleet: str, namespace: str, token: bytes, owner: Option
     """The Secret holding the engines' API token (hex text: a header-safe bearer token)."""
     if len(token) < 16:
         raise ValueError("a generated engine API token must have at least 16 bytes")
-    meta: dict[str, Any] = {
-        "name": api_secret_name(fleet),
-        "namespace": namespace,
-        "labels": naming.fleet_labels(fleet),
-        "annotations": {GENERATED_ANNOTATION: "engine-api-token"},
-    }
-    if owner:
-        meta["ownerReferences"] = [dict(owner)]
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
-            "data": {API_TOKEN_KEY: base64.b64encode(token.hex().encode()).decode()}}
+    return _secret(api_secret_name(fleet), namespace, fleet, "engine-api-token", API_TOKEN_KEY, token, owner)
