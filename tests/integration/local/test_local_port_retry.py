@@ -5,9 +5,10 @@ engine is a small Python process that does what the engine does with its ports, 
 connector's real side channel (pdfleet.connector.transfer.sidechannel.SideChannelServer, the code that
 failed with ``cannot bind the side channel on 127.0.0.1:PORT: Address already in use``) on the port in
 VLLM_NIXL_SIDE_CHANNEL_PORT, then serves /health on its ``--port``. The test takes prefill-0's
-side-channel port before the fleet starts: the runner restarts that engine on new ports under
---max-restarts and every engine becomes healthy; with --max-restarts 0 the start fails, naming the
-taken port (negative control)."""
+side-channel port (or its HTTP port) before the fleet starts: the runner restarts that engine on new
+ports under --max-restarts and every engine becomes healthy; with --max-restarts 0 the start fails, naming
+the taken port (negative control). Restarts after the fleet was announced keep their ports (the router and
+the decodes know them); only a start that failed on a port moves."""
 
 from __future__ import annotations
 
@@ -93,11 +94,13 @@ def take(port: int) -> zmq.Socket:
     return sock
 
 
+@pytest.mark.parametrize("which", ["side_channel", "http"])
 @pytest.mark.parametrize("max_restarts,starts", [(1, True), (0, False)])
-def test_an_engine_whose_side_channel_port_is_taken_starts_again_on_new_ports(
-        tmp_path: Path, capsys, max_restarts: int, starts: bool) -> None:
+def test_an_engine_whose_port_is_taken_starts_again_on_new_ports(
+        tmp_path: Path, capsys, max_restarts: int, starts: bool, which: str) -> None:
     r = runner(tmp_path, max_restarts)
-    taken_port = r.launches["prefill-0"].ports.side_channel
+    before = r.launches["prefill-0"].ports
+    taken_port = getattr(before, which)
     thief = take(taken_port)
     try:
         ok = asyncio.run(start(r))
@@ -106,17 +109,28 @@ def test_an_engine_whose_side_channel_port_is_taken_starts_again_on_new_ports(
         if starts:
             moved = r.launches["prefill-0"]
             assert r.restarts == {"prefill-0": 1, "decode-0": 0}
-            assert moved.ports.side_channel != taken_port
+            # both of its ports are new (the old ones may be taken by the same program), in its argv and env
+            assert moved.ports.side_channel not in (before.side_channel, before.http)
+            assert moved.ports.http not in (before.side_channel, before.http)
             assert moved.env[env_names.SIDE_CHANNEL_PORT] == str(moved.ports.side_channel)
-            assert f"side channel {taken_port}) was taken; restarting on" in err
+            assert moved.argv[moved.argv.index("--port") + 1] == str(moved.ports.http)
+            assert moved.url.endswith(f":{moved.ports.http}")
+            assert (f"(http {before.http}, side channel {before.side_channel}) was taken; restarting on "
+                    f"http {moved.ports.http}, side channel {moved.ports.side_channel}") in err
             state = json.loads((tmp_path / "state.json").read_text())
-            assert {e["name"]: e["side_channel_port"] for e in state["engines"]}["prefill-0"] == moved.ports.side_channel
-            # the engine really listens on its new side channel now (a bind there fails)
-            with socket.socket() as s, pytest.raises(OSError):
-                s.bind(("127.0.0.1", moved.ports.side_channel))
+            engines = {e["name"]: e for e in state["engines"]}
+            assert engines["prefill-0"]["side_channel_port"] == moved.ports.side_channel
+            assert engines["prefill-0"]["url"] == moved.url
+            # the engine really listens on its new ports now (a bind there fails)
+            for port in (moved.ports.side_channel, moved.ports.http):
+                with socket.socket() as s, pytest.raises(OSError):
+                    s.bind(("127.0.0.1", port))
         else:
             assert "--max-restarts 0 spent" in err
-            assert f"cannot bind the side channel on 127.0.0.1:{taken_port}" in err
+            if which == "side_channel":
+                assert f"cannot bind the side channel on 127.0.0.1:{taken_port}" in err
+            else:
+                assert "Address already in use" in err
     finally:
         thief.close()
         asyncio.run(r._shutdown())
