@@ -679,6 +679,17 @@ class FakeKube(kmock.KubernetesEmulator):
         })
         return pods
 
+    async def _lws_statefulset(self, namespace: str, lws_name: str, name: str, replicas: int,
+                               controller: dict[str, Any]) -> dict[str, Any]:
+        existing = self.get("apps/v1/statefulsets", namespace, name)
+        if existing is not None:
+            return existing
+        return await self.put("apps/v1/statefulsets", namespace, {
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": name, "labels": {"leaderworkerset.sigs.k8s.io/name": lws_name},
+                         "ownerReferences": [controller]},
+            "spec": {"replicas": replicas, "template": {}}})
+
     async def simulate_leaderworkerset(self, namespace: str, name: str, *, ready: int | None = None,
                                        ip_prefix: str = "10.2",
                                        init_message: str | None = None) -> list[dict[str, Any]]:
@@ -692,11 +703,22 @@ class FakeKube(kmock.KubernetesEmulator):
         ready = replicas if ready is None else min(ready, replicas)
         lwt = lws["spec"]["leaderWorkerTemplate"]
         size = int(lwt.get("size", 1))
+        # As the LWS controller makes them: the leaders' StatefulSet is the LWS's, each group's
+        # workers' StatefulSet is its leader pod's; neither carries the fleet's labels.
+        owner_sts = {name: await self._lws_statefulset(namespace, name, name, replicas, {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": name,
+            "uid": lws["metadata"]["uid"], "controller": True})}
         pods = []
         for g in range(replicas):
             for w in range(size):
                 template = lwt["leaderTemplate"] if w == 0 else lwt["workerTemplate"]
                 pod_name = f"{name}-{g}" if w == 0 else f"{name}-{g}-{w}"
+                sts_name = name if w == 0 else f"{name}-{g}"
+                if sts_name not in owner_sts:
+                    leader = pods[-w]
+                    owner_sts[sts_name] = await self._lws_statefulset(namespace, name, sts_name, size - 1, {
+                        "apiVersion": "v1", "kind": "Pod", "name": leader["metadata"]["name"],
+                        "uid": leader["metadata"]["uid"], "controller": True})
                 ip = f"{ip_prefix}.{abs(hash(name)) % 250}.{g * size + w + 2}"
                 status: dict[str, Any] = {
                     "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
@@ -717,9 +739,8 @@ class FakeKube(kmock.KubernetesEmulator):
                                    "leaderworkerset.sigs.k8s.io/name": name,
                                    "leaderworkerset.sigs.k8s.io/group-index": str(g),
                                    "leaderworkerset.sigs.k8s.io/worker-index": str(w)},
-                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
-                                             "name": name if w == 0 else f"{name}-{g}",
-                                             "uid": lws["metadata"]["uid"], "controller": True}],
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts_name,
+                                             "uid": owner_sts[sts_name]["metadata"]["uid"], "controller": True}],
                     },
                     "spec": copy.deepcopy(template.get("spec", {})),
                     "status": status,

@@ -18,6 +18,7 @@ import json
 import logging
 import random
 from typing import Any, Awaitable, Callable, Mapping, Optional
+from urllib.parse import urlencode
 
 import aiohttp
 import kopf
@@ -185,6 +186,13 @@ class KubeClient:
             raise
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         return {k: meta.get(k) for k in ("name", "namespace", "uid", "ownerReferences")} if isinstance(meta, dict) else {}
+
+    async def list_labelled(self, kind: Kind, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """LIST by a label selector: for objects no watch of the operator sees (another controller's)."""
+        url = kind.path(namespace) + "?" + urlencode({"labelSelector": selector})
+        body = await self._call("list", kind.plural, "get", url)
+        items = body.get("items") if isinstance(body, dict) else None
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
     async def delete(self, ref: ChildRef, kind: Kind, *, uid: Optional[str] = None) -> None:
         """Delete in the background; a precondition on uid never deletes a same-named successor."""

@@ -10,10 +10,12 @@ endpoints in status) counts a pod only when the fleet's own workloads run it:
   StatefulSet's current or update revision (when the StatefulSet reports them);
 - a Deployment pod (the router): its controller is, by uid, a ReplicaSet whose controller is, by
   uid, a Deployment the fleet controls, and its ``pod-template-hash`` is that ReplicaSet's;
-- a LeaderWorkerSet pod: its ``leaderworkerset.sigs.k8s.io/name`` names an LWS the fleet controls
-  and its controller is a StatefulSet of that LWS (``<lws>`` for leaders, ``<lws>-<group>`` for
-  workers). The LWS controller's StatefulSets carry no pdfleet label, so the operator does not
-  watch them and cannot check their uid here: a weaker check than the two above (docs/operator.md).
+- a LeaderWorkerSet pod: its ``leaderworkerset.sigs.k8s.io/name`` names an LWS the fleet controls,
+  and its controller is, by uid, one of that LWS's StatefulSets as the LWS controller makes them:
+  a leader's is ``<lws>``, controlled by the LWS (by uid), with the pod's ordinal in range; a
+  worker's is ``<lws>-<group>``, controlled by (the uid of) that group's leader pod, which must
+  count itself, with the worker's ordinal in ``1..replicas``. Those StatefulSets carry no pdfleet
+  label, so the reconcile lists them by the LWS's own label (reconcile/observe step).
 
 Services and EndpointSlices: the operator reads only children whose controller is the fleet (by
 uid); the router keeps the same rule for Services and slices in connector/router/ownership.py.
@@ -35,11 +37,14 @@ class FleetWorkloads:
     statefulsets: Mapping[str, ObservedChild] = field(default_factory=dict)     # uid ->
     replicasets: Mapping[str, ObservedReplicaSet] = field(default_factory=dict)  # uid ->
     leaderworkersets: Mapping[str, ObservedChild] = field(default_factory=dict)  # name ->
+    lws_statefulsets: Mapping[str, ObservedChild] = field(default_factory=dict)  # uid -> (made by the LWS controller)
 
 
 def fleet_workloads(fleet_uid: str, children: Iterable[ObservedChild],
-                    replicasets: Iterable[ObservedReplicaSet] = ()) -> FleetWorkloads:
-    """From what the watches saw: only objects whose controller is the fleet (by uid)."""
+                    replicasets: Iterable[ObservedReplicaSet] = (),
+                    lws_statefulsets: Iterable[ObservedChild] = ()) -> FleetWorkloads:
+    """From what the watches saw: only objects whose controller is the fleet (by uid); the LWS
+    controller's StatefulSets as listed (each is judged per pod, by its own controller)."""
     sts: dict[str, ObservedChild] = {}
     deployments: set[str] = set()
     lws: dict[str, ObservedChild] = {}
@@ -53,7 +58,7 @@ def fleet_workloads(fleet_uid: str, children: Iterable[ObservedChild],
         elif (c.ref.api_version, c.ref.kind) == (LWS.api_version, LWS.kind):
             lws[c.ref.name] = c
     rs = {r.uid: r for r in replicasets if r.uid and r.controller_uid in deployments}
-    return FleetWorkloads(sts, rs, lws)
+    return FleetWorkloads(sts, rs, lws, {s.uid: s for s in lws_statefulsets if s.uid})
 
 
 def _ordinal(pod_name: str, parent: str) -> Optional[int]:
@@ -64,8 +69,10 @@ def _ordinal(pod_name: str, parent: str) -> Optional[int]:
     return int(rest) if rest.isdigit() and (rest == "0" or not rest.startswith("0")) else None
 
 
-def pod_problem(pod: ObservedPod, fleet: FleetWorkloads) -> Optional[str]:
-    """None when the fleet's workloads run this pod, else why it does not count."""
+def pod_problem(pod: ObservedPod, fleet: FleetWorkloads, leaders: Mapping[str, str] = {}) -> Optional[str]:
+    """None when the fleet's workloads run this pod, else why it does not count.
+
+    ``leaders``: uid -> name of the LWS leader pods that count (a worker's chain runs through one)."""
     ref = pod.controller
     if ref is None:
         return "no controller ownerReference"
@@ -88,19 +95,42 @@ def pod_problem(pod: ObservedPod, fleet: FleetWorkloads) -> Optional[str]:
             return f"pod-template-hash {pod.template_hash!r} is not ReplicaSet {name}'s"
         return None
     if kind == STATEFULSET.kind and pod.lws_name and pod.lws_name in fleet.leaderworkersets:
-        lws = pod.lws_name
-        if name == lws or _ordinal(name, lws) is not None:
-            return None
-        return f"StatefulSet {name} is not one of LeaderWorkerSet {lws}'s"
+        return _lws_pod_problem(pod, name, uid, fleet, leaders)
     return f"controlled by {kind}/{name} (uid {uid}), which is not the fleet's"
+
+
+def _lws_pod_problem(pod: ObservedPod, name: str, uid: str, fleet: FleetWorkloads,
+                     leaders: Mapping[str, str]) -> Optional[str]:
+    lws = fleet.leaderworkersets[pod.lws_name or ""]
+    sts = fleet.lws_statefulsets.get(uid)
+    if sts is None:
+        return f"StatefulSet {name} (uid {uid}) is not one LeaderWorkerSet {lws.ref.name} runs"
+    if sts.ref.name != name:
+        return f"ownerReference names StatefulSet {name} with the uid of {sts.ref.name}"
+    if sts.controller_uid == lws.uid and name == lws.ref.name:       # the leaders' StatefulSet
+        ordinal = _ordinal(pod.name, name)
+        if ordinal is None or ordinal >= max(sts.replicas, sts.status_replicas):
+            return f"not a leader LeaderWorkerSet {name} runs (name {pod.name}, groups {sts.replicas})"
+        if sts.revisions and pod.revision_hash not in sts.revisions:
+            return f"controller-revision-hash {pod.revision_hash!r} is not one of {name}'s revisions"
+        return None
+    if leaders.get(sts.controller_uid) == name:                      # a group's workers' StatefulSet
+        ordinal = _ordinal(pod.name, name)                           # LWS numbers workers from 1
+        if ordinal is None or not 1 <= ordinal <= max(sts.replicas, sts.status_replicas):
+            return f"not a worker of group {name} (name {pod.name}, workers {sts.replicas})"
+        return None
+    return f"StatefulSet {name} is controlled by neither LeaderWorkerSet {lws.ref.name} nor its leader pod"
 
 
 def owned_pods(pods: Sequence[ObservedPod], fleet: FleetWorkloads
                ) -> tuple[list[ObservedPod], list[tuple[ObservedPod, str]]]:
     """(the pods the fleet runs, [(pod, why not)] of the others), in the given order."""
     kept, ignored = [], []
+    # LWS leaders first: a worker's StatefulSet is controlled by its group's leader pod.
+    leaders = {p.uid: p.name for p in pods
+               if p.lws_name and not p.worker and p.uid and pod_problem(p, fleet) is None}
     for pod in pods:
-        problem = pod_problem(pod, fleet)
+        problem = pod_problem(pod, fleet, leaders)
         if problem is None:
             kept.append(pod)
         else:

@@ -19,7 +19,7 @@ from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
 from pdfleet.operator.autoscale.signals import rejected_values
-from pdfleet.operator.kube.observed import ObservedReplicaSet
+from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
 from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
 from pdfleet.operator.plan import kinds
@@ -174,6 +174,15 @@ class Reconciler:
         self.metrics.reconciles.labels(result).inc()
         return requeue
 
+    async def _lws_statefulsets(self, namespace: str, owned: list[ch.ObservedChild]) -> list[ch.ObservedChild]:
+        """The LWS controller's StatefulSets of the fleet's LeaderWorkerSets (they carry no pdfleet
+        label, so no watch sees them): the links from an LWS pod up to its LWS (kube/owned.py)."""
+        names = sorted(c.ref.name for c in owned if c.ref.kind == kinds.LWS.kind and not c.deleting)
+        if not names:
+            return []
+        selector = f"{LWS_NAME_LABEL} in ({','.join(names)})"
+        return [ch.observe_child(o) for o in await self.client.list_labelled(kinds.STATEFULSET, namespace, selector)]
+
     async def _reconcile(self, key: Key, body: Mapping[str, Any]) -> tuple[Optional[float], str]:
         namespace, name = key
         meta = body["metadata"]
@@ -207,7 +216,7 @@ class Reconciler:
         uid = meta.get("uid", "")
         # Identity is ownership: only children the fleet controls and pods its workloads run count.
         owned = [c for c in observed if c.controller_uid == uid]
-        workloads = fleet_workloads(uid, owned, self.replicasets(key))
+        workloads = fleet_workloads(uid, owned, self.replicasets(key), await self._lws_statefulsets(namespace, owned))
         pods, ignored = owned_pods([p for p in pods if p.namespace == namespace], workloads)
         self._report_unowned(key, log, [("Pod", p.name, p.uid, why) for p, why in ignored]
                              + [(c.ref.kind, c.ref.name, c.uid, "not controlled by this fleet")

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from fake_env import NAMESPACE, FakeDriver
+from kube_fixture import eventually
 from operator_scenarios import (
     KIND_RESOURCES,
     condition,
@@ -16,6 +17,7 @@ from operator_scenarios import (
     fleet_children,
     make_fleet_ready,
     names_by_kind,
+    settle,
     wait_children,
     wait_status,
 )
@@ -183,3 +185,49 @@ async def test_a_cluster_without_the_leaderworkerset_crd_still_runs_single_node_
         finally:
             await op.astop()
         assert op.error is None
+
+
+async def test_hand_made_leaderworkerset_pods_of_a_new_revision_switch_nothing(driver: FakeDriver, kube):
+    """Issue 30, multi-node: ready pods wearing the new pair's pdfleet and LWS labels, whose controller
+    reference names the LWS's leader StatefulSet by name with a made-up uid, neither switch the
+    router nor become endpoints; the LWS controller's own pods (leader StatefulSet controlled by the
+    LWS, workers' by their leader pod) then do."""
+    await driver.create_cr(big())
+    st = await wait_status(driver, "llama", lambda s: s.get("revision"), "revision")
+    old = st["revision"]
+    await make_fleet_ready(driver, "llama")
+    await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
+    await driver.patch_cr("llama", {"spec": {"image": "registry.example/pdfleet-runtime:v2"}})
+    st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] != old, "a new target")
+    new = st["rollout"]["targetRevision"]
+    forged = []
+    for role in ("prefill", "decode"):
+        lws = await eventually(lambda: kube.get(LWS, NAMESPACE, f"llama-{role}-{new}"), what=f"{role} LWS")
+        labels = {**lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"],
+                  "leaderworkerset.sigs.k8s.io/name": f"llama-{role}-{new}",
+                  "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+        for g in range(2):
+            name = f"llama-{role}-{new}-{g}"
+            forged.append(name)
+            await kube.put("v1/pods", NAMESPACE, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": labels, "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "StatefulSet", "name": f"llama-{role}-{new}",
+                    "uid": "made-up", "controller": True}]},
+                "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]}]},
+                "status": {"phase": "Running", "podIP": f"10.9.0.{g + 1}",
+                           "conditions": [{"type": "Ready", "status": "True"}]}})
+    await settle(driver)
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Progressing")["reason"] == "RollingOut",
+                           "still rolling out")
+    assert st["revision"] == old, "hand-made LWS pods switched the router"
+    assert {e["revision"] for e in st["endpoints"]["prefill"]} == {old}
+    metrics = driver.operator.runtime["metrics"]
+    assert metrics.registry.get_sample_value("pdfleet_operator_unowned_objects_ignored_total", {"kind": "Pod"}) >= 4
+
+    for name in forged:  # the LWS controller's own pods of those names
+        await kube.remove("v1/pods", NAMESPACE, name)
+    for role in ("prefill", "decode"):
+        await kube.simulate_leaderworkerset(NAMESPACE, f"llama-{role}-{new}")
+    st = await wait_status(driver, "llama", lambda s: s["revision"] == new, "the switch, on the LWS's own pods")
+    assert not any(e["ip"].startswith("10.9.") for e in st["endpoints"]["prefill"])

@@ -43,7 +43,29 @@ REPLICASETS = [observe_replicaset({"metadata": {"name": n, "namespace": "ns", "u
     **LABELS, "pod-template-hash": h}, "ownerReferences": [ref("Deployment", d, du)]}})
     for n, u, h, d, du in (("llama-router-5d9c", "rs-uid", "5d9c", "llama-router", "dep-uid"),
                            ("other-router-77aa", "rs2-uid", "77aa", "other-router", "dep2-uid"))]
-FLEET = fleet_workloads(FLEET_UID, CHILDREN, REPLICASETS)
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+
+
+def lws_sts(name: str, uid: str, controller: dict, replicas: int) -> dict[str, Any]:
+    """A StatefulSet as the LWS controller makes it: its own label only, no pdfleet label."""
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": {LWS_NAME: "llama-decode-r2"},
+                         "ownerReferences": [controller]},
+            "spec": {"replicas": replicas, "template": {}}, "status": {}}
+
+
+LWS_STATEFULSETS = [observe_child(o) for o in (
+    lws_sts("llama-decode-r2", "leader-sts-uid",
+            ref("LeaderWorkerSet", "llama-decode-r2", "lws-uid", api_version="leaderworkerset.x-k8s.io/v1"), 2),
+    lws_sts("llama-decode-r2-0", "worker-sts-uid", ref("Pod", "llama-decode-r2-0", "llama-decode-r2-0-uid", api_version="v1"), 1),
+    # made by hand in the namespace, wearing the LWS's label: controlled by a pod that is no leader
+    lws_sts("llama-decode-r2-5", "evil-sts-uid", ref("Pod", "evil-0", "evil-0-uid", api_version="v1"), 3),
+    # a second "leader" StatefulSet of the LWS's name, controlled by somebody else
+    lws_sts("llama-decode-r2", "evil-leader-sts-uid", ref("LeaderWorkerSet", "llama-decode-r2", "forged-lws-uid",
+                                                          api_version="leaderworkerset.x-k8s.io/v1"), 2),
+)]
+FLEET = fleet_workloads(FLEET_UID, CHILDREN, REPLICASETS, LWS_STATEFULSETS)
+LEADERS = {"llama-decode-r2-0-uid": "llama-decode-r2-0"}   # the lws-leader row's pod, which counts
 
 
 def pod(name: str, owner: Optional[dict] = None, **labels: str):
@@ -56,6 +78,9 @@ def pod(name: str, owner: Optional[dict] = None, **labels: str):
 
 STS = ref("StatefulSet", "llama-prefill-r1", "sts-uid")
 RS = ref("ReplicaSet", "llama-router-5d9c", "rs-uid")
+LWS_LEADER = ref("StatefulSet", "llama-decode-r2", "leader-sts-uid")
+LWS_WORKER = ref("StatefulSet", "llama-decode-r2-0", "worker-sts-uid")
+LWS_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 CRH, PTH = "controller-revision-hash", "pod-template-hash"
 CASES = [
     # (case, pod, counts?, a word of the reason)
@@ -64,10 +89,22 @@ CASES = [
     ("sts-no-revisions-reported", pod("llama-decode-r1-0", ref("StatefulSet", "llama-decode-r1", "sts2-uid")),
      True, None),
     ("router-pod-of-fleet-rs", pod("llama-router-5d9c-x1", RS, **{PTH: "5d9c"}), True, None),
-    ("lws-leader", pod("llama-decode-r2-0", ref("StatefulSet", "llama-decode-r2", "leader-sts-uid"),
-                       **{"leaderworkerset.sigs.k8s.io/name": "llama-decode-r2"}), True, None),
-    ("lws-worker", pod("llama-decode-r2-0-1", ref("StatefulSet", "llama-decode-r2-0", "worker-sts-uid"),
-                       **{"leaderworkerset.sigs.k8s.io/name": "llama-decode-r2"}), True, None),
+    ("lws-leader", pod("llama-decode-r2-0", LWS_LEADER, **{LWS_NAME: "llama-decode-r2"}), True, None),
+    ("lws-worker", pod("llama-decode-r2-0-1", LWS_WORKER, **{LWS_NAME: "llama-decode-r2", LWS_INDEX: "1"}),
+     True, None),
+    # LWS pods made by hand: the names are right, the chain is not
+    ("lws-leader-forged-sts-uid", pod("llama-decode-r2-1", {**LWS_LEADER, "uid": "forged"},
+                                      **{LWS_NAME: "llama-decode-r2"}), False, "is not one"),
+    ("lws-leader-sts-of-another-lws-uid", pod("llama-decode-r2-1", {**LWS_LEADER, "uid": "evil-leader-sts-uid"},
+                                              **{LWS_NAME: "llama-decode-r2"}), False, "neither"),
+    ("lws-leader-group-out-of-range", pod("llama-decode-r2-2", LWS_LEADER, **{LWS_NAME: "llama-decode-r2"}),
+     False, "not a leader"),
+    ("lws-worker-of-hand-made-sts", pod("llama-decode-r2-5-1", ref("StatefulSet", "llama-decode-r2-5", "evil-sts-uid"),
+                                        **{LWS_NAME: "llama-decode-r2", LWS_INDEX: "1"}), False, "neither"),
+    ("lws-worker-ordinal-0", pod("llama-decode-r2-0-0", LWS_WORKER, **{LWS_NAME: "llama-decode-r2", LWS_INDEX: "1"}),
+     False, "not a worker"),
+    ("lws-worker-ordinal-beyond-size", pod("llama-decode-r2-0-2", LWS_WORKER,
+                                           **{LWS_NAME: "llama-decode-r2", LWS_INDEX: "2"}), False, "not a worker"),
     # hand-made pods with the fleet's labels
     ("no-owner", pod("llama-router-fake"), False, "no controller"),
     ("owner-not-controller", pod("llama-prefill-r1-0", {**STS, "controller": False}), False, "no controller"),
@@ -93,13 +130,13 @@ CASES = [
      False, "not the fleet's"),
     ("lws-label-sts-of-another-name", pod("evil-0", ref("StatefulSet", "evil", "u"),
                                           **{"leaderworkerset.sigs.k8s.io/name": "llama-decode-r2"}), False,
-     "not one of"),
+     "is not one"),
 ]
 
 
 @pytest.mark.parametrize("case,p,counts,why", CASES, ids=[c[0] for c in CASES])
 def test_pod_problem(case: str, p, counts: bool, why: Optional[str]) -> None:
-    problem = pod_problem(p, FLEET)
+    problem = pod_problem(p, FLEET, LEADERS)
     assert (problem is None) == counts, f"{case}: {problem}"
     if why:
         assert why in problem
@@ -113,3 +150,12 @@ def test_owned_pods_splits_in_order_and_an_empty_fleet_owns_nothing() -> None:
     # negative control: with no fleet uid (or another fleet's) nothing counts, whatever the labels
     assert owned_pods(pods, fleet_workloads("", CHILDREN, REPLICASETS))[0] == []
     assert owned_pods(pods, fleet_workloads("someone-else", CHILDREN, REPLICASETS))[0][0].name == "other-prefill-0"
+
+
+def test_lws_worker_counts_only_through_a_leader_that_counts() -> None:
+    worker = pod("llama-decode-r2-0-1", LWS_WORKER, **{LWS_NAME: "llama-decode-r2", LWS_INDEX: "1"})
+    leader = pod("llama-decode-r2-0", LWS_LEADER, **{LWS_NAME: "llama-decode-r2"})
+    assert [p.name for p in owned_pods([worker, leader], FLEET)[0]] == ["llama-decode-r2-0-1", "llama-decode-r2-0"]
+    # negative controls: without its leader pod, or without the listed StatefulSets, nothing counts
+    assert owned_pods([worker], FLEET)[0] == []
+    assert owned_pods([worker, leader], fleet_workloads(FLEET_UID, CHILDREN, REPLICASETS))[0] == []
