@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 from pdfleet.contract import ports, routing
 from pdfleet.contract import gateway
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, GPU_NIXL_THREADS, MAX_NIXL_THREADS
+from pdfleet.contract.flow_control import FAIRNESS_COST, FAIRNESS_REQUESTS
 
 GROUP = "pdfleet.io"
 VERSION = "v1alpha1"
@@ -276,7 +277,7 @@ class FlowControlSpec(Model):
     )
     tenant_header: HeaderName = Field(
         default="x-gateway-inference-fairness-id",
-        description="Request header naming the tenant (flow); tenants of a class are served round robin.",
+        description="Request header naming the tenant (flow); the tenants of a class share by fairness.",
     )
     priority_header: HeaderName = Field(
         default="x-gateway-inference-objective",
@@ -284,6 +285,13 @@ class FlowControlSpec(Model):
     )
     priorities: Annotated[list[PriorityClass], Field(max_length=16)] = Field(
         default_factory=list, description="Priority classes; empty: one class for every request."
+    )
+    fairness: Literal[FAIRNESS_COST, FAIRNESS_REQUESTS] = Field(
+        default=FAIRNESS_COST,
+        description=f"What the tenants of a class (and the classes) share. {FAIRNESS_COST}: estimated "
+        "tokens (prompt tokens + max_tokens per request), so a tenant asking 4 times the tokens per request gets a "
+        f"quarter of the requests and about the same decode time; {FAIRNESS_REQUESTS}: requests "
+        "(round robin, whatever they ask).",
     )
 
 

@@ -57,6 +57,7 @@ def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:
         enabled=fc.enabled, max_queue_s=float(fc.max_queue_seconds), max_queued=fc.max_queued_requests,
         max_in_flight_per_decode=fc.max_in_flight_per_decode, tenant_header=fc.tenant_header,
         priority_header=fc.priority_header, priorities=tuple(Priority(p.name, p.weight) for p in fc.priorities),
+        fairness=fc.fairness,
     )
 
 

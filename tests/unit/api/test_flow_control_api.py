@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ import yaml
 from crd_admission import admission_errors  # noqa: E402
 from pdfleet.connector.router import command  # noqa: E402
 from pdfleet.contract.flow_control import (  # noqa: E402
+    FAIRNESS_COST,
+    FAIRNESS_REQUESTS,
+    FLAG,
     PRIORITY_HEADER,
     TENANT_HEADER,
     FlowControlConfig,
@@ -46,6 +50,7 @@ def test_defaults_are_off_with_the_inference_extension_headers() -> None:
     assert (fc.tenant_header, fc.priority_header) == (TENANT_HEADER, PRIORITY_HEADER) == (
         "x-gateway-inference-fairness-id", "x-gateway-inference-objective")
     assert (fc.max_queue_seconds, fc.max_queued_requests) == (30, 1000)
+    assert fc.fairness == FAIRNESS_COST == FlowControlConfig().fairness == "cost"
 
 
 BAD = [
@@ -66,6 +71,8 @@ BAD = [
      "spec.router.flowControl.priorities"),
     ("17 classes", {**FC, "priorities": [{"name": f"p{i}"} for i in range(17)]}, "spec.router.flowControl.priorities"),
     ("unknown key", {**FC, "maxConcurrency": 3}, "spec.router.flowControl.maxConcurrency"),
+    ("unknown fairness", {**FC, "fairness": "tokens"}, "spec.router.flowControl.fairness"),
+    ("fairness upper case", {**FC, "fairness": "Cost"}, "spec.router.flowControl.fairness"),
 ]
 
 
@@ -80,7 +87,8 @@ def test_bad_flow_control_is_refused_with_the_field_named(case: str, fc: dict, f
 
 def test_good_variants_are_admitted_everywhere() -> None:
     for fc in ({}, {"enabled": True}, FC, {**FC, "priorities": [{"name": "only"}]},
-               {**FC, "tenantHeader": "x-tenant", "priorityHeader": "x-prio", "maxQueueSeconds": 0.5}):
+               {**FC, "tenantHeader": "x-tenant", "priorityHeader": "x-prio", "maxQueueSeconds": 0.5},
+               {**FC, "fairness": FAIRNESS_REQUESTS}, {**FC, "fairness": FAIRNESS_COST}):
         assert errors_of(cr(fc)) == [] and admission_errors(cr(fc)) == [], fc
 
 
@@ -100,6 +108,25 @@ def test_the_plan_passes_flow_control_and_the_router_parses_it_back() -> None:
     assert config == FlowControlConfig(enabled=True, max_queue_s=20.0, max_queued=500, max_in_flight_per_decode=8,
                                        priorities=(Priority("interactive", 8), Priority("batch", 1)))
     assert [c.name for c in config.classes] == ["interactive", "batch"]
+
+
+@pytest.mark.parametrize("fairness,flag_says,parsed", [
+    (None, None, FAIRNESS_COST),  # unset: the default, unsaid (router args as before the field)
+    (FAIRNESS_COST, None, FAIRNESS_COST),  # the default said out loud renders the same
+    (FAIRNESS_REQUESTS, FAIRNESS_REQUESTS, FAIRNESS_REQUESTS),
+])
+def test_fairness_reaches_the_router(fairness: str | None, flag_says: str | None, parsed: str) -> None:
+    fc = FC if fairness is None else {**FC, "fairness": fairness}
+    args = router_args(cr(fc))
+    flag = json.loads(args[args.index(FLAG) + 1])
+    assert flag.get("fairness") == flag_says
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    assert command.config_from_args(parser.parse_args(args[1:])).flow_control.fairness == parsed
+    if fairness == FAIRNESS_COST:
+        assert args == router_args(cr(FC))
+    if fairness == FAIRNESS_REQUESTS:  # negative control: the choice changes the pod template
+        assert args != router_args(cr(FC))
 
 
 @pytest.mark.parametrize("text,needle", [
