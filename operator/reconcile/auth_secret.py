@@ -27,7 +27,7 @@ from pdfleet.operator.plan.auth import (
 )
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
-from pdfleet.operator.reconcile.ownership import ownership
+from pdfleet.operator.reconcile_plan.ownership import ownership
 
 SECRET = kinds.SECRET
 RECHECK_SECONDS = 600.0

@@ -25,9 +25,9 @@ from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.autoscale.planner_edge import _fetch
 from pdfleet.operator.autoscale.signals import WENT_DOWN, MetricsError
 from pdfleet.operator.plan import naming
-from pdfleet.operator.reconcile.children import ObservedPod
+from pdfleet.operator.reconcile_plan.children import ObservedPod
 from pdfleet.operator.api import event_reasons as reasons
-from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision
+from pdfleet.operator.rollout.paired import CanaryRecord, Decision
 from pdfleet.operator.rollout import canary
 from pdfleet.operator.rollout.signals import (
     RevisionSample,

@@ -25,7 +25,7 @@ import kopf
 
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, observe_scaler
-from pdfleet.operator.reconcile import children as ch
+from pdfleet.operator.reconcile_plan import children as ch
 from pdfleet.operator.kube.client import KubeClient, RetryPolicy
 from pdfleet.operator.kube.observed import observe_replicaset
 from pdfleet.operator.plan.kinds import REPLICASET

@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from pdfleet.operator.reconcile.fleet_metrics import fleet_series
+from pdfleet.operator.reconcile_plan.fleet_metrics import fleet_series
 
 logger = logging.getLogger("pdfleet.operator")
 

@@ -24,17 +24,18 @@ from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.plan.drain import rollout_drain_seconds
-from pdfleet.operator.reconcile import children as ch
-from pdfleet.operator.reconcile import rollout, status as st
+from pdfleet.operator.reconcile_plan import children as ch
+from pdfleet.operator.reconcile_plan import status as st
+from pdfleet.operator.rollout import paired as rollout
 from pdfleet.operator.reconcile.canary import CanaryEdge
 from pdfleet.operator.rollout.canary import PROMOTED
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
-from pdfleet.operator.reconcile.kvtransport import role_transport
+from pdfleet.operator.reconcile_plan.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
-from pdfleet.operator.reconcile.ownership import not_owned_message, ownership
+from pdfleet.operator.reconcile_plan.ownership import not_owned_message, ownership
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
-from pdfleet.operator.reconcile.planning import (
+from pdfleet.operator.reconcile_plan.planning import (
     desired_children,
     revision_kv_events_ports,
     revision_ports,

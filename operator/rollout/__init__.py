@@ -1,1 +1,2 @@
-"""Rollout decisions (pure): the canary's step, analysis and abort logic (issue 22)."""
+"""Rollout decisions (pure): the paired rollout (which revision serves, which stay) and the canary's step,
+analysis and abort logic (issue 22)."""

@@ -1,7 +1,8 @@
 """The import arrows point one way, and no product code reaches into kopf's internals.
 
-Operator: plan (pure) <- kube (observed records, the client) <- autoscale, reconcile; reconcile may
-call autoscale, autoscale never imports reconcile.
+Operator: plan (pure) <- kube (observed records, the client) <- autoscale <- rollout, reconcile_plan (the
+decisions, pure: no client, HTTP, kopf or metrics registry) <- reconcile (the I/O edge); autoscale never
+imports reconcile or reconcile_plan.
 Connector: the transfer core knows nothing of vLLM (nor of the adapter over it, the router or the
 operator); the router and the gateway's Endpoint Picker never import the adapter (what they share
 with it lives in pdfleet.contract) nor vLLM; no connector code imports the operator; the contract
@@ -19,11 +20,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("operator", "connector", "contract")
 
+PURE_DECISIONS = ("pdfleet.operator.reconcile", "pdfleet.operator.kube.client", "aiohttp", "kopf", "prometheus_client")
 # package folder -> module prefixes it must never import
 FORBIDDEN = {
-    "operator/plan": ("pdfleet.operator.reconcile", "pdfleet.operator.autoscale", "pdfleet.operator.kube"),
-    "operator/kube": ("pdfleet.operator.reconcile", "pdfleet.operator.autoscale"),
-    "operator/autoscale": ("pdfleet.operator.reconcile",),
+    "operator/plan": ("pdfleet.operator.reconcile", "pdfleet.operator.reconcile_plan", "pdfleet.operator.rollout",
+                      "pdfleet.operator.autoscale", "pdfleet.operator.kube"),
+    "operator/kube": ("pdfleet.operator.reconcile", "pdfleet.operator.reconcile_plan", "pdfleet.operator.rollout",
+                      "pdfleet.operator.autoscale"),
+    "operator/autoscale": ("pdfleet.operator.reconcile", "pdfleet.operator.reconcile_plan"),
+    # The decisions are pure: no client, no HTTP, no kopf, no metrics registry, nothing of the I/O edge.
+    "operator/reconcile_plan": PURE_DECISIONS,
+    "operator/rollout": PURE_DECISIONS + ("pdfleet.operator.reconcile_plan",),
     "connector/transfer": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.operator"),
     "connector/router": ("vllm", "pdfleet.connector.adapter", "pdfleet.operator"),
     "connector/epp": ("vllm", "pdfleet.connector.adapter", "pdfleet.operator"),
@@ -90,4 +97,21 @@ def test_the_checks_catch_what_they_look_for() -> None:
 def test_the_connector_rules_catch_what_they_look_for(folder: str, source: str, caught: list[str]) -> None:
     """Negative controls: a test file that added `import vllm` to transfer/, or an adapter import to
     the router, would be flagged by the rule that guards its folder."""
+    assert violations(source, FORBIDDEN[folder]) == caught
+
+
+@pytest.mark.parametrize("folder, source, caught", [
+    ("operator/reconcile_plan", "from pdfleet.operator.kube.client import KubeClient\n",
+     ["pdfleet.operator.kube.client", "pdfleet.operator.kube.client.KubeClient"]),
+    ("operator/reconcile_plan", "def f():\n    import aiohttp\n", ["aiohttp"]),
+    ("operator/reconcile_plan", "import kopf\n", ["kopf"]),
+    ("operator/reconcile_plan", "from pdfleet.operator.reconcile.canary import CanaryEdge\n",
+     ["pdfleet.operator.reconcile.canary", "pdfleet.operator.reconcile.canary.CanaryEdge"]),
+    ("operator/reconcile_plan", "from pdfleet.operator.kube.observed import ObservedPod\n", []),
+    ("operator/rollout", "from pdfleet.operator.reconcile_plan import children\n",
+     ["pdfleet.operator.reconcile_plan", "pdfleet.operator.reconcile_plan.children"]),
+])
+def test_the_decision_rules_catch_what_they_look_for(folder: str, source: str, caught: list[str]) -> None:
+    """Negative controls: a client, HTTP or kopf import, or one of the reconcile's edge, added to the pure
+    reconcile plan would be flagged; the observed records it reads are allowed."""
     assert violations(source, FORBIDDEN[folder]) == caught

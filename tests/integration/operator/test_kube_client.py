@@ -10,7 +10,7 @@ import kopf
 import pytest
 
 from pdfleet.operator.plan.kinds import CONFIGMAP
-from pdfleet.operator.reconcile.children import ChildRef
+from pdfleet.operator.reconcile_plan.children import ChildRef
 from pdfleet.operator.kube.client import USER_AGENT, ApiFailure, KubeClient, RetryPolicy
 
 REF = ChildRef("v1", "ConfigMap", "ns", "cm")

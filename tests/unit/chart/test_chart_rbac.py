@@ -154,7 +154,7 @@ def test_comparison_catches_a_missing_and_an_extra_grant(rendered, calls, allowe
 
 def test_the_operator_may_apply_every_kind_it_owns(rendered):
     # Independent of the recording: every kind the reconciler owns can be watched, applied and pruned.
-    from pdfleet.operator.reconcile.children import OWNED_KINDS, POD
+    from pdfleet.operator.reconcile_plan.children import OWNED_KINDS, POD
 
     granted = grants(by_kind(rendered["default"], "ClusterRole"))
     for kind in OWNED_KINDS:
@@ -201,6 +201,6 @@ def test_podgroup_rbac_and_flag_only_for_the_gang_providers_enabled(rendered, pr
     recorded = {c for c in recorded_calls() if c[0] == group}
     assert recorded <= podgroup_grants(docs), "every PodGroup call the gang tests made is granted"
     assert f"--gang-provider={provider}" in args(docs)
-    from pdfleet.operator.reconcile.children import GANG_KINDS
+    from pdfleet.operator.reconcile_plan.children import GANG_KINDS
 
     assert GANG_KINDS[provider].group == group

@@ -7,7 +7,7 @@ import pytest
 from pdfleet.connector.fabric.exported import info_labels
 from pdfleet.connector.fabric.verdict import ProbeRecord, decide
 from pdfleet.contract.fabric import MAX_BYTES, FabricVerdict, parse_verdict
-from pdfleet.operator.reconcile.kvtransport import from_pod_status
+from pdfleet.operator.reconcile_plan.kvtransport import from_pod_status
 
 
 def pod_status(message: str) -> dict:

@@ -14,7 +14,7 @@ from pdfleet.connector.router.discovery import parse_slice
 from pdfleet.operator.api import InvalidResource, parse
 from pdfleet.operator.local.fleet import EnginePorts, kv_events_endpoints, plan_local
 from pdfleet.operator.plan import plan
-from pdfleet.operator.reconcile.rollout import Endpoint
+from pdfleet.operator.rollout.paired import Endpoint
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,8 +13,8 @@ from pdfleet.contract import labels
 from pdfleet.contract import metrics as names
 from pdfleet.operator.api import parse
 from pdfleet.operator.reconcile.canary import CanaryEdge
-from pdfleet.operator.reconcile.children import ObservedPod
-from pdfleet.operator.reconcile.rollout import Decision, RolloutState
+from pdfleet.operator.reconcile_plan.children import ObservedPod
+from pdfleet.operator.rollout.paired import Decision, RolloutState
 from pdfleet.operator.rollout.canary import ABORTED, PROGRESSING, PROMOTED
 
 CANARY = Decision("old", "new", frozenset({"old", "new"}), RolloutState(serving="old"), "Canary")

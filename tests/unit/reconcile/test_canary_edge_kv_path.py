@@ -14,8 +14,8 @@ from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
 from pdfleet.operator.api import parse
 from pdfleet.operator.reconcile.canary import CanaryEdge
-from pdfleet.operator.reconcile.children import ObservedPod
-from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision, RolloutState
+from pdfleet.operator.reconcile_plan.children import ObservedPod
+from pdfleet.operator.rollout.paired import CanaryRecord, Decision, RolloutState
 from pdfleet.operator.rollout.canary import ABORTED, PROGRESSING, PROMOTED, State
 
 CANARY = Decision("old", "new", frozenset({"old", "new"}), RolloutState(serving="old"), "Canary")

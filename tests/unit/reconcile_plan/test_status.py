@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime
 
 from pdfleet.operator.api import DisaggregatedInferenceStatus
-from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
-from pdfleet.operator.reconcile.rollout import Decision, Endpoint, RolloutState
-from pdfleet.operator.reconcile.status import StatusInputs, build_status, merge_conditions, Cond
+from pdfleet.operator.reconcile_plan.children import ChildRef, ObservedChild
+from pdfleet.operator.rollout.paired import Decision, Endpoint, RolloutState
+from pdfleet.operator.reconcile_plan.status import StatusInputs, build_status, merge_conditions, Cond
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 T1 = T0 + datetime.timedelta(minutes=5)
@@ -116,11 +116,11 @@ def test_kstatus_sees_progress_failure_and_completion():
 
 def test_not_owned_wins_over_everything_else():
     """Issue 20 rows 2-3: an object in the way makes the fleet not Ready, whatever else holds."""
-    from pdfleet.operator.reconcile import status as st
-    from pdfleet.operator.reconcile.rollout import decide
+    from pdfleet.operator.reconcile_plan import status as st
+    from pdfleet.operator.rollout.paired import decide
     import datetime
     now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
-    d = decide("r1", __import__("pdfleet.operator.reconcile.rollout", fromlist=["RolloutState"]).RolloutState(
+    d = decide("r1", __import__("pdfleet.operator.rollout.paired", fromlist=["RolloutState"]).RolloutState(
         serving=None, previous=None, switched_at=None), [], set(), now=now, drain_seconds=30)
     out = st.build_status(st.StatusInputs(generation=1, previous={}, decision=d, error="apply X: 500",
                                           not_owned="Deployment/x already exists ..."), now=now)

@@ -11,9 +11,9 @@ import pytest
 from pdfleet.contract import labels
 from pdfleet.operator.api import parse
 from pdfleet.operator.plan import PlanOptions, plan, revision_of
-from pdfleet.operator.reconcile.children import ObservedPod
-from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision, RolloutState, after_canary, decide
-from pdfleet.operator.reconcile.status import canary_conditions
+from pdfleet.operator.reconcile_plan.children import ObservedPod
+from pdfleet.operator.rollout.paired import CanaryRecord, Decision, RolloutState, after_canary, decide
+from pdfleet.operator.reconcile_plan.status import canary_conditions
 from pdfleet.operator.rollout.canary import ABORTED, PROGRESSING, PROMOTED, State
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)

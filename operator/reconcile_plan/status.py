@@ -16,8 +16,8 @@ from pdfleet.contract.labels import ROLE_EPP
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
 from pdfleet.operator.kube.observed import ObservedChild
 from pdfleet.operator.kube.pool_status import CONDITION_TYPE as POOL_ACCEPTED, pool_condition
-from pdfleet.operator.reconcile.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
-from pdfleet.operator.reconcile.rollout import CanaryRecord, Decision, Endpoint, format_time
+from pdfleet.operator.reconcile_plan.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
+from pdfleet.operator.rollout.paired import CanaryRecord, Decision, Endpoint, format_time
 from pdfleet.operator.rollout import canary as canary_core
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled", KV_TRANSPORT)

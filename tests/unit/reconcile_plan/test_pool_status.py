@@ -8,9 +8,9 @@ import pytest
 
 from pdfleet.operator.kube.observed import observe_child
 from pdfleet.operator.kube.pool_status import ParentCondition, parse_parents, pool_condition
-from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
-from pdfleet.operator.reconcile.rollout import Decision, RolloutState
-from pdfleet.operator.reconcile.status import StatusInputs, build_status
+from pdfleet.operator.reconcile_plan.children import ChildRef, ObservedChild
+from pdfleet.operator.rollout.paired import Decision, RolloutState
+from pdfleet.operator.reconcile_plan.status import StatusInputs, build_status
 
 
 def parent(name, accepted="True", resolved="True", reason="", message=""):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdfleet.operator.plan import PlanOptions, plan
-from pdfleet.operator.reconcile.children import (
+from pdfleet.operator.reconcile_plan.children import (
     HASH_ANNOTATION,
     ChildRef,
     diff,

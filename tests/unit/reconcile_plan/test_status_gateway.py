@@ -7,9 +7,9 @@ import datetime
 import pytest
 
 from pdfleet.operator.api import DisaggregatedInferenceStatus
-from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
-from pdfleet.operator.reconcile.rollout import Decision, Endpoint, RolloutState
-from pdfleet.operator.reconcile.status import StatusInputs, build_status
+from pdfleet.operator.reconcile_plan.children import ChildRef, ObservedChild
+from pdfleet.operator.rollout.paired import Decision, Endpoint, RolloutState
+from pdfleet.operator.reconcile_plan.status import StatusInputs, build_status
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 STABLE = Decision("r1", "r1", frozenset({"r1"}), RolloutState(serving="r1"), "Stable")

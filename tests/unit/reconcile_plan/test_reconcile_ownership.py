@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.operator.reconcile.ownership import not_owned_message, ownership
+from pdfleet.operator.reconcile_plan.ownership import not_owned_message, ownership
 
 OURS = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", "name": "llama", "uid": "U",
         "controller": True}

@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from pdfleet.operator.reconcile.children import ObservedPod
-from pdfleet.operator.reconcile.rollout import RolloutState, decide, format_time, router_endpoints
+from pdfleet.operator.reconcile_plan.children import ObservedPod
+from pdfleet.operator.rollout.paired import RolloutState, decide, format_time, router_endpoints
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
 PORTS = {"old": (5600, 8000), "new": (5700, 8001), "mid": (5600, 8000)}
@@ -109,7 +109,7 @@ def test_decisions_only_move_forward():
 
 
 def _child(kind: str, name: str, revision: str | None, *, serving=False, deleting=False):
-    from pdfleet.operator.reconcile.children import ChildRef, ObservedChild
+    from pdfleet.operator.reconcile_plan.children import ChildRef, ObservedChild
 
     return ObservedChild(ChildRef("v1" if kind == "Service" else "apps/v1", kind, "ns", name), revision=revision,
                          serving=serving, deleting=deleting)
@@ -127,14 +127,14 @@ def _child(kind: str, name: str, revision: str | None, *, serving=False, deletin
     ([_child("StatefulSet", "f-prefill-old", "old", serving=True)], "new", []),  # only Services carry it
 ])
 def test_stale_serving_marks(children, serving, stale):
-    from pdfleet.operator.reconcile.rollout import stale_serving_marks
+    from pdfleet.operator.rollout.paired import stale_serving_marks
 
     assert [c.ref.name for c in stale_serving_marks(children, serving)] == stale
 
 
 def test_unmark_serving_removes_the_label_and_the_applied_hash():
     from pdfleet.contract import labels
-    from pdfleet.operator.reconcile.rollout import unmark_serving
+    from pdfleet.operator.rollout.paired import unmark_serving
 
     patch = unmark_serving()
     assert patch["metadata"]["labels"] == {labels.SERVING: None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.operator.reconcile.fleet_metrics import fleet_series
+from pdfleet.operator.reconcile_plan.fleet_metrics import fleet_series
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
 
 STATUS = {

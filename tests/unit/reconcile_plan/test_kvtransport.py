@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pdfleet.operator.reconcile.kvtransport import PodTransport, fleet_transport, from_pod_status, role_transport
+from pdfleet.operator.reconcile_plan.kvtransport import PodTransport, fleet_transport, from_pod_status, role_transport
 
 
 def pod_status(verdict, name: str = "kv-preflight") -> dict:

@@ -32,7 +32,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from pdfleet.operator.reconcile.children import HASH_ANNOTATION, SERVING_LABEL, ObservedChild, ObservedPod
+from pdfleet.operator.kube.observed import HASH_ANNOTATION, SERVING_LABEL, ObservedChild, ObservedPod
 from pdfleet.operator.rollout import canary
 
 PAIRED_ROLES = ("prefill", "decode")
