@@ -34,13 +34,8 @@ import time
 
 import msgspec
 
-from pdfleet.connector.adapter.params import (
-    SIGNATURE_KEY,
-    parse_remote_prefill,
-    producer_params,
-    sign_params,
-    verify_params,
-)
+from pdfleet.connector.adapter.signed_params import sign_params, verifier, verify_params
+from pdfleet.contract.kv_params import SIG_KEY, parse_remote_prefill, produce
 from pdfleet.connector.transfer import wire
 from pdfleet.connector.transfer.auth import KeyRing
 from pdfleet.contract.ports import SIDE_CHANNEL
@@ -65,13 +60,13 @@ def per_call_us(fn, n: int) -> float:
 
 def params_costs(n: int) -> dict[str, float]:
     now = time.time()
-    p = producer_params(block_ids=list(range(128)), engine_id="prefill-0", request_id="cmpl-" + "a" * 32,
-                        host="10.0.0.7", port=SIDE_CHANNEL, tp_size=1, instance_id="0123456789abcdef" * 2,
-                        lease_seconds=30, num_tokens=2048)
-    signed = dict(p, **{SIGNATURE_KEY: sign_params(p, KEY)})
+    p = produce(block_ids=list(range(128)), engine_id="prefill-0", request_id="cmpl-" + "a" * 32,
+                host="10.0.0.7", port=SIDE_CHANNEL, tp_size=1, instance_id="0123456789abcdef" * 2,
+                lease_seconds=30, num_tokens=2048)
+    signed = dict(p, **{SIG_KEY: sign_params(p, KEY)})
     ring = KeyRing(KEY)
     parse = lambda ring_=None, q=signed: parse_remote_prefill(  # noqa: E731
-        q, num_prompt_tokens=2048, block_size=BLOCK, local_tp_size=1, now=now, ring=ring_)
+        q, num_prompt_tokens=2048, block_size=BLOCK, local_tp_size=1, now=now, verify=verifier(ring_))
     return {
         "sign_params": per_call_us(lambda: sign_params(p, KEY), n),
         "verify_params": per_call_us(lambda: verify_params(signed, ring), n),
@@ -127,21 +122,21 @@ def lease_cpu_costs(n: int) -> dict[str, tuple[float, float]]:
     ring = KeyRing(KEY)
     base = dict(block_ids=list(range(128)), engine_id="prefill-0", request_id="cmpl-" + "a" * 32, host="10.0.0.7",
                 port=SIDE_CHANNEL, tp_size=1, instance_id="0123456789abcdef" * 2, lease_seconds=30, num_tokens=2048)
-    p14 = producer_params(**base)
+    p14 = produce(**base)
     p13 = {k: v for k, v in p14.items() if k != K.REMOTE_LEASE_ID} | {K.VERSION_KEY: "1.3"}
-    s14 = dict(p14, **{SIGNATURE_KEY: sign_params(p14, KEY)})
-    s13 = dict(p13, **{SIGNATURE_KEY: sign_params(p13, KEY, "v2")})
+    s14 = dict(p14, **{SIG_KEY: sign_params(p14, KEY)})
+    s13 = dict(p13, **{SIG_KEY: sign_params(p13, KEY, "v2")})
     now = time.time()
 
     def produce_and_sign(v14: bool):
         def run():
-            q = producer_params(**base) if v14 else p13  # 1.4 makes a fresh lease id per hold
+            q = produce(**base) if v14 else p13  # 1.4 makes a fresh lease id per hold
             return sign_params(q, KEY, "v3" if v14 else "v2")
         return run
 
     def decode_parse(q):
         return lambda: parse_remote_prefill(q, num_prompt_tokens=2048, block_size=BLOCK, local_tp_size=1, now=now,
-                                            ring=ring, accepted_at=time.monotonic())
+                                            verify=verifier(ring), accepted_at=time.monotonic())
 
     def table(v14: bool):
         t = LeaseTable(30.0)

@@ -1,78 +1,48 @@
-"""``kv_transfer_params``: one versioned schema that the connector writes and the router reads.
+"""``kv_transfer_params``: one versioned schema, written and read here only.
 
 A prefill engine returns these params in its response (``produce``); the router forwards them
-to decode unchanged and reads one thing itself, the lease, to decide whether a decode retry may
-reuse prefill's KV (``lease_deadline``, on the router's monotonic clock); decode's connector
-validates every key (connector/adapter/params.py: ``parse_remote_prefill``).
+to decode unchanged. Every read is here:
+
+- strict, for decode (``parse_remote_prefill``, ``release_target``, ``own_lease_to_release``):
+  every key decode acts on is checked, sizes are bounded before anything is iterated, and bad
+  input raises ``InvalidTransferParams`` naming the field and what is allowed. The signature check
+  is passed in (``verify``): the fleet key's HMAC lives with the connector (adapter/signed_params.py).
+- lenient, for the router (``lease_deadline``, ``release_outcome``): an unusable value reads as
+  None or "not understood", never an error; the router then takes the safe path.
 
 Key names follow vLLM's NixlConnector (``do_remote_prefill``, ``do_remote_decode``,
 ``remote_block_ids``, ``remote_engine_id``, ``remote_request_id``, ``remote_host``,
 ``remote_port``, ``tp_size``, ``remote_num_tokens``) plus pdfleet's ``remote_instance_id``
-(restart detection), ``remote_lease_seconds`` (1.3: for how many seconds, counted from when the
-prefill returned the params, it holds the blocks), ``remote_lease_expiry`` (up to 1.2: the unix
-time until which it holds them) and ``remote_hosts`` (one side-channel host per node of a
-multi-node prefill).
+(restart detection) and ``remote_hosts`` (one side-channel host per node of a multi-node prefill).
 
-Versions (``pdfleet_params_version``, "MAJOR.MINOR"):
+Version history (``pdfleet_params_version``, "MAJOR.MINOR"; a missing key reads as 1.0):
+  1.0: engines before the schema had a version; same keys as 1.1
+  1.1: adds the version key itself
+  1.2: adds ``pdfleet_signature``: ``v1`` HMAC with the fleet key over ``SIGNED_FIELDS_V1``
+  1.3: the lease is a duration, ``remote_lease_seconds`` (no more ``remote_lease_expiry``, unix time); ``v2`` signature
+  1.4: single-use leases: ``remote_lease_id`` (16 random bytes, hex), required; ``v3`` signature
 
-- 1.0: what engines wrote before this schema had a version; they write no version key, and
-  a reader takes a missing key as 1.0. Same keys as 1.1.
-- 1.1: adds the version key itself.
-- 1.2: adds ``pdfleet_signature``, the prefill's HMAC with the fleet key over the keys decode acts
-  on (``SIGNED_FIELDS``; connector/adapter/params.py signs and verifies). A decode with a fleet
-  key refuses params without a valid one, so during a rolling upgrade a new decode recomputes
-  the prompts of prefills that do not sign yet.
-- 1.3: the lease is a duration, ``remote_lease_seconds``, not a wall-clock instant: no reader
-  compares another host's clock with its own any more (an NTP step on either side cannot make a
-  lease look expired or alive). A reader adds the seconds to its own monotonic time of receipt,
-  which gives an *upper* bound of the lease (the params were on the way for a while): the router
-  decides reuse with it (within ``--lease-margin-s``), decode starts its READ and bounds its
-  heartbeat retries with it; a pull still completes only on the source's ack. A 1.3
-  prefill no longer writes ``remote_lease_expiry`` (it was always optional). The signature
-  becomes ``v2`` over ``SIGNED_FIELDS_V2`` (``SIGNED_FIELDS_V1`` plus ``remote_lease_seconds`` and
-  the version key itself, so that neither the duration nor the version can be changed); a verifier
-  still accepts ``v1`` over ``SIGNED_FIELDS_V1``, but only on params of version 1.2 or older,
-  which are then read the 1.2 way (the wall-clock expiry; ``remote_lease_seconds`` is ignored).
-
-  Rolling upgrade. 1.2 prefill + 1.3 decode/router: the 1.3 readers read 1.2 params as before
-  (decode checks the wall-clock expiry and verifies ``v1``; the router converts the expiry with
-  its wall clock at receipt). 1.3 prefill + 1.2 router: the old router finds no expiry and does
-  not reuse the KV on a decode retry (the retry recomputes: the safe default). 1.3 prefill + 1.2
-  decode: a decode without a fleet key pulls as before (the old reader ignores the new key and has
-  no expiry to check); a decode with a key refuses the ``v2`` signature and recomputes the prompt
-  (correct output, no KV transfer; the prefill frees the blocks at lease expiry). So upgrade
-  decodes and routers before prefills, as for 1.2.
-
-- 1.4: single-use leases. Each hold gets a random lease id (16 bytes from ``secrets``), carried as
-  ``remote_lease_id`` (32 lowercase hex characters) and signed: the signature becomes ``v3`` over
-  ``SIGNED_FIELDS_V3`` (v2's fields plus the lease id). Decode names the lease id in every heartbeat,
-  release and completion notification; the source refuses (and counts) any that names a held lease
-  without its id, and remembers spent ids (completed, released, expired), which never confirm or start
-  another pull. A 1.4 decode posts a 1.4 pull's READs only after the source's ack for that lease id
-  (a fresh grant; no READ on the duration alone, which a replay of old params also carries), and takes
-  no ``released_by_you`` for one. A verifier accepts ``v2`` only on params of 1.3 or older.
-
-  Rolling upgrade. 1.3 prefill + 1.4 decode/router: the 1.4 decode reads 1.3 params the 1.3 way
-  (no lease id in its messages, READ on the lease bound; the replay defence needs 1.4 prefills); the
-  router reads the duration as before. 1.4 prefill + 1.3 router: the router reads the duration (a
-  minor version; it ignores the lease id) and sends releases with the params as signed, which the
-  prefill checks. 1.4 prefill + 1.3 decode: a decode with a fleet key refuses the ``v3`` signature and
-  recomputes (the router's release or the lease's end frees the blocks); a decode without a key pulls
-  the 1.3 way, its id-less heartbeats are answered "gone" and its notification refused, so it
-  recomputes too (correct output, no KV transfer; the lease runs its course). So upgrade decodes
-  and routers before prefills, as for 1.2 and 1.3.
-
-A minor version only adds optional keys (1.3 also stops writing one), so a reader of 1.x reads
-any 1.y. A reader refuses a newer major version (``UnsupportedVersion``, naming both). Readers
-that check no signature (the router, decodes without a key) ignore ``pdfleet_signature``.
+A minor version only adds optional keys (1.3 also stops writing one), so a reader of 1.x reads any
+1.y; a newer major version is refused (``UnsupportedVersion``, naming both). A verifier accepts
+``v1`` on params of 1.2 or older only and ``v2`` on 1.3 or older only (an older scheme leaves the
+newer keys unsigned); 1.2 params are read the 1.2 way (the wall-clock expiry, no duration), 1.3
+params the 1.3 way (no lease id). Readers that check no signature (the router, decodes without a
+key) ignore ``pdfleet_signature``. A reader adds ``remote_lease_seconds`` to its own monotonic time
+of receipt: an upper bound of the lease, which never compares two hosts' clocks. What each version
+means for a rolling upgrade (upgrade decodes and routers before prefills): docs/connector-core.md,
+"kv_transfer_params versions".
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import secrets
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from pdfleet.contract.routing import MAX_ID_LEN
 
 VERSION_KEY = "pdfleet_params_version"
 VERSION = (1, 4)
@@ -286,3 +256,380 @@ def lease_deadline(params: Mapping[str, Any] | None, received_at: float,
         return None
     left = expiry - wall_at_receipt
     return received_at + left if left <= MAX_LEASE_SECONDS else None
+
+
+def release_answer(params: Any) -> bool | None:
+    """What a prefill's reply to a release request says (lenient, for the router): True, it accepted;
+    False, it refused (``ERROR_KEY``); None, not understood (no params object, or an engine that
+    knows no release)."""
+    if not isinstance(params, Mapping):
+        return None
+    if params.get(RELEASE_KEY) is True:
+        return True
+    return False if ERROR_KEY in params else None
+
+
+# -- strict reads, for decode ---------------------------------------------------------------------
+# kv_transfer_params arrive in the client's request body, so a decode server can see any value at
+# all: every key it acts on is checked here, before anything reaches a worker (a request refused is
+# computed locally, never a crash).
+
+# Block ids index a local cache; anything past this is nonsense whatever the cache size. Lower case,
+# like lease_id_bytes: plain numbers elsewhere are not these values (test_contract_spelled_once).
+max_block_id = 2**31 - 1
+# Refused params carrying more block ids than this are not checked for a release (no HMAC over a
+# million ids: the work to refuse must stay small).
+max_release_block_ids = 65536
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+# The signature check, given by the reader that holds the fleet key (connector/adapter/signed_params.py:
+# ``verifier``): raises ``InvalidTransferParams`` (field ``SIG_KEY``) unless the params are signed.
+Verify = Callable[[Mapping[str, Any]], None]
+
+
+class InvalidTransferParams(ValueError):
+    """kv_transfer_params of one request are unusable; the message names the field."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"kv_transfer_params.{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class RemotePrefill:
+    """A validated decode-side request: where its prompt's KV lives and which blocks (fields named
+    as the keys they come from)."""
+
+    remote_engine_id: str
+    remote_request_id: str
+    remote_host: str
+    remote_port: int
+    remote_block_ids: tuple[int, ...]
+    tp_size: int
+    remote_instance_id: str | None = None
+    remote_lease_expiry: float | None = None  # params <= 1.2: the prefill's unix time
+    remote_hosts: tuple[str, ...] = ()  # one per prefill node; () = every rank at remote_host
+    remote_lease_seconds: float | None = None  # params >= 1.3: the lease's length
+    remote_lease_id: bytes | None = None  # params >= 1.4: the hold's id, named in every lease message
+    # params >= 1.3: an upper bound of the lease on this host's monotonic clock (accepted_at + seconds)
+    lease_deadline: float | None = None
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self.remote_hosts or (self.remote_host,)
+
+
+def _flag(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidTransferParams(key, f"must be true or false, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _root(params: Any) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise InvalidTransferParams("(root)", f"must be a JSON object, got {type(params).__name__}")
+    return params
+
+
+def wants_remote_prefill(params: Any) -> bool:
+    """True when a request asks to pull its prompt KV (do_remote_prefill is true).
+
+    A non-bool flag raises ``InvalidTransferParams``; a non-dict params object too.
+    """
+    return params is not None and _flag(_root(params), DO_REMOTE_PREFILL)
+
+
+def wants_remote_decode(params: Any) -> bool:
+    """True when a prefill request must keep its blocks for a remote decode."""
+    return params is not None and _flag(_root(params), DO_REMOTE_DECODE)
+
+
+def _version(params: Mapping[str, Any]) -> tuple[int, int]:
+    try:
+        return version_of(params)
+    except UnsupportedVersion as exc:
+        raise InvalidTransferParams(exc.field, exc.problem) from None
+
+
+def _str(params: Mapping[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = params.get(key)
+    if value is None:
+        if required:
+            raise InvalidTransferParams(key, "is required (a non-empty string)")
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidTransferParams(key, f"must be a non-empty string, got {type(value).__name__} {value!r}")
+    if len(value) > MAX_ID_LEN:
+        raise InvalidTransferParams(key, f"is {len(value)} characters long; at most {MAX_ID_LEN} are allowed")
+    return value
+
+
+def _int(params: Mapping[str, Any], key: str, lo: int, hi: int, *, default: int | None = None) -> int:
+    value = params.get(key, default)
+    if value is None:
+        raise InvalidTransferParams(key, f"is required (an integer in [{lo}, {hi}])")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTransferParams(key, f"must be an integer in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidTransferParams(key, f"must be an integer in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _host(params: Mapping[str, Any]) -> str:
+    host = _str(params, REMOTE_HOST)
+    assert host is not None
+    return _check_host(host, REMOTE_HOST)
+
+
+def _check_host(host: str, field: str) -> str:
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOSTNAME.match(host):
+            raise InvalidTransferParams(field, f"{host!r} is neither an IP address nor a hostname") from None
+        return host
+    if addr.is_unspecified or addr.is_multicast:
+        # 0.0.0.0 / :: would make decode dial itself.
+        raise InvalidTransferParams(field, f"{host!r} is not a routable unicast address")
+    return host
+
+
+def _hosts(params: Mapping[str, Any], tp_size: int) -> tuple[str, ...]:
+    raw = params.get(REMOTE_HOSTS)
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise InvalidTransferParams(REMOTE_HOSTS, f"must be a non-empty list of hosts, got {raw!r}")
+    if tp_size % len(raw) != 0:
+        raise InvalidTransferParams(
+            REMOTE_HOSTS, f"has {len(raw)} hosts; the prefill's {tp_size} ranks must spread evenly over them")
+    out = []
+    for pos, host in enumerate(raw):
+        field = f"{REMOTE_HOSTS}[{pos}]"
+        if not isinstance(host, str) or not host or len(host) > MAX_ID_LEN:
+            raise InvalidTransferParams(field, f"must be a non-empty string of at most {MAX_ID_LEN} characters,"
+                                               f" got {host!r}")
+        out.append(_check_host(host, field))
+    return tuple(out)
+
+
+def _block_ids(params: Mapping[str, Any], most: int) -> tuple[int, ...]:
+    raw = params.get(REMOTE_BLOCK_IDS)
+    if raw is None:
+        raise InvalidTransferParams(REMOTE_BLOCK_IDS, "is required (a list of block ids, or a list of one such list)")
+    if not isinstance(raw, (list, tuple)):
+        raise InvalidTransferParams(REMOTE_BLOCK_IDS, f"must be a list, got {type(raw).__name__}")
+    # vLLM returns one list per KV-cache group; pdfleet supports exactly one group.
+    if raw and all(isinstance(g, (list, tuple)) for g in raw):
+        if len(raw) != 1:
+            raise InvalidTransferParams(REMOTE_BLOCK_IDS, f"has {len(raw)} KV-cache groups; exactly one is supported")
+        raw = raw[0]
+    if len(raw) > most:  # before looking at any element: the work stays bounded by the prompt
+        raise InvalidTransferParams(REMOTE_BLOCK_IDS, f"has {len(raw)} ids but the prompt spans at most {most}")
+    out: list[int] = []
+    for pos, value in enumerate(raw):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidTransferParams(
+                f"{REMOTE_BLOCK_IDS}[{pos}]", f"must be an integer, got {type(value).__name__} {value!r}")
+        if not 0 <= value <= max_block_id:
+            raise InvalidTransferParams(f"{REMOTE_BLOCK_IDS}[{pos}]", f"must be in [0, {max_block_id}], got {value}")
+        out.append(value)
+    if len(set(out)) != len(out):
+        raise InvalidTransferParams(REMOTE_BLOCK_IDS, "contains duplicate block ids")
+    return tuple(out)
+
+
+def _expiry(params: Mapping[str, Any]) -> float | None:
+    value = params.get(REMOTE_LEASE_EXPIRY)
+    if value is None:
+        return None
+    number = _number(value)  # never raises: 10**400 is no float
+    if number is None:
+        raise InvalidTransferParams(REMOTE_LEASE_EXPIRY, f"must be a finite unix time (number), got {_short(value)}")
+    return number
+
+
+def _lease_seconds(params: Mapping[str, Any]) -> float | None:
+    value = params.get(REMOTE_LEASE_SECONDS)
+    if value is None:
+        return None
+    allowed = f"a number of seconds in (0, {MAX_LEASE_SECONDS:g}]"
+    number = _number(value)  # never raises: 10**400 is no float
+    if number is None:
+        raise InvalidTransferParams(REMOTE_LEASE_SECONDS, f"must be {allowed}, got {_short(value)}")
+    if not 0 < number <= MAX_LEASE_SECONDS:
+        raise InvalidTransferParams(REMOTE_LEASE_SECONDS, f"must be {allowed}, got {number:.6g}")
+    return number
+
+
+def _short(value: Any) -> str:
+    """A value for an error message, bounded (a 400-digit integer is not echoed whole)."""
+    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) or abs(value) < 10**30 else (
+        f"an integer of {len(str(abs(value)))} digits")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _lease_id(params: Mapping[str, Any]) -> bytes:
+    lease_id = lease_id_of(params)
+    if lease_id is None:
+        raise InvalidTransferParams(REMOTE_LEASE_ID, f"is required in params of version"
+                                                     f" {version_string(LEASE_ID_SINCE)} or newer:"
+                                                     f" {2 * lease_id_bytes} lowercase hex characters,"
+                                                     f" got {_short(params.get(REMOTE_LEASE_ID))}")
+    return lease_id
+
+
+def num_tokens_to_pull(num_prompt_tokens: int, block_size: int) -> int:
+    """Prompt tokens a decode pulls: full blocks only.
+
+    A prompt shorter than one block pulls nothing. When the prompt fills its last
+    block exactly, vLLM's scheduler still recomputes the last token locally (it needs
+    its logits), rewriting the same slot.
+    """
+    if num_prompt_tokens <= 0 or block_size <= 0:
+        return 0
+    return (num_prompt_tokens // block_size) * block_size
+
+
+def parse_remote_prefill(
+    params: Any,
+    *,
+    num_prompt_tokens: int,
+    block_size: int,
+    local_tp_size: int,
+    now: float,
+    verify: Verify | None = None,
+    accepted_at: float | None = None,
+) -> RemotePrefill:
+    """Validate a do_remote_prefill request's params; raise ``InvalidTransferParams``.
+
+    Checks the schema version (a newer major one is refused), types and ranges of every key, that
+    ``remote_block_ids`` covers the blocks this decode will pull (at least the prompt's full blocks,
+    at most one per started block plus one), that decode TP is a multiple of prefill ``tp_size``, and
+    the lease: for 1.3 params a duration in (0, ``MAX_LEASE_SECONDS``], which with ``accepted_at``
+    (this host's monotonic time when the params arrived) gives ``lease_deadline``; for older params a
+    unix expiry that has not passed by ``now`` (this host's wall clock) nor lies absurdly far ahead.
+    1.4 params must carry ``remote_lease_id``. Last, with ``verify`` (this decode has a fleet key),
+    the params must carry a valid ``pdfleet_signature``.
+    """
+    if not wants_remote_prefill(params):
+        raise InvalidTransferParams(DO_REMOTE_PREFILL, "must be true for a remote prefill")
+    assert isinstance(params, Mapping)
+    version = _version(params)
+    if _flag(params, DO_REMOTE_DECODE):
+        raise InvalidTransferParams(DO_REMOTE_DECODE, "cannot be true together with do_remote_prefill")
+    engine_id = _str(params, REMOTE_ENGINE_ID)
+    request_id = _str(params, REMOTE_REQUEST_ID)
+    host = _host(params)
+    port = _int(params, REMOTE_PORT, 1, 65535)
+    tp_size = _int(params, TP_SIZE, 1, 1024, default=1)
+    if local_tp_size % tp_size != 0:
+        raise InvalidTransferParams(
+            TP_SIZE, f"prefill tp_size {tp_size} must divide decode tp_size {local_tp_size} (decode TP = k x prefill TP)")
+    hosts = _hosts(params, tp_size)
+    instance_id = _str(params, REMOTE_INSTANCE_ID, required=False)
+    if instance_id is not None and len(instance_id.split(",")) != tp_size:
+        raise InvalidTransferParams(
+            REMOTE_INSTANCE_ID, f"must list one instance id per prefill rank ({tp_size}), comma-separated")
+    remote_num_tokens = params.get(REMOTE_NUM_TOKENS)
+    if remote_num_tokens is not None:
+        _int(params, REMOTE_NUM_TOKENS, 0, 2**31 - 1)
+        if remote_num_tokens < num_tokens_to_pull(num_prompt_tokens, block_size):
+            raise InvalidTransferParams(
+                REMOTE_NUM_TOKENS,
+                f"prefill computed {remote_num_tokens} tokens, fewer than the {num_prompt_tokens}-token prompt"
+                " needs (was the prompt changed between the two legs?)",
+            )
+    need = num_tokens_to_pull(num_prompt_tokens, block_size) // block_size
+    most = -(-num_prompt_tokens // block_size) + 1
+    block_ids = _block_ids(params, most)
+    if len(block_ids) < need:
+        raise InvalidTransferParams(
+            REMOTE_BLOCK_IDS,
+            f"has {len(block_ids)} ids but the {num_prompt_tokens}-token prompt needs at least {need}"
+            f" (one per full block of {block_size} tokens)",
+        )
+    expiry = seconds = deadline = lease_id = None
+    if version >= LEASE_ID_SINCE:
+        lease_id = _lease_id(params)
+    if version >= LEASE_SECONDS_SINCE:
+        seconds = _lease_seconds(params)  # a duration: no clock of another host is read
+        if seconds is not None and accepted_at is not None:
+            deadline = accepted_at + seconds
+    else:
+        expiry = _expiry(params)
+    if expiry is not None and expiry <= now:
+        raise InvalidTransferParams(REMOTE_LEASE_EXPIRY, f"the prefill lease expired {now - expiry:.1f}s ago")
+    if expiry is not None and expiry > now + MAX_LEASE_SECONDS:
+        raise InvalidTransferParams(REMOTE_LEASE_EXPIRY, f"is {expiry - now:.3g}s ahead; at most"
+                                                         f" {MAX_LEASE_SECONDS:g}s are allowed")
+    if verify is not None:
+        verify(params)
+    assert engine_id is not None and request_id is not None
+    return RemotePrefill(
+        remote_engine_id=engine_id,
+        remote_request_id=request_id,
+        remote_host=host,
+        remote_port=port,
+        remote_block_ids=block_ids,
+        tp_size=tp_size,
+        remote_instance_id=instance_id,
+        remote_lease_expiry=expiry,
+        remote_hosts=hosts,
+        remote_lease_seconds=seconds,
+        lease_deadline=deadline,
+        remote_lease_id=lease_id,
+    )
+
+
+def _few_block_ids(params: Mapping[str, Any]) -> bool:
+    """Whether the block ids are few enough to be worth a signature check (at most
+    ``max_release_block_ids`` lists, at most as many ids in them)."""
+    raw = params.get(REMOTE_BLOCK_IDS)
+    return isinstance(raw, (list, tuple)) and len(raw) <= max_release_block_ids and sum(
+        len(g) for g in raw if isinstance(g, (list, tuple))) <= max_release_block_ids
+
+
+def release_target(params: Any, verify: Verify | None) -> tuple[str, int, int, str, tuple[str, ...]] | None:
+    """(host, port, tp_size, remote request id, hosts) of refused params a release may be sent to: only
+    when a fleet key signed them (``verify``; never dial a host a client named), and only when they
+    are well formed."""
+    if verify is None or not isinstance(params, Mapping):
+        return None
+    raw = params.get(REMOTE_BLOCK_IDS)
+    if not _few_block_ids(params) or sum(1 for g in raw if isinstance(g, (list, tuple))) > 1:
+        return None
+    try:
+        verify(params)
+        tp = _int(params, TP_SIZE, 1, 1024, default=1)
+        request_id = _str(params, REMOTE_REQUEST_ID)
+        assert request_id is not None
+        return _host(params), _int(params, REMOTE_PORT, 1, 65535), tp, request_id, _hosts(params, tp)
+    except InvalidTransferParams:
+        return None
+
+
+def own_lease_to_release(params: Any, *, engine_id: str, verify: Verify | None) -> str:
+    """The request id of this prefill's own lease that a release request (``RELEASE_KEY``, sent by the
+    router when no decode will read it) names; raise ``InvalidTransferParams`` naming the field.
+
+    Only the engine that produced the params acts on them (``remote_engine_id`` is its own), and with
+    a fleet key (``verify``) only on params it signed itself, so a client can release nothing it was
+    not handed. What the release may free is bounded further by the lease table: only a lease no
+    reader claimed."""
+    params = _root(params)
+    _version(params)
+    engine = _str(params, REMOTE_ENGINE_ID)
+    if engine != engine_id:
+        raise InvalidTransferParams(REMOTE_ENGINE_ID, f"names engine {engine!r}, not this prefill ({engine_id!r}):"
+                                                      " a prefill releases only its own leases")
+    request_id = _str(params, REMOTE_REQUEST_ID)
+    assert request_id is not None
+    if verify is not None:
+        if not _few_block_ids(params):
+            raise InvalidTransferParams(REMOTE_BLOCK_IDS, "must be the list this prefill returned")
+        verify(params)
+    return request_id

@@ -23,26 +23,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from pdfleet.connector.adapter.config import AdapterConfig, key_ring
 from pdfleet.connector.transfer.bounds import DropLog
-from pdfleet.connector.adapter.params import (
-    SIGNATURE_KEY,
-    InvalidTransferParams,
-    RemotePrefill,
-    num_tokens_to_pull,
-    own_lease_to_release,
-    parse_remote_prefill,
-    producer_params,
-    release_target,
-    sign_params,
-    wants_remote_decode,
-    wants_remote_prefill,
-)
+from pdfleet.connector.adapter.signed_params import sign_params, verifier
 from pdfleet.contract.kv_params import (
     DO_REMOTE_PREFILL,
     RELEASE_KEY,
+    SIG_KEY,
+    InvalidTransferParams,
+    RemotePrefill,
     error_params,
     lease_id_of,
+    num_tokens_to_pull,
+    own_lease_to_release,
+    parse_remote_prefill,
+    produce,
     release_reply,
+    release_target,
     wants_release,
+    wants_remote_decode,
+    wants_remote_prefill,
 )
 
 __all__ = ["KeepAlive", "PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
@@ -136,6 +134,7 @@ class SchedulerSide:
         self._release_replies: dict[str, dict[str, Any]] = {}  # release request id -> its reply params
         # The fleet key: prefill signs the params it returns, decode accepts only signed ones.
         self._ring = key_ring(cfg)
+        self._verify = verifier(self._ring)
         self._drops = DropLog(10.0)
 
     # -- decode ---------------------------------------------------------------
@@ -149,7 +148,7 @@ class SchedulerSide:
                 log.warning("request %s: KV pull refused, computing the prompt locally: %s%s", request_id, exc,
                             f" [and {held} more refused for this field in the last {self._drops.interval:g}s]"
                             if held else "")
-            target = release_target(params, self._ring)
+            target = release_target(params, self._verify)
             if target is not None:  # a fleet prefill holds these blocks for us: free them now
                 host, port, tp, remote_id, hosts = target
                 lease_id = lease_id_of(params)  # signed: release_target verified it
@@ -180,7 +179,7 @@ class SchedulerSide:
                 block_size=self.block_size,
                 local_tp_size=self.tp_size,
                 now=time.time(),  # read only for params <= 1.2 (a wall-clock expiry)
-                ring=self._ring,
+                verify=self._verify,
                 # 1.3: the lease's upper bound on CLOCK_MONOTONIC, which this pod's workers share
                 accepted_at=time.monotonic(),
             )
@@ -196,7 +195,7 @@ class SchedulerSide:
         try:
             if not self.is_producer:
                 raise InvalidTransferParams(RELEASE_KEY, "this server holds no leases (it is not a KV producer)")
-            own = own_lease_to_release(params, engine_id=self.engine_id, ring=self._ring)
+            own = own_lease_to_release(params, engine_id=self.engine_id, verify=self._verify)
             self._local_releases.append(own)
             lease_id = lease_id_of(params)
             if lease_id is not None:
@@ -317,7 +316,7 @@ class SchedulerSide:
         instance = None
         if self.instance_ids and set(self.instance_ids) == set(range(self.tp_size)):
             instance = ",".join(self.instance_ids[r] for r in range(self.tp_size))
-        params = producer_params(
+        params = produce(
             block_ids=list(ids),
             engine_id=self.engine_id,
             request_id=rid,
@@ -334,5 +333,5 @@ class SchedulerSide:
         assert lease_id is not None
         self._hold_leases[rid] = lease_id
         if self._ring is not None:
-            params[SIGNATURE_KEY] = sign_params(params, self._ring.current)
+            params[SIG_KEY] = sign_params(params, self._ring.current)
         return True, params

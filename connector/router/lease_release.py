@@ -33,7 +33,7 @@ import aiohttp
 import msgspec
 
 from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_encode, target
-from pdfleet.contract.kv_params import ERROR_KEY, RELEASE_KEY, release_request
+from pdfleet.contract.kv_params import release_answer, release_request
 
 log = logging.getLogger("pdfleet.router")
 
@@ -71,11 +71,8 @@ def release_outcome(status: int | None, data: bytes) -> str:
         params = _decode(data).get("kv_transfer_params")
     except (msgspec.DecodeError, AttributeError):
         return FAILED
-    if not isinstance(params, dict):
-        return UNSUPPORTED
-    if params.get(RELEASE_KEY) is True:
-        return ACCEPTED
-    return REFUSED if ERROR_KEY in params else UNSUPPORTED
+    answer = release_answer(params)
+    return UNSUPPORTED if answer is None else ACCEPTED if answer else REFUSED
 
 
 class Background:

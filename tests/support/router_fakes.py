@@ -14,8 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from pdfleet.connector.adapter.params import InvalidTransferParams, own_lease_to_release, producer_params
-from pdfleet.contract.kv_params import error_params, release_reply, wants_release
+from pdfleet.contract.kv_params import (InvalidTransferParams, error_params, own_lease_to_release, produce,
+                                        release_reply, wants_release)
 from pdfleet.contract.ports import SIDE_CHANNEL
 
 
@@ -92,14 +92,14 @@ class FakeEngine:
         answer: dict[str, Any] = {"id": "cmpl-p", "choices": [{"index": 0, "text": "x"}], "served_by": self.name}
         if wants_release(body.get("kv_transfer_params")):  # the router says no decode will read this lease
             try:
-                self.released.append(own_lease_to_release(body["kv_transfer_params"], engine_id=self.name, ring=None))
+                self.released.append(own_lease_to_release(body["kv_transfer_params"], engine_id=self.name, verify=None))
                 answer["kv_transfer_params"] = release_reply()
             except InvalidTransferParams as exc:
                 answer["kv_transfer_params"] = error_params(str(exc))
             return web.json_response(answer)
         if self.mode != "no_kv":
             # Through the connector's own producer: the router reads what pdfleet's engines write.
-            answer["kv_transfer_params"] = producer_params(
+            answer["kv_transfer_params"] = produce(
                 block_ids=[1, 2, 3], engine_id=self.name, request_id=request.headers.get("X-Request-Id") or "",
                 host="127.0.0.1", port=SIDE_CHANNEL, tp_size=1, instance_id=None,
                 lease_seconds=self.lease_s, num_tokens=48)

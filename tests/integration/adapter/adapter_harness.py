@@ -56,10 +56,11 @@ def signed(params: dict) -> dict:
     """``params`` signed with the shared fleet key, as a prefill of the fleet would (for hand-made or
     deliberately altered params that a test wants the decode to act on)."""
     from pdfleet.connector.adapter.config import read_secret_file
-    from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+    from pdfleet.connector.adapter.signed_params import sign_params
+    from pdfleet.contract.kv_params import SIG_KEY
 
-    out = {k: v for k, v in params.items() if k != SIGNATURE_KEY}
-    out[SIGNATURE_KEY] = sign_params(out, read_secret_file(shared_secret_file()))
+    out = {k: v for k, v in params.items() if k != SIG_KEY}
+    out[SIG_KEY] = sign_params(out, read_secret_file(shared_secret_file()))
     return out
 
 

@@ -441,12 +441,12 @@ async def test_long_client_request_id_is_replaced_so_decode_accepts_vllms_id(fle
     prefill's KV stays pinned for the whole lease. The router now sends an id decode accepts."""
     import time
 
-    from pdfleet.connector.adapter.params import InvalidTransferParams, parse_remote_prefill, producer_params
+    from pdfleet.contract.kv_params import InvalidTransferParams, parse_remote_prefill, produce
 
     def decode_accepts(header_id: str) -> bool:
         vllm_id = f"chatcmpl-{header_id}-0-{'a1b2c3d4'}"  # what vLLM's chat endpoint makes of the header
-        params = producer_params(block_ids=[1], engine_id="p0", request_id=vllm_id, host="10.0.0.1", port=5600,
-                                 tp_size=1, instance_id=None, lease_seconds=60, num_tokens=16)
+        params = produce(block_ids=[1], engine_id="p0", request_id=vllm_id, host="10.0.0.1", port=5600,
+                         tp_size=1, instance_id=None, lease_seconds=60, num_tokens=16)
         try:
             parse_remote_prefill(params, num_prompt_tokens=16, block_size=16, local_tp_size=1, now=time.time())
         except InvalidTransferParams:

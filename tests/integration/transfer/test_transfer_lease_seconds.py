@@ -16,7 +16,7 @@ import pytest
 from transfer_harness import wait_for
 
 from pdfleet.connector.adapter.config import parse_adapter_config
-from pdfleet.connector.adapter.params import SIGNATURE_KEY, sign_params
+from pdfleet.connector.adapter.signed_params import sign_params
 from pdfleet.connector.adapter.scheduler import SchedulerSide
 from pdfleet.connector.router.endpoints import lease_allows_reuse
 from pdfleet.contract import kv_params as K
@@ -49,9 +49,9 @@ def prefill_params(prefill: SchedulerSide, rid: str, blocks: list[int]) -> dict:
 
 def as_1_2(params: dict, expiry: float) -> dict:
     """The same lease as a 1.2 prefill wrote it: the unix instant on the prefill's clock, signed v1."""
-    out = {k: v for k, v in params.items() if k not in (K.REMOTE_LEASE_SECONDS, SIGNATURE_KEY)}
+    out = {k: v for k, v in params.items() if k not in (K.REMOTE_LEASE_SECONDS, K.SIG_KEY)}
     out |= {K.VERSION_KEY: "1.2", K.REMOTE_LEASE_EXPIRY: expiry}
-    out[SIGNATURE_KEY] = sign_params(out, KEY, "v1")
+    out[K.SIG_KEY] = sign_params(out, KEY, "v1")
     return out
 
 

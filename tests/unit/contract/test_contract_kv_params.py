@@ -1,6 +1,6 @@
 """kv_transfer_params: the connector's producer and the router's and decode's readers agree.
 
-Every params object here comes from the connector's own producer (``producer_params``, which
+Every params object here comes from the connector's own producer (``produce``, which
 the scheduler calls when a prefill finishes); nothing is a hand-written dict of keys, so a key
 renamed on one side only fails these tests.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.adapter.params import InvalidTransferParams, parse_remote_prefill, producer_params
 from pdfleet.connector.router.endpoints import lease_allows_reuse
 from pdfleet.contract import kv_params
+from pdfleet.contract.kv_params import InvalidTransferParams, parse_remote_prefill, produce
 
 NOW = 1_000_000.0  # wall clock
 MONO = 5_000.0  # monotonic clock of the reader (router, decode) when the params arrived
@@ -20,7 +20,7 @@ MONO = 5_000.0  # monotonic clock of the reader (router, decode) when the params
 def produced(lease_seconds: float = 120.0, **overrides) -> dict:
     kwargs = dict(block_ids=[3, 4, 5], engine_id="prefill-0", request_id="cmpl-1", host="10.0.0.7", port=5600,
                   tp_size=1, instance_id="inst-a", lease_seconds=lease_seconds, num_tokens=40)
-    return producer_params(**(kwargs | overrides))
+    return produce(**(kwargs | overrides))
 
 
 def as_1_2(params: dict, expiry: float) -> dict:
