@@ -35,7 +35,6 @@ import math
 import re
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -44,113 +43,36 @@ from pdfleet.connector.transfer import wire
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
 from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 from pdfleet.connector.transfer.bounds import DropLog
+from pdfleet.connector.transfer.heartbeat_chunks import LEASE_ID_COST, check_lease_ids, chunk_request_ids, lease_ids_field
 from pdfleet.connector.transfer.layout import (
-    BLOCK_OUTERMOST_LAYOUTS,
     IncompatibleLayout,
     InvalidBlockIds,
     KVLayout,
     Region,
-    SlicePlan,
     Span,
     build_descriptors,
-    plan_slice,
     registration_spans,
     remote_rank_for,
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
-from pdfleet.connector.transfer.pull_state import lease_verdict, read_deadline_seconds
-from pdfleet.connector.transfer.release_retry import ReleaseRetry, release_retry, unconfirmed
+from pdfleet.connector.transfer.peers import Endpoint, Peer, Peers
+from pdfleet.connector.transfer.pull_state import read_deadline_seconds
+from pdfleet.connector.transfer.release_outbox import ReleaseOutbox
+from pdfleet.connector.transfer.release_retry import ReleaseRetry
 from pdfleet.connector.transfer.retry import HeartbeatRetry
-from pdfleet.connector.transfer.prepped import PrepRows, ReadGroup, local_rows, pull_indices, read_groups, remote_rows
-from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
+from pdfleet.connector.transfer.prepped import pull_indices
+from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient
 
-__all__ = ["KVSink", "lease_verdict", "read_deadline_seconds", "chunk_request_ids"]
+__all__ = ["KVSink"]
 
 log = logging.getLogger(__name__)
-
-Endpoint = tuple[str, int]
 
 # A READ must finish within READ_FLOOR_SECONDS plus its bytes at READ_FLOOR_BANDWIDTH
 # (defaults; KVSink takes both): slower than that it is cancelled, fails (the blocks are
 # recomputed) and its lease is released. Heartbeats alone must not keep a stuck READ alive.
 READ_FLOOR_BANDWIDTH = 50e6  # bytes/s: well under TCP between pods (0.2-0.4 GB/s measured on loopback)
 READ_FLOOR_SECONDS = 5.0
-# A heartbeat request carries at most this many ids and this many bytes of them (the
-# source refuses more than MAX_HEARTBEAT_IDS; the request codec's limit is 64 KiB).
-HEARTBEAT_MAX_IDS = 4096
-HEARTBEAT_MAX_ID_BYTES = 48 * 1024
-# Release notices awaiting the source's word; past this the oldest is given up (its lease runs its course).
-MAX_PENDING_RELEASES = 1024
-LEASE_ID_COST = lease_id_bytes + 2  # a lease id in a heartbeat, msgpack bin header included
-
-
-def _lease_ids(ids: Sequence[str], by_id: dict[str, bytes | None]) -> list[bytes]:
-    """The heartbeat's ``lease_ids`` field for ``ids`` (b"" for none); [] when none has one."""
-    out = [by_id.get(rid) or b"" for rid in ids]
-    return out if any(out) else []
-
-
-def _check_lease_ids(request_ids: Sequence[Any], lease_ids: Sequence[Any] | None) -> dict[str, bytes | None]:
-    if lease_ids is None:
-        return {}
-    if len(lease_ids) != len(request_ids):
-        raise ValueError(f"{len(lease_ids)} lease ids for {len(request_ids)} request ids")
-    for lid in lease_ids:
-        if lid is not None and not is_lease_id(lid):
-            raise ValueError(f"a lease id must be {lease_id_bytes} bytes or None, got {lid!r}")
-    return {str(rid): lid for rid, lid in zip(request_ids, lease_ids)}
-
-
-def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
-                      max_bytes: int = HEARTBEAT_MAX_ID_BYTES, extra_per_id: int = 0) -> list[list[str]]:
-    """Split request ids into heartbeat-sized chunks (at most ``max_ids`` ids and about ``max_bytes``
-    of msgpack each, ``extra_per_id`` more bytes per id: its lease id), in order; an id alone over
-    ``max_bytes`` gets a chunk of its own."""
-    out: list[list[str]] = []
-    cur: list[str] = []
-    size = 0
-    for rid in ids:
-        cost = len(rid.encode()) + 5 + extra_per_id  # msgpack string header, at most
-        if cur and (len(cur) >= max_ids or size + cost > max_bytes):
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(rid)
-        size += cost
-    if cur:
-        out.append(cur)
-    return out
-
-
-@dataclass
-class _Peer:
-    endpoint: Endpoint
-    engine_id: str
-    instance_id: str
-    agent_name: str
-    regions: list[Region]
-    layout: KVLayout
-    plan: SlicePlan
-    lease_seconds: float
-    min_blocks: int
-    clock_offset: float = 0.0  # source unix time - local unix time (estimate)
-    clock_error: float = float("inf")  # bound on the estimate's error (half the round trip)
-    reads: list[ReadGroup] = field(default_factory=list)  # the READs of a pull from prepared lists
-    lists: dict[str, Any] = field(default_factory=dict)  # memory type -> prepared remote list
-
-
-@dataclass
-class _Release:
-    """A release notice on its way: the ids the source has not confirmed yet (release_retry.py)."""
-
-    endpoint: Endpoint
-    ids: tuple[str, ...]
-    readers: int
-    first_sent: float  # monotonic
-    lease_ids: dict[str, bytes | None] = field(default_factory=dict)  # params 1.4: each id's lease id
-    sends: int = 0
-    call: Call | None = None  # the send in flight
-    next_at: float = 0.0  # monotonic: the next send, when none is in flight
 
 
 @dataclass
@@ -163,7 +85,7 @@ class _Pull:
     local_ids: list[int]
     readers: int = 1  # decode ranks reading this request from its source rank (decode TP / prefill TP)
     lease_id: bytes | None = None  # params 1.4: named in every message about this lease
-    peer: _Peer | None = None
+    peer: Peer | None = None
     hb: Call | None = None  # the heartbeat in flight
     handles: list[Any] = field(default_factory=list)
     states: list[str] = field(default_factory=list)  # NIXL state per handle
@@ -230,7 +152,6 @@ class KVSink:
         self.compat_hash = compat_hash
         self._min_local_blocks = min(r.num_blocks for r in self.regions)
         self._hs_timeout = float(handshake_timeout)
-        self._hs_retries = handshake_retries
         self._hb_timeout = float(heartbeat_timeout)
         read_deadline_seconds(0, read_floor_bandwidth, read_floor_seconds)  # validates both
         self._config = ps.Config(eager=bool(eager_post), unknown_grace=float(unknown_grace),
@@ -244,33 +165,19 @@ class KVSink:
         self.nixl_threads = int(self._agent.backend_options(backends[0]).get("num_threads", 0))
         self._agent.register(spans)
         self.registrations = len(spans)
-        # Descriptor lists prepared once (here, and per peer at handshake): a pull then only
-        # names block indices (make_prepped_xfer), instead of building and checking two
-        # descriptor lists per READ (initialize_xfer). Without them (prepped_descriptors=False,
-        # or a backend that cannot prepare), each READ builds its own lists.
-        self._local_rows: PrepRows | None = None
-        self._local_lists: dict[str, Any] = {}
-        if prepped_descriptors:
-            try:
-                self._local_rows = local_rows(self.regions)
-                for mem, rows in self._local_rows.rows.items():
-                    self._local_lists[mem] = self._agent.prep(None, rows, mem)
-            except (NixlError, ValueError) as exc:
-                log.warning("KV sink %s: descriptor lists cannot be prepared, each READ builds its own: %s",
-                            engine_id, exc)
-                for handle in self._local_lists.values():
-                    self._agent.release_prepped(handle)
-                self._local_lists = {}
         self._client = SideChannelClient(secret=secret, **({} if max_sockets is None else {"max_sockets": max_sockets}))
-        self._peers: dict[Endpoint, _Peer] = {}
-        self._handshakes: dict[Endpoint, tuple[Call, float, float]] = {}
+        self._stats: dict[str, float] = {}  # filled below; shared with the peer cache and the release outbox
+        self._peers = Peers(agent=self._agent, client=self._client, engine_id=engine_id, regions=self.regions,
+                            layout=layout, compat_hash=compat_hash, handshake_timeout=self._hs_timeout,
+                            handshake_retries=handshake_retries, prepped_descriptors=prepped_descriptors,
+                            stats=self._stats)
         self._pulls: dict[str, _Pull] = {}
         self._done: list[str] = []
         self._failed: dict[str, str] = {}
         self._orphans: list[Any] = []  # handles of failed reads that could not be released yet
-        self._release_calls: deque[_Release] = deque()  # releases sent, not yet confirmed by the source
-        self._release_policy = release_retry_policy
-        self._stats = {
+        self._releases = ReleaseOutbox(client=self._client, agent_name=self.agent_name, policy=release_retry_policy,
+                                       timeout=self._hb_timeout, stats=self._stats)
+        self._stats.update({
             "bytes": 0.0,
             "transfers": 0.0,
             "transfer_seconds": 0.0,
@@ -299,7 +206,7 @@ class KVSink:
             # unanswered lease heartbeats retried because the lease still had time (retry.py)
             "heartbeat_retries": 0.0,
             "reads_timed_out": 0.0,  # READs cancelled for exceeding their bound (bytes at the floor bandwidth)
-        }
+        })
         self._reported_peers: set[str] = set()  # agents whose first transfer was logged
         self._drops = DropLog(10.0)
 
@@ -393,7 +300,7 @@ class KVSink:
                 peer = None
             self._step(p, ps.Start(now))
             if peer is None:
-                self._ensure_handshake(endpoint)
+                self._peers.handshake(endpoint)
             else:
                 self._attach(p, peer)
         except Exception as exc:  # never leave a pull behind that nobody will finish (its id would be refused)
@@ -415,14 +322,14 @@ class KVSink:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            by_id = _check_lease_ids(request_ids, lease_ids)
+            by_id = check_lease_ids(request_ids, lease_ids)
             chunks = chunk_request_ids([str(r) for r in request_ids], extra_per_id=LEASE_ID_COST if by_id else 0)
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("keep_alive ignored: %s", exc)
             return
         for ids in chunks:  # every queued request keeps its lease, however many there are
             req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
-                                        readers=self._readers(remote_tp_size), lease_ids=_lease_ids(ids, by_id))
+                                        readers=self._readers(remote_tp_size), lease_ids=lease_ids_field(ids, by_id))
             try:
                 self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
             except ValueError as exc:  # an id too long for one request: that chunk is skipped
@@ -441,69 +348,18 @@ class KVSink:
             rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
             if type(port) is not int or not 0 < port + rank <= 65535:
                 raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            by_id = _check_lease_ids(request_ids, lease_ids)
+            by_id = check_lease_ids(request_ids, lease_ids)
             chunks = chunk_request_ids([str(r) for r in request_ids], extra_per_id=LEASE_ID_COST if by_id else 0)
         except (IncompatibleLayout, ValueError, TypeError) as exc:
             log.warning("release ignored: %s", exc)
             return
         for ids in chunks:
-            self._send_release(host, port + rank, ids, self._readers(remote_tp_size), by_id)
-
-    def _send_release(self, host: str, port: int, ids: list[str], readers: int,
-                      lease_ids: dict[str, bytes | None] | None = None) -> None:
-        r = _Release((host, port), tuple(ids), readers, first_sent=time.monotonic(),
-                     lease_ids={rid: lease_ids[rid] for rid in ids if lease_ids and lease_ids.get(rid)})
-        if self._submit_release(r):
-            if len(self._release_calls) >= MAX_PENDING_RELEASES:  # a flood: the oldest runs its lease
-                self._release_calls.popleft()
-                self._stats["releases_unconfirmed"] += 1
-            self._release_calls.append(r)
-
-    def _submit_release(self, r: "_Release") -> bool:
-        req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=list(r.ids), agent=self.agent_name,
-                                    release=True, readers=r.readers, lease_ids=_lease_ids(r.ids, r.lease_ids))
-        try:
-            r.call = self._client.submit(*r.endpoint, req, timeout=self._hb_timeout, attempts=1)
-        except ValueError as exc:
-            log.warning("release of %d id(s) ignored: %s", len(r.ids), exc)
-            return False
-        r.sends += 1
-        self._stats["releases" if r.sends == 1 else "release_retries"] += 1
-        return True
-
-    def _advance_releases(self, now: float) -> None:
-        """Resend releases the source did not act on yet (release_retry: its hold may come after them)."""
-        for _ in range(len(self._release_calls)):
-            r = self._release_calls.popleft()
-            if r.call is not None:
-                if not r.call.done():
-                    self._release_calls.append(r)
-                    continue
-                fut, r.call = r.call, None
-                try:
-                    reply = fut.result()
-                except SideChannelError:
-                    reply = None
-                if reply is not None and not isinstance(reply, wire.HeartbeatReply):
-                    self._stats["releases_unconfirmed"] += 1  # refused outright: sending it again changes nothing
-                    continue
-                ids = unconfirmed(r.ids, answered=reply is not None,
-                                  remaining=() if reply is None else reply.remaining,
-                                  gone=() if reply is None else reply.gone)
-                decision = release_retry(self._release_policy, ids, now=now, first_sent=r.first_sent, sends=r.sends)
-                if not decision.ids:
-                    if ids:
-                        self._stats["releases_unconfirmed"] += 1
-                        log.debug("release of %d id(s) at %s:%d: %s", len(ids), *r.endpoint, decision.why)
-                    continue
-                r.ids, r.next_at = decision.ids, now + decision.delay
-            if now < r.next_at or self._submit_release(r):
-                self._release_calls.append(r)
+            self._releases.send(host, port + rank, ids, self._readers(remote_tp_size), by_id)
 
     def poll(self) -> tuple[list[str], dict[str, str]]:
         self._client.poll()
         now = time.monotonic()
-        self._advance_releases(now)
+        self._releases.advance(now)
         self._collect_handshakes()
         for p in list(self._pulls.values()):
             try:
@@ -532,11 +388,7 @@ class KVSink:
             for h in p.handles:
                 self._agent.release(h)
         self._pulls.clear()
-        for ep in list(self._peers):
-            self._drop_peer(ep, "closing", count=False)
-        for handle in self._local_lists.values():
-            self._agent.release_prepped(handle)
-        self._local_lists = {}
+        self._peers.close()
         self._client.close()
         self._agent.close()
 
@@ -555,7 +407,7 @@ class KVSink:
         if action is ps.Do.SEND_HEARTBEAT:
             self._heartbeat(p)
         elif action is ps.Do.HANDSHAKE:
-            self._ensure_handshake(p.endpoint)
+            self._peers.handshake(p.endpoint)
         elif action is ps.Do.POST:
             self._post(p)
         elif isinstance(action, ps.CheckReads):
@@ -571,7 +423,7 @@ class KVSink:
             self._orphans.extend(p.handles)
             p.handles = []
         elif action is ps.Do.SEND_RELEASE:
-            self._send_release(*p.endpoint, [p.request_id], p.readers, {p.request_id: p.lease_id})
+            self._releases.send(*p.endpoint, [p.request_id], p.readers, {p.request_id: p.lease_id})
         elif isinstance(action, ps.ReportFailed):
             del self._pulls[p.request_id]
             self._fail_now(p.request_id, action.reason)
@@ -599,17 +451,10 @@ class KVSink:
         self._failed[rid] = reason
         self._stats["failures"] += 1
 
-    def _drop_peer(self, endpoint: Endpoint, why: str, count: bool = True) -> None:
-        peer = self._peers.pop(endpoint, None)
+    def _drop_peer(self, endpoint: Endpoint, why: str) -> None:
+        peer = self._peers.drop(endpoint, why)
         if peer is None:
             return
-        log.info("dropping NIXL peer %s at %s:%d: %s", peer.agent_name, *endpoint, why)
-        if count:
-            self._stats["stale_agents_dropped"] += 1
-        for handle in peer.lists.values():  # before the agent they were prepared for goes
-            self._agent.release_prepped(handle)
-        peer.lists = {}
-        self._agent.remove_peer(peer.agent_name)
         for p in list(self._pulls.values()):
             if p.peer is peer:
                 self._step(p, ps.PeerDropped())  # one not posted yet handshakes again
@@ -638,102 +483,17 @@ class KVSink:
                                   released_by_us=p.request_id in reply.released_by_you,
                                   gone=p.request_id in reply.gone)
 
-    def _ensure_handshake(self, endpoint: Endpoint) -> None:
-        if endpoint in self._handshakes:
-            return
-        req = wire.HandshakeRequest(
-            id=SideChannelClient.next_id(),
-            version=wire.PROTOCOL_VERSION,
-            engine_id=self.engine_id,
-            compat_hash=self.compat_hash,
-            layout=self.layout,
-        )
-        fut = self._client.submit(*endpoint, req, timeout=self._hs_timeout, attempts=self._hs_retries)
-        self._handshakes[endpoint] = (fut, time.monotonic(), time.time())
-
     def _collect_handshakes(self) -> None:
-        for endpoint, (fut, started, sent_wall) in list(self._handshakes.items()):
-            if not fut.done():
-                continue
-            del self._handshakes[endpoint]
-            try:
-                peer = self._make_peer(endpoint, fut.result())
-                if peer.clock_error == float("inf") and fut.result().clock > 0:
-                    # The source's clock was read between our send and now.
-                    got = time.time()
-                    peer.clock_offset = fut.result().clock - (sent_wall + got) / 2
-                    peer.clock_error = (got - sent_wall) / 2
-            except Exception as exc:  # any failure fails the waiting pulls, never the engine
-                self._stats["handshake_failures"] += 1
-                for p in list(self._pulls.values()):
-                    if p.endpoint == endpoint and p.peer is None:
-                        self._step(p, ps.HandshakeFailed(time.monotonic(),
-                                                         f"handshake with {endpoint[0]}:{endpoint[1]} failed: {exc}"))
-                continue
-            self._stats["handshakes"] += 1
-            self._stats["handshake_seconds"] += time.monotonic() - started
-            self._peers[endpoint] = peer
+        for done in self._peers.collect():
             for p in list(self._pulls.values()):
-                if p.endpoint == endpoint and p.peer is None:
-                    self._attach(p, peer)
+                if p.endpoint != done.endpoint or p.peer is not None:
+                    continue
+                if done.peer is None:
+                    self._step(p, ps.HandshakeFailed(time.monotonic(), done.error))
+                else:
+                    self._attach(p, done.peer)
 
-    def _make_peer(self, endpoint: Endpoint, reply: object) -> _Peer:
-        if isinstance(reply, wire.ErrorReply):
-            raise SideChannelError(f"refused by the source: {reply.reason}")
-        if not isinstance(reply, wire.HandshakeReply):
-            raise SideChannelError(f"unexpected reply {type(reply).__name__}")
-        # Layouts first: a physical layout mismatch also changes the compat hash (region
-        # count), and its reason is the one an operator can act on.
-        plan = plan_slice(self.layout, self.regions, reply.layout, reply.regions)
-        if reply.compat_hash != self.compat_hash:
-            raise IncompatibleLayout(
-                f"compat hash mismatch: decode {self.compat_hash!r}, prefill {reply.compat_hash!r}"
-            )
-        name = self._agent.add_peer(reply.agent_metadata)
-        runs = "block" if not plan.whole_blocks else "block run"
-        log.info(
-            "KV sink %s: handshake with %s at %s:%d: layout %s (%s), %d region(s) per side:"
-            " %d descriptor(s) per %s; reading %s",
-            self.engine_id, reply.engine_id, endpoint[0], endpoint[1], reply.layout.kv_cache_layout,
-            "block-outermost" if reply.layout.kv_cache_layout in BLOCK_OUTERMOST_LAYOUTS else "per-layer",
-            len(reply.regions), len(reply.regions), runs,
-            "whole blocks" if plan.whole_blocks else f"head slice {plan.reader_index + 1}/{plan.readers}",
-        )
-        peer = _Peer(
-            endpoint=endpoint,
-            engine_id=reply.engine_id,
-            instance_id=reply.instance_id,
-            agent_name=name,
-            regions=list(reply.regions),
-            layout=reply.layout,
-            plan=plan,
-            lease_seconds=reply.lease_seconds,
-            min_blocks=min(r.num_blocks for r in reply.regions),
-        )
-        self._prep_peer(peer)
-        return peer
-
-    def _prep_peer(self, peer: _Peer) -> None:
-        """Prepare the peer's descriptor lists once; on failure its READs build their own."""
-        if not self._local_lists or self._local_rows is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            rows = remote_rows(peer.regions, peer.plan)
-            peer.reads = read_groups(self._local_rows, rows)
-            for mem, array in rows.rows.items():
-                peer.lists[mem] = self._agent.prep(peer.agent_name, array, mem)
-            if any(g.local_mem not in self._local_lists for g in peer.reads):
-                raise NixlError("a local memory type has no prepared list")
-        except (NixlError, ValueError) as exc:
-            log.warning("KV sink %s: descriptor lists of %s cannot be prepared, each READ builds its own: %s",
-                        self.engine_id, peer.agent_name, exc)
-            for handle in peer.lists.values():
-                self._agent.release_prepped(handle)
-            peer.lists, peer.reads = {}, []
-        self._stats["prep_seconds"] += time.perf_counter() - t0
-
-    def _attach(self, p: _Pull, peer: _Peer) -> None:
+    def _attach(self, p: _Pull, peer: Peer) -> None:
         try:
             validate_block_ids(p.remote_ids, p.local_ids, local_num_blocks=self._min_local_blocks,
                                remote_num_blocks=peer.min_blocks)
@@ -770,7 +530,7 @@ class KVSink:
                                                      len(reads), j, p.lease_id or b""))
                 t1 = time.perf_counter()
                 if prepped:
-                    handle = agent.make_read(name, self._local_lists[read.local_mem], read.local,
+                    handle = agent.make_read(name, self._peers.local_lists[read.local_mem], read.local,
                                              peer.lists[read.remote_mem], read.remote, notif)
                 else:
                     lmem, rmem, loc, rem = read

@@ -108,7 +108,7 @@ def test_another_key_holders_release_of_a_lease_it_did_not_read_is_refused_and_c
     src.hold("mine", [1], lease_id=lease)
     thief.release(["mine"], host=HOST, port=src.base_port)
     thief.release(["mine"], host=HOST, port=src.base_port, lease_ids=[secrets.token_bytes(16)])
-    assert until(lambda: (thief.poll(), not thief._release_calls)[1]), "the thief's releases were not answered"
+    assert until(lambda: (thief.poll(), not len(thief._releases))[1]), "the thief's releases were not answered"
     freed = released_soon(src, "mine", timeout=0.5)
     stats = src.stats()
     print(f"release by another key holder ({'1.4' if single_use else '1.3'}): freed={freed},"
@@ -133,9 +133,9 @@ def test_a_forged_completion_notification_without_the_lease_id_is_refused(source
     lease = secrets.token_bytes(16) if single_use else None
     src.hold("mine", [3], lease_id=lease)
     endpoint = (HOST, src.base_port)
-    forger._ensure_handshake(endpoint)
-    assert until(lambda: (forger.poll(), endpoint in forger._peers)[1]), "the forger's handshake did not finish"
-    peer = forger._peers[endpoint].agent_name
+    forger._peers.handshake(endpoint)
+    assert until(lambda: (forger.poll(), forger._peers.get(endpoint) is not None)[1]), "the forger's handshake did not finish"
+    peer = forger._peers.get(endpoint).agent_name
     forger._agent._agent.make_connection(peer)  # NIXL wires up lazily; a READ would do it too
     forged = [wire.Notif("mine", 1, 0, 1, 0), wire.Notif("mine", 1, 0, 1, 0, secrets.token_bytes(16))]
 

@@ -6,7 +6,8 @@ import msgspec
 import pytest
 
 from pdfleet.connector.transfer import wire
-from pdfleet.connector.transfer.sink import chunk_request_ids, read_deadline_seconds
+from pdfleet.connector.transfer.heartbeat_chunks import chunk_request_ids
+from pdfleet.connector.transfer.pull_state import read_deadline_seconds
 
 
 @pytest.mark.parametrize("nbytes,bw,floor,want", [

@@ -12,7 +12,7 @@ from pdfleet.connector.transfer import auth, wire
 from pdfleet.connector.transfer.layout import KVLayout, Region
 from pdfleet.connector.transfer.leases import LeaseTable
 from pdfleet.connector.transfer.sidechannel import check_bind_host, zmq_address
-from pdfleet.connector.transfer.sink import lease_verdict
+from pdfleet.connector.transfer.pull_state import lease_verdict
 
 LAYOUT = KVLayout(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
 
