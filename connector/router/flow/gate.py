@@ -140,11 +140,15 @@ class FlowGate:
         self._timer: Optional[asyncio.TimerHandle] = None
         self.metrics = FlowMetrics(registry) if self.enabled else None
         if self.metrics is not None:
-            for name in self.names:  # every series exists from the start (rates need a zero)
-                self.metrics.admitted.labels(name)
-                self.metrics.queued.labels(name)
+            # Every series exists from the start (rates need a zero); the per-class children are looked
+            # up once, not per request (labels() takes a lock and builds a key: measurable per request).
+            m = self.metrics
+            self._admitted = [m.admitted.labels(name) for name in self.names]
+            self._queued = [m.queued.labels(name) for name in self.names]
+            self._wait = [m.wait.labels(name) for name in self.names]
+            for name in self.names:
                 for reason in (QUEUE_FULL, DISPLACED, QUEUE_TIMEOUT):
-                    self.metrics.shed.labels(name, reason)
+                    m.shed.labels(name, reason)
 
     # ---- capacity ------------------------------------------------------------
 
@@ -264,9 +268,8 @@ class FlowGate:
             if item.token.done():  # its task was cancelled a moment ago; it withdraws nothing
                 continue
             self.in_flight += 1
-            name = self.names[item.klass]
-            self.metrics.admitted.labels(name).inc()
-            self.metrics.wait.labels(name).observe(now - item.arrived)
+            self._admitted[item.klass].inc()
+            self._wait[item.klass].observe(now - item.arrived)
             item.token.set_result(_ADMITTED)
         for klass in touched:
             self._set_queued(klass)
@@ -293,7 +296,7 @@ class FlowGate:
 
     def _set_queued(self, klass: int) -> None:
         assert self.metrics is not None
-        self.metrics.queued.labels(self.names[klass]).set(self.queue.queued(klass))
+        self._queued[klass].set(self.queue.queued(klass))
 
     def _arm_timer(self) -> None:
         """One timer, at the oldest waiting request's deadline."""
