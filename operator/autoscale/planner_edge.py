@@ -23,9 +23,8 @@ from pdfleet.operator.api.rules import replica_range
 from pdfleet.operator.autoscale.clamp import Bounds, Ratio
 from pdfleet.operator.autoscale.planner import PlannerConfig, PlannerState, decide
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
-from pdfleet.operator.autoscale.signals import (
-    WENT_DOWN, MetricsError, RouterSample, interval_signals, interval_went_down, parse_router_metrics,
-)
+from pdfleet.operator.autoscale.signals import RouterSample, interval_signals, interval_went_down, parse_router_metrics
+from pdfleet.operator.observability.metrics_text import WENT_DOWN, MetricsError
 from pdfleet.operator.plan import naming
 from pdfleet.operator.kube.observed import ObservedPod
 from pdfleet.operator.kube.client import ApiFailure, KubeClient

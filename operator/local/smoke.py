@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional
 import aiohttp
 
 from pdfleet.contract.routing import FALLBACK_HEADER
+from pdfleet.operator.observability.metrics_text import lenient_samples, sample_text, total_by
 
 TRANSFER_SOURCE_METRIC = "vllm:prompt_tokens_by_source_total"
 # Metric families worth showing from the engines, besides the token sources.
@@ -93,31 +94,15 @@ async def send(session: aiohttp.ClientSession, base_url: str, req: SmokeRequest)
 
 
 def parse_metric_lines(text: str, prefixes: Iterable[str]) -> list[tuple[str, float]]:
-    """(sample with labels, value) for every sample whose name starts with a prefix."""
-    out = []
+    """(sample with labels, value) for every sample whose name starts with a prefix; a line that
+    does not parse is skipped."""
     prefixes = tuple(prefixes)
-    for line in text.splitlines():
-        if not line or line.startswith("#") or not line.startswith(prefixes):
-            continue
-        sample, _, value = line.rpartition(" ")
-        try:
-            out.append((sample, float(value)))
-        except ValueError:
-            continue
-    return out
+    return [(sample_text(s), s.value) for s in lenient_samples(text)[0] if s.name.startswith(prefixes)]
 
 
 def tokens_by_source(metrics_text: str) -> dict[str, float]:
     """{source: tokens} from vLLM's prompt-token counter (summed over engines' labels)."""
-    out: dict[str, float] = {}
-    for sample, value in parse_metric_lines(metrics_text, (TRANSFER_SOURCE_METRIC,)):
-        marker = 'source="'
-        start = sample.find(marker)
-        if start < 0:
-            continue
-        source = sample[start + len(marker):sample.index('"', start + len(marker))]
-        out[source] = out.get(source, 0.0) + value
-    return out
+    return total_by(lenient_samples(metrics_text)[0], TRANSFER_SOURCE_METRIC, "source")
 
 
 def decode_transferred(engines: Iterable[tuple[str, str, Optional[str]]]) -> float:

@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from pdfleet.contract.metrics import ROUTER_DISAGGREGATION_DECISIONS
 from pdfleet.contract.routing import DECODE_ONLY
+from pdfleet.operator.observability.metrics_text import samples, total, total_by
 
 CONNECTOR = "vllm:pdfleet_connector_"
 FAILURE_COUNTERS = ("pull_failures", "handshake_failures", "handshakes_rejected")
@@ -39,37 +38,18 @@ class EngineFigures:
         return self.kv_bytes / self.kv_seconds / 1e9 if self.kv_seconds > 0 else None
 
 
-def sums(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(sample name, ((label, value) kept for grouping,)): value}, summed over other labels."""
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            keep = tuple((k, v) for k, v in sorted(s.labels.items()) if k in ("source", "code", "decision", "reason"))
-            out[(s.name, keep)] = out.get((s.name, keep), 0.0) + s.value
-    return out
-
-
-def _total(values: dict, name: str) -> float:
-    return sum(v for (n, _), v in values.items() if n == name)
-
-
 def engine_figures(name: str, role: str, text: Optional[str]) -> EngineFigures:
     if text is None:
         return EngineFigures(name, role, available=False)
-    values = sums(text)
-    tokens: dict[str, float] = {}
-    for (sample, labels), value in values.items():
-        if sample == "vllm:prompt_tokens_by_source_total":
-            source = dict(labels).get("source", "")
-            tokens[source] = tokens.get(source, 0.0) + value
+    found = samples(text)
     return EngineFigures(
         name, role,
-        requests=_total(values, "vllm:request_success_total"),
-        tokens=tokens,
-        kv_bytes=_total(values, CONNECTOR + "pull_bytes_total"),
-        kv_seconds=_total(values, CONNECTOR + "pull_seconds_total"),
-        pulls=_total(values, CONNECTOR + "pulls_total"),
-        failures=sum(_total(values, CONNECTOR + c + "_total") for c in FAILURE_COUNTERS),
+        requests=total(found, "vllm:request_success_total"),
+        tokens=total_by(found, "vllm:prompt_tokens_by_source_total", "source", default=""),
+        kv_bytes=total(found, CONNECTOR + "pull_bytes_total"),
+        kv_seconds=total(found, CONNECTOR + "pull_seconds_total"),
+        pulls=total(found, CONNECTOR + "pulls_total"),
+        failures=sum(total(found, CONNECTOR + c + "_total") for c in FAILURE_COUNTERS),
     )
 
 
@@ -98,20 +78,16 @@ def format_table(rows: Iterable[EngineFigures], router_text: Optional[str] = Non
     lines = ["  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i])
                        for i, cell in enumerate(row)).rstrip() for row in table]
     if router_text is not None:
-        values = sums(router_text)
-        by_code: dict[str, float] = {}
-        for (sample, labels), value in values.items():
-            if sample == "pdfleet_router_requests_total":
-                code = dict(labels).get("code", "?")
-                by_code[code] = by_code.get(code, 0.0) + value
+        found = samples(router_text)
+        by_code = total_by(found, "pdfleet_router_requests_total", "code", default="?")
         codes = ", ".join(f"{c}: {v:.0f}" for c, v in sorted(by_code.items())) or "none"
-        fallbacks = _total(values, "pdfleet_router_fallbacks_total")
-        retries = _total(values, "pdfleet_router_retries_total")
+        fallbacks = total(found, "pdfleet_router_fallbacks_total")
+        retries = total(found, "pdfleet_router_retries_total")
         line = f"router: requests by code {codes}; fallbacks {fallbacks:.0f}; retries {retries:.0f}"
         # Conditional disaggregation: requests decode served alone by choice (n > 1 is among the fallbacks
         # already), so that decode's requests = prefill's + fallbacks + these
-        decisions = {dict(labels).get("reason", ""): value for (sample, labels), value in values.items()
-                     if sample == ROUTER_DISAGGREGATION_DECISIONS + "_total" and (("decision", DECODE_ONLY) in labels)}
+        decisions = total_by(found, ROUTER_DISAGGREGATION_DECISIONS + "_total", "reason", default="",
+                             decision=DECODE_ONLY)
         if decisions:
             chosen = sum(v for reason, v in decisions.items() if reason != "fan_out")
             line += f"; decode alone by choice {chosen:.0f}"

@@ -25,7 +25,8 @@ import aiohttp
 
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.contract.kv_params import remote_decode_request
-from pdfleet.operator.local.smoke import fetch_metrics, parse_metric_lines
+from pdfleet.operator.local.smoke import fetch_metrics
+from pdfleet.operator.observability import metrics_text
 
 __all__ = ["WarmRequest", "WarmResult", "warmup_plan", "warm_up"]
 
@@ -68,7 +69,7 @@ async def _pulls(session: aiohttp.ClientSession, decodes: Sequence[str]) -> floa
     total = 0.0
     for url in decodes:
         text = await fetch_metrics(session, url)
-        total += sum(v for sample, v in parse_metric_lines(text or "", (PULLS,)) if sample.split("{")[0] == PULLS)
+        total += metrics_text.total(metrics_text.lenient_samples(text or "")[0], PULLS)
     return total
 
 

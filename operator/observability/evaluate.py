@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Union
 
+from pdfleet.operator.observability import metrics_text
+from pdfleet.operator.observability.metrics_text import samples
 from pdfleet.operator.observability.promql import parse
 
 Labels = tuple[tuple[str, str], ...]          # sorted (name, value) pairs, __name__ included
@@ -35,12 +37,8 @@ class Recording:
 
     def add_scrape(self, t: float, text: str, target: Mapping[str, str]) -> None:
         """One /metrics page scraped at t, with target labels (namespace, pod, ...) added like Prometheus."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name.endswith("_created"):
-                    continue
+        for s in samples(text):
+            if not s.name.endswith("_created"):
                 self.add(t, s.name, {**s.labels, **target}, s.value)
 
     def times(self) -> list[float]:
@@ -187,33 +185,11 @@ def _apply(op: str, a: float, b: float) -> float:
 
 
 def histogram_quantile(q: float, buckets: Vector) -> Vector:
-    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
-    groups: dict[Labels, list[tuple[float, float]]] = {}
+    """Prometheus' histogram_quantile per group of labels (``le`` aside); a group PromQL gives NaN has no point."""
+    groups: dict[Labels, dict[float, float]] = {}
     for labels, value in buckets.items():
         d = dict(_without_name(labels))
         le = d.pop("le", None)
-        if le is None:
-            continue
-        groups.setdefault(tuple(sorted(d.items())), []).append((float(le), value))
-    out: Vector = {}
-    for key, bs in groups.items():
-        bs.sort()
-        if len(bs) < 2 or not math.isinf(bs[-1][0]):
-            continue
-        total = bs[-1][1]
-        if total <= 0:
-            continue  # no observations in the window: no point (Prometheus gives NaN)
-        rank = q * total
-        prev_le, prev_count = 0.0, 0.0
-        for le, count in bs:
-            if count >= rank:
-                if math.isinf(le):
-                    out[key] = prev_le
-                elif le == bs[0][0] and le <= 0:
-                    out[key] = le
-                else:
-                    lo = prev_le if count > prev_count else le
-                    out[key] = lo + (le - lo) * (rank - prev_count) / (count - prev_count) if count > prev_count else le
-                break
-            prev_le, prev_count = le, count
-    return out
+        if le is not None:
+            groups.setdefault(tuple(sorted(d.items())), {})[float(le)] = value
+    return {key: v for key, counts in groups.items() if (v := metrics_text.histogram_quantile(q, counts)) is not None}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Iterator, Mapping
 
+from pdfleet.operator.observability.metrics_text import families
+
 # Grafana's built-in interval variables, given a duration so the expression parses.
 GRAFANA_INTERVALS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 _LABEL_VALUES = re.compile(r"^\s*label_values\((?P<selector>.*),\s*[A-Za-z_][A-Za-z0-9_]*\s*\)\s*$", re.S)
@@ -124,10 +126,8 @@ _SUFFIXES = {
 def exported_names(text: str) -> set[str]:
     """Every series name a /metrics page (Prometheus text format) exports, including those of
     families it declares with no sample yet (a labelled counter before its first increment)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: set[str] = set()
-    for family in text_string_to_metric_families(text):
+    for family in families(text):
         out.update(s.name for s in family.samples)
         out.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
     return out

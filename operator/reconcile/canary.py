@@ -23,7 +23,7 @@ from pdfleet.contract.labels import ROLE_DECODE, ROLLOUT
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.autoscale.planner_edge import _fetch
-from pdfleet.operator.autoscale.signals import WENT_DOWN, MetricsError
+from pdfleet.operator.observability.metrics_text import WENT_DOWN, MetricsError
 from pdfleet.operator.plan import naming
 from pdfleet.operator.reconcile_plan.children import ObservedPod
 from pdfleet.operator.api import event_reasons as reasons

@@ -18,7 +18,7 @@ from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
-from pdfleet.operator.autoscale.signals import rejected_values
+from pdfleet.operator.observability.metrics_text import rejected_values
 from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
 from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
 from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling

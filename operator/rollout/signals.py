@@ -24,10 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.contract import metrics as names
-from pdfleet.operator.autoscale.signals import add_bucket, metric_samples, quantile
+from pdfleet.operator.observability.metrics_text import buckets, histogram_quantile, total, usable_samples
 from pdfleet.operator.rollout.canary import Signals
 
 _REVISION = "revision"  # the label the router's per-revision series carry
@@ -45,24 +44,15 @@ class RevisionSample:
 
 
 def parse_revision_sample(text: str, revision: str) -> RevisionSample:
-    requests = errors = fallbacks = 0.0
-    ttft: dict[float, float] = {}
-    itl: dict[float, float] = {}
-    for s in metric_samples(text):
-        if s.labels.get(_REVISION) != revision:
-            continue
-        if s.name == f"{names.ROUTER_REVISION_REQUESTS}_total":
-            requests += s.value
-            outcome = s.labels.get(names.REVISION_OUTCOME)
-            if outcome == names.OUTCOME_5XX:
-                errors += s.value
-            elif outcome == names.OUTCOME_FALLBACK:
-                fallbacks += s.value
-        elif s.name == f"{names.ROUTER_TTFT}_bucket":
-            add_bucket(ttft, s)
-        elif s.name == f"{names.ROUTER_ITL}_bucket":
-            add_bucket(itl, s)
-    return RevisionSample(requests, errors, ttft, itl, fallbacks)
+    found = usable_samples(text)
+    mine = {_REVISION: revision}
+    requests = f"{names.ROUTER_REVISION_REQUESTS}_total"
+    return RevisionSample(
+        requests=total(found, requests, **mine),
+        errors=total(found, requests, **mine, **{names.REVISION_OUTCOME: names.OUTCOME_5XX}),
+        ttft=buckets(found, names.ROUTER_TTFT, **mine),
+        itl=buckets(found, names.ROUTER_ITL, **mine),
+        fallbacks=total(found, requests, **mine, **{names.REVISION_OUTCOME: names.OUTCOME_FALLBACK}))
 
 
 # Decode-side connector counters whose requests were computed locally instead of pulled.
@@ -71,7 +61,7 @@ RECOMPUTE_COUNTERS = tuple(f"{exported_name(key)}_total" for key in ("failures",
 
 def parse_decode_recomputed(text: str) -> float:
     """One decode pod's cumulative count of recomputed requests (every rank's count, summed)."""
-    return float(sum(s.value for s in metric_samples(text) if s.name in RECOMPUTE_COUNTERS))
+    return total(usable_samples(text), *RECOMPUTE_COUNTERS)
 
 
 def decode_recomputed(baseline: Mapping[str, float], current: Mapping[str, float], ranks: int) -> float:
@@ -116,5 +106,5 @@ def step_signals(baseline: Mapping[str, RevisionSample], current: Mapping[str, R
             for le, n in mine.items():
                 out[le] = out.get(le, 0.0) + n - theirs.get(le, 0.0)
     return Signals(requests=int(round(requests)), errors=int(round(errors)),
-                   ttft_p90_s=quantile(0.9, ttft), itl_p90_s=quantile(0.9, itl),
+                   ttft_p90_s=histogram_quantile(0.9, ttft), itl_p90_s=histogram_quantile(0.9, itl),
                    recomputed=None if recomputed is None else recomputed + fallbacks)

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from pdfleet.contract import metrics as names
-from pdfleet.operator.autoscale.signals import (
-    NEGATIVE, NOT_FINITE, metric_samples, parse_router_metrics, rejected_values, value_problem,
+from pdfleet.operator.autoscale.signals import parse_router_metrics
+from pdfleet.operator.observability.metrics_text import (
+    NEGATIVE, NOT_FINITE, rejected_values, usable_samples, value_problem,
 )
 from pdfleet.operator.rollout.signals import parse_revision_sample, step_signals
 
@@ -56,7 +57,7 @@ def test_a_nan_counter_is_skipped_and_the_step_still_decides() -> None:
            "router-b": parse_revision_sample(page("NaN", errors="NaN"), "r2")}
     signals = step_signals(base, cur)  # before issue 30: ValueError (cannot convert float NaN to integer)
     assert (signals.requests, signals.errors) == (60, 20)  # router-a alone: 40 ok + 20 5xx
-    assert all(math.isfinite(s.value) and s.value >= 0 for s in metric_samples(page("NaN", errors="-1")))
+    assert all(math.isfinite(s.value) and s.value >= 0 for s in usable_samples(page("NaN", errors="-1")))
 
 
 def test_router_gauges_are_screened_too() -> None:

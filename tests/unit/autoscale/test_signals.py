@@ -6,9 +6,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.operator.autoscale.signals import (
-    MetricsError, interval_signals, interval_went_down, parse_router_metrics, quantile,
-)
+from pdfleet.operator.autoscale.signals import interval_signals, interval_went_down, parse_router_metrics
+from pdfleet.operator.observability.metrics_text import MetricsError
 
 
 def sample(ttft=(), itl=(), waiting=(0, 0), streams=0, revision="r1"):
@@ -21,17 +20,6 @@ def sample(ttft=(), itl=(), waiting=(0, 0), streams=0, revision="r1"):
     m.legs_waiting.labels("decode", revision).set(waiting[1])
     m.streams.labels(revision).set(streams)
     return parse_router_metrics(generate_latest(m.registry).decode())
-
-
-@pytest.mark.parametrize("buckets,q,expected", [
-    ({0.1: 0, 0.2: 10, float("inf"): 10}, 0.9, 0.19),      # all in (0.1, 0.2]: linear inside
-    ({0.1: 5, 0.2: 10, float("inf"): 10}, 0.5, 0.1),
-    ({0.1: 0, 1.0: 0, float("inf"): 4}, 0.9, 1.0),          # beyond the last bound: that bound
-    ({0.1: 0, float("inf"): 0}, 0.9, None),
-])
-def test_quantile(buckets, q, expected) -> None:
-    got = quantile(q, buckets)
-    assert (got is None and expected is None) or got == pytest.approx(expected)
 
 
 def test_interval_p90_comes_from_the_difference_of_two_scrapes() -> None:

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
-from pdfleet.operator.autoscale.signals import MetricsError
+from pdfleet.operator.observability.metrics_text import MetricsError
 from pdfleet.operator.rollout.canary import (
     ABORTED,
     PROGRESSING,

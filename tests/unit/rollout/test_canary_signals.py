@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 
 from pdfleet.connector.router.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
-from pdfleet.operator.autoscale.signals import MetricsError
+from pdfleet.operator.observability.metrics_text import MetricsError
 from pdfleet.operator.rollout.canary import ABORT, PROMOTE, Signals, effective_override
 from pdfleet.operator.rollout.signals import RevisionSample, parse_revision_sample, step_signals
 
