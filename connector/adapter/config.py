@@ -1,8 +1,9 @@
 """Connector settings from ``kv_connector_extra_config`` and the environment (pure + file read).
 
 The extra config's keys, defaults and validation are pdfleet.contract.connector_config
-(``ConnectorExtraConfig``: the operator renders it, this module parses it). Here: the
-side channel's address from the environment and the key file's contents.
+(``ConnectorExtraConfig``: the operator renders it, this module parses it and holds it as
+``AdapterConfig.settings``, whose fields are named as the keys; ``KVSource`` and ``KVSink`` take
+the same object). Here: the side channel's address from the environment and the key file's contents.
 
 Side channel: ``VLLM_NIXL_SIDE_CHANNEL_HOST`` (when unset, ``127.0.0.1``: never a
 wildcard address) and ``VLLM_NIXL_SIDE_CHANNEL_PORT`` (default 5600); worker rank r
@@ -40,17 +41,9 @@ ConfigError = ConnectorConfigError  # a connector setting is invalid; the messag
 class AdapterConfig:
     side_channel_host: str
     side_channel_port: int
-    lease_seconds: float = DEFAULTS.lease_seconds
-    backends: tuple[str, ...] = DEFAULTS.backends
-    secret: bytes | None = None
-    handshake_timeout: float = DEFAULTS.handshake_timeout
-    handshake_retries: int = DEFAULTS.handshake_retries
-    compat_extra: str = DEFAULTS.compat_extra
-    secret_file: str | None = None
-    read_floor_bandwidth: float = DEFAULTS.read_floor_bandwidth
-    read_timeout_floor: float = DEFAULTS.read_timeout_floor
-    nixl_threads: int = DEFAULTS.nixl_threads
-    nixl_split_batch: int = DEFAULTS.nixl_split_batch
+    # The validated kv_connector_extra_config, held as it is (settings.lease_seconds, ...).
+    settings: ConnectorExtraConfig = DEFAULTS
+    secret: bytes | None = None  # the bytes of settings.auth_secret_file
 
 
 def _host(env: Mapping[str, str]) -> str:
@@ -99,21 +92,7 @@ def parse_adapter_config(extra: Mapping[str, Any] | None, env: Mapping[str, str]
     cfg = ConnectorExtraConfig.parse(extra)
     host, port = _host(env), _port(env)
     secret = read_secret_file(cfg.auth_secret_file) if cfg.auth_secret_file is not None else None
-    return AdapterConfig(
-        side_channel_host=host,
-        side_channel_port=port,
-        lease_seconds=cfg.lease_seconds,
-        backends=cfg.backends,
-        secret=secret,
-        handshake_timeout=cfg.handshake_timeout,
-        handshake_retries=cfg.handshake_retries,
-        compat_extra=cfg.compat_extra,
-        secret_file=cfg.auth_secret_file,
-        read_floor_bandwidth=cfg.read_floor_bandwidth,
-        read_timeout_floor=cfg.read_timeout_floor,
-        nixl_threads=cfg.nixl_threads,
-        nixl_split_batch=cfg.nixl_split_batch,
-    )
+    return AdapterConfig(side_channel_host=host, side_channel_port=port, settings=cfg, secret=secret)
 
 
 def key_ring(cfg: AdapterConfig) -> Any:
@@ -122,6 +101,6 @@ def key_ring(cfg: AdapterConfig) -> Any:
         return None
     from pdfleet.connector.transfer.auth import KeyRing
 
-    path = cfg.secret_file
-    return KeyRing(cfg.secret, grace_seconds=cfg.lease_seconds,
+    path = cfg.settings.auth_secret_file
+    return KeyRing(cfg.secret, grace_seconds=cfg.settings.lease_seconds,
                    loader=(lambda: read_secret_file(path)) if path else None)

@@ -324,7 +324,7 @@ class SchedulerSide:
             port=self.cfg.side_channel_port,
             tp_size=self.tp_size,
             instance_id=instance,
-            lease_seconds=self.cfg.lease_seconds,
+            lease_seconds=self.cfg.settings.lease_seconds,
             num_tokens=request.num_computed_tokens,
             hosts=self.node_hosts,
         )

@@ -11,15 +11,15 @@ from pdfleet.connector.adapter.config import ConfigError, parse_adapter_config
 def test_config_defaults_and_loopback_fallback(tmp_path):
     cfg = parse_adapter_config({"allow_unauthenticated": True}, env={})
     assert cfg.side_channel_host == "127.0.0.1" and cfg.side_channel_port == 5600
-    assert cfg.secret is None and cfg.backends == ("UCX",)
+    assert cfg.secret is None and cfg.settings.backends == ("UCX",)
     secret = tmp_path / "s"
     secret.write_bytes(b"0123456789abcdef-secret\n")
     cfg = parse_adapter_config(
         {"lease_seconds": 5, "auth_secret_file": str(secret), "handshake_timeout": 1.5},
         env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.1.2.3", "VLLM_NIXL_SIDE_CHANNEL_PORT": "7000"},
     )
-    assert (cfg.side_channel_host, cfg.side_channel_port, cfg.lease_seconds) == ("10.1.2.3", 7000, 5.0)
-    assert cfg.secret == b"0123456789abcdef-secret" and cfg.handshake_timeout == 1.5
+    assert (cfg.side_channel_host, cfg.side_channel_port, cfg.settings.lease_seconds) == ("10.1.2.3", 7000, 5.0)
+    assert cfg.secret == b"0123456789abcdef-secret" and cfg.settings.handshake_timeout == 1.5
 
 
 OPEN = {"allow_unauthenticated": True}
@@ -55,5 +55,6 @@ def test_short_secret_is_refused(tmp_path):
 
 def test_read_bounds_are_configurable():
     cfg = parse_adapter_config({"read_floor_bandwidth": 1e8, "read_timeout_floor": 2, **OPEN}, env={})
-    assert (cfg.read_floor_bandwidth, cfg.read_timeout_floor) == (1e8, 2.0)
-    assert (parse_adapter_config(OPEN, env={}).read_floor_bandwidth, parse_adapter_config(OPEN, env={}).read_timeout_floor) == (50e6, 5.0)
+    assert (cfg.settings.read_floor_bandwidth, cfg.settings.read_timeout_floor) == (1e8, 2.0)
+    assert (parse_adapter_config(OPEN, env={}).settings.read_floor_bandwidth,
+            parse_adapter_config(OPEN, env={}).settings.read_timeout_floor) == (50e6, 5.0)

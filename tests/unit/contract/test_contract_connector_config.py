@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pdfleet.connector.adapter.config import parse_adapter_config
+from pdfleet.connector.adapter.config import AdapterConfig, parse_adapter_config
 from pdfleet.contract.connector_config import DEFAULTS, GPU_NIXL_THREADS, ConnectorConfigError, ConnectorExtraConfig
 from pdfleet.operator.api import parse
 from pdfleet.operator.api.types import KVTransferSpec
@@ -64,7 +65,10 @@ def test_bad_extra_config_names_the_key(extra, needle):
 
 def test_the_adapter_takes_the_contracts_values():
     cfg = parse_adapter_config({"allow_unauthenticated": True, "lease_seconds": 7}, env={})
-    assert cfg.lease_seconds == 7.0 and cfg.backends == DEFAULTS.backends and cfg.secret is None
+    assert cfg.settings.lease_seconds == 7.0 and cfg.settings.backends == DEFAULTS.backends and cfg.secret is None
+    # The adapter holds the contract's object as parsed, and copies none of its fields.
+    assert cfg.settings == ConnectorExtraConfig.parse({"allow_unauthenticated": True, "lease_seconds": 7})
+    assert {f.name for f in fields(AdapterConfig)} & {f.name for f in fields(ConnectorExtraConfig)} == set()
 
 
 @pytest.mark.parametrize("buffer, requested, rendered", [
@@ -81,7 +85,7 @@ def test_decode_gets_the_nixl_threads_the_spec_asks_for(buffer, requested, rende
     extra = kv_transfer_config(parse(cr).spec, "decode", "r1")["kv_connector_extra_config"]
     assert extra.get("nixl_threads") == rendered
     cfg = parse_adapter_config(extra | {"allow_unauthenticated": True, "auth_secret_file": None}, env={})
-    assert cfg.nixl_threads == (rendered or 0) and cfg.nixl_split_batch == DEFAULTS.nixl_split_batch
+    assert cfg.settings.nixl_threads == (rendered or 0) and cfg.settings.nixl_split_batch == DEFAULTS.nixl_split_batch
 
 
 def test_an_api_nixl_threads_out_of_range_is_refused_naming_the_field():

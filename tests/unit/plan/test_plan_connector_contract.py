@@ -31,8 +31,8 @@ def test_connector_accepts_what_the_plan_emits(example: str, role: str, tmp_path
     secret.write_bytes(b"s" * 32)
     config = kv_config(example, role, str(secret))
     adapter = parse_adapter_config(config["kv_connector_extra_config"], ENV)
-    assert adapter.compat_extra.startswith("pdfleet-revision=")
-    assert adapter.lease_seconds == config["kv_connector_extra_config"]["lease_seconds"]
+    assert adapter.settings.compat_extra.startswith("pdfleet-revision=")
+    assert adapter.settings.lease_seconds == config["kv_connector_extra_config"]["lease_seconds"]
 
 
 def test_revision_reaches_the_compat_hash_input() -> None:
