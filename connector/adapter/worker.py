@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -34,7 +34,6 @@ from pdfleet.connector.adapter.nodes import host_for_rank
 from pdfleet.connector.adapter.scheduler import KeepAlive, PdfleetConnectorMetadata, PullSpec
 from pdfleet.connector.adapter.stats import LAYOUT_KEY, counter_deltas
 from pdfleet.connector.transfer.layout import KVLayout, Region, Span
-from pdfleet.contract.connector_counters import AdapterCounters
 
 __all__ = ["WorkerSide", "compat_hash", "CORRUPT_ENV", "tensor_parallel_rank"]
 
@@ -108,7 +107,7 @@ class WorkerSide:
         self._by_remote: dict[str, str] = {}  # remote (prefill) request id -> decode request id
         self._immediate_failures: dict[str, str] = {}
         self._load_errors: set[int] = set()
-        self._own = AdapterCounters()
+        self._own = {"params_rejected": 0.0, "failures": 0.0, "blocks_corrupted_for_test": 0.0}
         self._last_stats: dict[str, float] = {}
         self._corrupt_when = corrupt_switch(os.environ.get(CORRUPT_ENV))
         if self._corrupt_when is not None:
@@ -202,7 +201,7 @@ class WorkerSide:
     def start_load(self, meta: Any) -> None:
         if not isinstance(meta, PdfleetConnectorMetadata):
             return
-        self._own.params_rejected += meta.params_rejected
+        self._own["params_rejected"] += meta.params_rejected
         hold_leases = getattr(meta, "hold_leases", {})
         for rid, ids in meta.holds.items():
             if self.source is None:
@@ -282,7 +281,7 @@ class WorkerSide:
     def _fail_now(self, rid: str, spec: PullSpec, reason: str) -> None:
         log.warning("KV pull of %s failed: %s", rid, reason)
         self._immediate_failures[rid] = reason
-        self._own.failures += 1
+        self._own["failures"] += 1
         self._load_errors.update(spec.local_block_ids)
 
     def _corrupt_blocks(self, block_ids: tuple[int, ...]) -> None:
@@ -295,7 +294,7 @@ class WorkerSide:
             view = t.index_select(axis, idx)
             noise = torch.randn(view.shape, generator=gen, dtype=torch.float32).to(view.dtype) * 4
             t.index_copy_(axis, idx, noise)
-        self._own.blocks_corrupted_for_test += len(block_ids)
+        self._own["blocks_corrupted_for_test"] += len(block_ids)
 
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         """(finished sending, finished receiving incl. failed, failed receiving)."""
@@ -344,7 +343,7 @@ class WorkerSide:
 
     # -- stats / lifecycle ----------------------------------------------------
     def cumulative_stats(self) -> dict[str, float]:
-        out: dict[str, float] = asdict(self._own)
+        out: dict[str, float] = dict(self._own)
         for part in (self.source, self.sink):
             if part is None:
                 continue
