@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import torch
@@ -34,6 +34,7 @@ from pdfleet.connector.adapter.nodes import host_for_rank
 from pdfleet.connector.adapter.scheduler import KeepAlive, PdfleetConnectorMetadata, PullSpec
 from pdfleet.connector.adapter.stats import LAYOUT_KEY, counter_deltas
 from pdfleet.connector.transfer.layout import KVLayout, Region, Span
+from pdfleet.contract.connector_counters import AdapterCounters
 
 __all__ = ["WorkerSide", "compat_hash", "CORRUPT_ENV", "tensor_parallel_rank"]
 
@@ -107,7 +108,7 @@ class WorkerSide:
         self._by_remote: dict[str, str] = {}  # remote (prefill) request id -> decode request id
         self._immediate_failures: dict[str, str] = {}
         self._load_errors: set[int] = set()
-        self._own = {"params_rejected": 0.0, "failures": 0.0, "blocks_corrupted_for_test": 0.0}
+        self._own = AdapterCounters()
         self._last_stats: dict[str, float] = {}
         self._corrupt_when = corrupt_switch(os.environ.get(CORRUPT_ENV))
         if self._corrupt_when is not None:
@@ -169,8 +170,7 @@ class WorkerSide:
                 port=self.cfg.side_channel_port,
                 compat_hash=self.compat,
                 secret=ring,
-                lease_seconds=self.cfg.settings.lease_seconds,
-                backends=self.cfg.settings.backends,
+                settings=self.cfg.settings,
                 backing=self.spans,
             )
             self.source.start()
@@ -181,14 +181,8 @@ class WorkerSide:
                 layout=self.layout,
                 compat_hash=self.compat,
                 secret=ring,
-                backends=self.cfg.settings.backends,
-                handshake_timeout=self.cfg.settings.handshake_timeout,
-                handshake_retries=max(1, self.cfg.settings.handshake_retries),
+                settings=self.cfg.settings,
                 backing=self.spans,
-                read_floor_bandwidth=self.cfg.settings.read_floor_bandwidth,
-                read_floor_seconds=self.cfg.settings.read_timeout_floor,
-                nixl_threads=self.cfg.settings.nixl_threads,
-                nixl_split_batch=self.cfg.settings.nixl_split_batch,
             )
         log.info(
             "pdfleet connector rank %d/%d: KV cache layout %s, %d region(s) in %d registered allocation(s),"
@@ -201,7 +195,7 @@ class WorkerSide:
     def start_load(self, meta: Any) -> None:
         if not isinstance(meta, PdfleetConnectorMetadata):
             return
-        self._own["params_rejected"] += meta.params_rejected
+        self._own.params_rejected += meta.params_rejected
         hold_leases = getattr(meta, "hold_leases", {})
         for rid, ids in meta.holds.items():
             if self.source is None:
@@ -281,7 +275,7 @@ class WorkerSide:
     def _fail_now(self, rid: str, spec: PullSpec, reason: str) -> None:
         log.warning("KV pull of %s failed: %s", rid, reason)
         self._immediate_failures[rid] = reason
-        self._own["failures"] += 1
+        self._own.failures += 1
         self._load_errors.update(spec.local_block_ids)
 
     def _corrupt_blocks(self, block_ids: tuple[int, ...]) -> None:
@@ -294,7 +288,7 @@ class WorkerSide:
             view = t.index_select(axis, idx)
             noise = torch.randn(view.shape, generator=gen, dtype=torch.float32).to(view.dtype) * 4
             t.index_copy_(axis, idx, noise)
-        self._own["blocks_corrupted_for_test"] += len(block_ids)
+        self._own.blocks_corrupted_for_test += len(block_ids)
 
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         """(finished sending, finished receiving incl. failed, failed receiving)."""
@@ -343,7 +337,7 @@ class WorkerSide:
 
     # -- stats / lifecycle ----------------------------------------------------
     def cumulative_stats(self) -> dict[str, float]:
-        out: dict[str, float] = dict(self._own)
+        out: dict[str, float] = asdict(self._own)
         for part in (self.source, self.sink):
             if part is None:
                 continue

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pdfleet.connector.transfer import wire
+from pdfleet.contract.connector_counters import SinkCounters
 from pdfleet.connector.transfer.layout import (
     BLOCK_OUTERMOST_LAYOUTS,
     IncompatibleLayout,
@@ -69,7 +70,7 @@ class Peers:
     def __init__(self, *, agent: NixlAgent, client: SideChannelClient, engine_id: str,
                  regions: Sequence[Region], layout: KVLayout, compat_hash: str,
                  handshake_timeout: float, handshake_retries: int, prepped_descriptors: bool,
-                 stats: dict[str, float]) -> None:
+                 counts: SinkCounters) -> None:
         self._agent = agent
         self._client = client
         self.engine_id = engine_id
@@ -78,7 +79,7 @@ class Peers:
         self.compat_hash = compat_hash
         self._hs_timeout = handshake_timeout
         self._hs_retries = handshake_retries
-        self._stats = stats
+        self._counts = counts
         self._peers: dict[Endpoint, Peer] = {}
         self._handshakes: dict[Endpoint, tuple[Call, float, float]] = {}
         # Descriptor lists prepared once (here, and per peer at handshake): a pull then only
@@ -134,11 +135,11 @@ class Peers:
                     peer.clock_offset = fut.result().clock - (sent_wall + got) / 2
                     peer.clock_error = (got - sent_wall) / 2
             except Exception as exc:  # any failure fails the waiting pulls, never the engine
-                self._stats["handshake_failures"] += 1
+                self._counts.handshake_failures += 1
                 out.append(Handshaken(endpoint, None, f"handshake with {endpoint[0]}:{endpoint[1]} failed: {exc}"))
                 continue
-            self._stats["handshakes"] += 1
-            self._stats["handshake_seconds"] += time.monotonic() - started
+            self._counts.handshakes += 1
+            self._counts.handshake_seconds += time.monotonic() - started
             self._peers[endpoint] = peer
             out.append(Handshaken(endpoint, peer))
         return out
@@ -150,7 +151,7 @@ class Peers:
             return None
         log.info("dropping NIXL peer %s at %s:%d: %s", peer.agent_name, *endpoint, why)
         if count:
-            self._stats["stale_agents_dropped"] += 1
+            self._counts.stale_agents_dropped += 1
         for handle in peer.lists.values():  # before the agent they were prepared for goes
             self._agent.release_prepped(handle)
         peer.lists = {}
@@ -218,4 +219,4 @@ class Peers:
             for handle in peer.lists.values():
                 self._agent.release_prepped(handle)
             peer.lists, peer.reads = {}, []
-        self._stats["prep_seconds"] += time.perf_counter() - t0
+        self._counts.prep_seconds += time.perf_counter() - t0

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pdfleet.connector.transfer import wire
+from pdfleet.contract.connector_counters import SinkCounters
 from pdfleet.connector.transfer.heartbeat_chunks import lease_ids_field
 from pdfleet.connector.transfer.release_retry import ReleaseRetry, release_retry, unconfirmed
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, SideChannelError
@@ -44,12 +45,12 @@ class _Release:
 
 class ReleaseOutbox:
     def __init__(self, *, client: SideChannelClient, agent_name: str, policy: ReleaseRetry, timeout: float,
-                 stats: dict[str, float]) -> None:
+                 counts: SinkCounters) -> None:
         self._client = client
         self._agent_name = agent_name
         self._policy = policy
         self._timeout = timeout
-        self._stats = stats
+        self._counts = counts
         self._calls: deque[_Release] = deque()  # releases sent, not yet confirmed by the source
 
     def __len__(self) -> int:
@@ -62,7 +63,7 @@ class ReleaseOutbox:
         if self._submit(r):
             if len(self._calls) >= MAX_PENDING_RELEASES:  # a flood: the oldest runs its lease
                 self._calls.popleft()
-                self._stats["releases_unconfirmed"] += 1
+                self._counts.releases_unconfirmed += 1
             self._calls.append(r)
 
     def _submit(self, r: _Release) -> bool:
@@ -74,7 +75,10 @@ class ReleaseOutbox:
             log.warning("release of %d id(s) ignored: %s", len(r.ids), exc)
             return False
         r.sends += 1
-        self._stats["releases" if r.sends == 1 else "release_retries"] += 1
+        if r.sends == 1:
+            self._counts.releases += 1
+        else:
+            self._counts.release_retries += 1
         return True
 
     def advance(self, now: float) -> None:
@@ -91,7 +95,7 @@ class ReleaseOutbox:
                 except SideChannelError:
                     reply = None
                 if reply is not None and not isinstance(reply, wire.HeartbeatReply):
-                    self._stats["releases_unconfirmed"] += 1  # refused outright: sending it again changes nothing
+                    self._counts.releases_unconfirmed += 1  # refused outright: sending it again changes nothing
                     continue
                 ids = unconfirmed(r.ids, answered=reply is not None,
                                   remaining=() if reply is None else reply.remaining,
@@ -99,7 +103,7 @@ class ReleaseOutbox:
                 decision = release_retry(self._policy, ids, now=now, first_sent=r.first_sent, sends=r.sends)
                 if not decision.ids:
                     if ids:
-                        self._stats["releases_unconfirmed"] += 1
+                        self._counts.releases_unconfirmed += 1
                         log.debug("release of %d id(s) at %s:%d: %s", len(ids), *r.endpoint, decision.why)
                     continue
                 r.ids, r.next_at = decision.ids, now + decision.delay

@@ -35,12 +35,13 @@ import math
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from pdfleet.connector.transfer import pull_state as ps
 from pdfleet.connector.transfer import wire
-from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, ConnectorExtraConfig
+from pdfleet.contract.connector_counters import SinkCounters
 from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 from pdfleet.connector.transfer.bounds import DropLog
 from pdfleet.connector.transfer.heartbeat_chunks import LEASE_ID_COST, check_lease_ids, chunk_request_ids, lease_ids_field
@@ -68,11 +69,9 @@ __all__ = ["KVSink"]
 
 log = logging.getLogger(__name__)
 
-# A READ must finish within READ_FLOOR_SECONDS plus its bytes at READ_FLOOR_BANDWIDTH
-# (defaults; KVSink takes both): slower than that it is cancelled, fails (the blocks are
-# recomputed) and its lease is released. Heartbeats alone must not keep a stuck READ alive.
-READ_FLOOR_BANDWIDTH = 50e6  # bytes/s: well under TCP between pods (0.2-0.4 GB/s measured on loopback)
-READ_FLOOR_SECONDS = 5.0
+# A READ must finish within settings.read_timeout_floor plus its bytes at settings.read_floor_bandwidth:
+# slower than that it is cancelled, fails (the blocks are recomputed) and its lease is released.
+# Heartbeats alone must not keep a stuck READ alive.
 
 
 @dataclass
@@ -114,9 +113,7 @@ class KVSink:
         layout: KVLayout,
         compat_hash: str,
         secret: bytes | None,
-        backends: Sequence[str] = ("UCX",),
-        handshake_timeout: float = 5.0,
-        handshake_retries: int = 3,
+        settings: ConnectorExtraConfig = CONNECTOR_DEFAULTS,
         heartbeat_timeout: float = 2.0,
         eager_post: bool = False,
         unknown_grace: float = 2.0,
@@ -125,12 +122,11 @@ class KVSink:
         heartbeat_retry_policy: HeartbeatRetry = HeartbeatRetry(),
         release_retry_policy: ReleaseRetry = ReleaseRetry(),
         prepped_descriptors: bool = True,
-        read_floor_bandwidth: float = READ_FLOOR_BANDWIDTH,
-        read_floor_seconds: float = READ_FLOOR_SECONDS,
         max_sockets: int | None = None,
-        nixl_threads: int = 0,
-        nixl_split_batch: int = CONNECTOR_DEFAULTS.nixl_split_batch,
     ) -> None:
+        """``settings``: the connector's kv_connector_extra_config (backends, handshake_timeout,
+        handshake_retries, read_floor_bandwidth, read_timeout_floor, nixl_threads, nixl_split_batch);
+        the other arguments are the transfer core's own, for tests and benches."""
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
         if not regions:
@@ -140,73 +136,46 @@ class KVSink:
         if not isinstance(release_retry_policy, ReleaseRetry):
             raise ValueError("release_retry_policy must be a ReleaseRetry")
         spans = registration_spans(regions, backing)
-        if not handshake_timeout > 0:
+        if not settings.handshake_timeout > 0:
             raise ValueError("handshake_timeout must be > 0 seconds")
         if not unknown_grace >= 0:
             raise ValueError("unknown_grace must be >= 0 seconds")
-        if type(handshake_retries) is not int or handshake_retries < 1:
-            raise ValueError("handshake_retries must be an int >= 1")
+        if type(settings.handshake_retries) is not int or settings.handshake_retries < 0:
+            raise ValueError("handshake_retries must be an int >= 0")
+        handshake_retries = max(1, settings.handshake_retries)  # attempts: at least one is made
+        backends = list(settings.backends)
         self.engine_id = engine_id
         self.regions = list(regions)
         self.layout = layout
         self.compat_hash = compat_hash
         self._min_local_blocks = min(r.num_blocks for r in self.regions)
-        self._hs_timeout = float(handshake_timeout)
+        self._hs_timeout = float(settings.handshake_timeout)
         self._hb_timeout = float(heartbeat_timeout)
-        read_deadline_seconds(0, read_floor_bandwidth, read_floor_seconds)  # validates both
+        read_deadline_seconds(0, settings.read_floor_bandwidth, settings.read_timeout_floor)  # validates both
         self._config = ps.Config(eager=bool(eager_post), unknown_grace=float(unknown_grace),
-                                 retry=heartbeat_retry_policy, read_bandwidth=float(read_floor_bandwidth),
-                                 read_floor=float(read_floor_seconds))
+                                 retry=heartbeat_retry_policy,
+                                 read_floor_bandwidth=float(settings.read_floor_bandwidth),
+                                 read_timeout_floor=float(settings.read_timeout_floor))
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         # The sink polls its transfers itself; NIXL's progress thread would spin a core.
         self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread,
-                                threads=nixl_threads, split_batch=nixl_split_batch)
+                                nixl_threads=settings.nixl_threads, nixl_split_batch=settings.nixl_split_batch)
         # as NIXL instantiated it (0: one thread posts every descriptor)
         self.nixl_threads = int(self._agent.backend_options(backends[0]).get("num_threads", 0))
         self._agent.register(spans)
         self.registrations = len(spans)
         self._client = SideChannelClient(secret=secret, **({} if max_sockets is None else {"max_sockets": max_sockets}))
-        self._stats: dict[str, float] = {}  # filled below; shared with the peer cache and the release outbox
+        self._counts = SinkCounters()  # shared with the peer cache and the release outbox
         self._peers = Peers(agent=self._agent, client=self._client, engine_id=engine_id, regions=self.regions,
                             layout=layout, compat_hash=compat_hash, handshake_timeout=self._hs_timeout,
                             handshake_retries=handshake_retries, prepped_descriptors=prepped_descriptors,
-                            stats=self._stats)
+                            counts=self._counts)
         self._pulls: dict[str, _Pull] = {}
         self._done: list[str] = []
         self._failed: dict[str, str] = {}
         self._orphans: list[Any] = []  # handles of failed reads that could not be released yet
         self._releases = ReleaseOutbox(client=self._client, agent_name=self.agent_name, policy=release_retry_policy,
-                                       timeout=self._hb_timeout, stats=self._stats)
-        self._stats.update({
-            "bytes": 0.0,
-            "transfers": 0.0,
-            "transfer_seconds": 0.0,
-            # time in _post per step: descriptors or indices built, NIXL request created
-            # (make_prepped_xfer, or get_xfer_descs + initialize_xfer), posted (transfer)
-            "post_seconds": 0.0,
-            "post_desc_seconds": 0.0,
-            "post_create_seconds": 0.0,
-            "post_submit_seconds": 0.0,
-            "prepped_transfers": 0.0,  # transfers posted from prepared lists
-            "prep_seconds": 0.0,  # preparing a peer's descriptor lists (at handshake)
-            "descriptors": 0.0,
-            "failures": 0.0,
-            "handshakes": 0.0,
-            "handshake_seconds": 0.0,
-            "handshake_failures": 0.0,
-            "expired_leases": 0.0,
-            "stale_agents_dropped": 0.0,
-            "heartbeats": 0.0,
-            # seconds from a READ's observed completion to the lease ack that let it complete
-            "ack_wait_seconds": 0.0,
-            "releases": 0.0,
-            # releases sent again: the source did not hold those ids yet, or did not answer (release_retry.py)
-            "release_retries": 0.0,
-            "releases_unconfirmed": 0.0,  # releases given up on unconfirmed: those leases run their course
-            # unanswered lease heartbeats retried because the lease still had time (retry.py)
-            "heartbeat_retries": 0.0,
-            "reads_timed_out": 0.0,  # READs cancelled for exceeding their bound (bytes at the floor bandwidth)
-        })
+                                       timeout=self._hb_timeout, counts=self._counts)
         self._reported_peers: set[str] = set()  # agents whose first transfer was logged
         self._drops = DropLog(10.0)
 
@@ -335,7 +304,7 @@ class KVSink:
             except ValueError as exc:  # an id too long for one request: that chunk is skipped
                 log.warning("keep_alive chunk of %d id(s) ignored: %s", len(ids), exc)
                 continue
-            self._stats["heartbeats"] += 1
+            self._counts.heartbeats += 1
 
     def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None,
                 lease_ids: list[bytes | None] | None = None) -> None:
@@ -377,11 +346,11 @@ class KVSink:
         return done, failed
 
     def stats(self) -> dict[str, float]:
-        out = dict(self._stats)
-        out["messages_rejected"] = float(self._client.rejected)
-        out["in_flight"] = float(len(self._pulls))
-        out["peers"] = float(len(self._peers))
-        return out
+        c = self._counts
+        c.messages_rejected = float(self._client.rejected)
+        c.in_flight = float(len(self._pulls))
+        c.peers = float(len(self._peers))
+        return asdict(c)
 
     def close(self) -> None:
         for p in self._pulls.values():
@@ -430,7 +399,7 @@ class KVSink:
         elif action is ps.Do.COMPLETE:
             self._complete(p)
         elif isinstance(action, ps.Count):
-            self._stats[action.stat] += 1
+            setattr(self._counts, action.stat, getattr(self._counts, action.stat) + 1)
         else:
             raise TypeError(f"not a pull action: {action!r}")
 
@@ -449,7 +418,7 @@ class KVSink:
             log.warning("KV pull %s failed: %s%s", rid, reason,
                         f" [and {held} more like it in the last {self._drops.interval:g}s]" if held else "")
         self._failed[rid] = reason
-        self._stats["failures"] += 1
+        self._counts.failures += 1
 
     def _drop_peer(self, endpoint: Endpoint, why: str) -> None:
         peer = self._peers.drop(endpoint, why)
@@ -463,7 +432,7 @@ class KVSink:
         req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=[p.request_id], agent=self.agent_name,
                                     readers=p.readers, lease_ids=[p.lease_id] if p.lease_id else [])
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
-        self._stats["heartbeats"] += 1
+        self._counts.heartbeats += 1
 
     def _heartbeat_event(self, p: _Pull) -> ps.Event:
         """The finished heartbeat as an event."""
@@ -522,7 +491,7 @@ class KVSink:
             counts = [len(loc) for _, _, loc, _ in reads]
             sizes = [int(loc[:, 1].sum()) for _, _, loc, _ in reads]
         t1 = time.perf_counter()
-        self._stats["post_desc_seconds"] += t1 - t0
+        self._counts.post_desc_seconds += t1 - t0
         nbytes = 0
         try:
             for j, read in enumerate(reads):
@@ -537,17 +506,17 @@ class KVSink:
                     handle = agent.make_read_descs(name, lmem, loc, rmem, rem, notif)
                 t2 = time.perf_counter()
                 p.handles.append(agent.post(name, handle))
-                self._stats["post_create_seconds"] += t2 - t1
-                self._stats["post_submit_seconds"] += time.perf_counter() - t2
+                self._counts.post_create_seconds += t2 - t1
+                self._counts.post_submit_seconds += time.perf_counter() - t2
                 p.states.append("PROC")
                 nbytes += sizes[j]
-                self._stats["descriptors"] += counts[j]
+                self._counts.descriptors += counts[j]
                 p.descriptors += counts[j]
         except NixlError as exc:
             self._step(p, ps.PostFailed(time.monotonic(), str(exc), any_posted=bool(p.handles)))
             return
-        self._stats["prepped_transfers"] += prepped
-        self._stats["post_seconds"] += time.perf_counter() - t0
+        self._counts.prepped_transfers += prepped
+        self._counts.post_seconds += time.perf_counter() - t0
         self._step(p, ps.Posted(posted_at, time.monotonic(), nbytes))
 
     def _check_reads(self, p: _Pull, now: float) -> None:
@@ -565,10 +534,10 @@ class KVSink:
         st = p.state
         assert st.completed_at is not None
         seconds = st.completed_at - (st.posted_at or st.completed_at)
-        self._stats["bytes"] += st.nbytes
-        self._stats["transfers"] += 1
-        self._stats["transfer_seconds"] += seconds
-        self._stats["ack_wait_seconds"] += max(0.0, time.monotonic() - st.completed_at)
+        self._counts.bytes += st.nbytes
+        self._counts.transfers += 1
+        self._counts.transfer_seconds += seconds
+        self._counts.ack_wait_seconds += max(0.0, time.monotonic() - st.completed_at)
         if p.peer is not None and p.peer.agent_name not in self._reported_peers:
             self._reported_peers.add(p.peer.agent_name)
             log.info(

@@ -10,10 +10,12 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import asdict, replace
 from typing import Sequence
 
 from pdfleet.connector.transfer import wire
 from pdfleet.connector.transfer.auth import KeyRing
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, ConnectorExtraConfig
 from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
     KVLayout,
@@ -25,6 +27,7 @@ from pdfleet.connector.transfer.layout import (
 from pdfleet.connector.transfer.leases import LeaseTable
 from pdfleet.connector.transfer.nixl_agent import NixlAgent
 from pdfleet.connector.transfer.sidechannel import SideChannelServer, check_bind_host
+from pdfleet.contract.connector_counters import SourceCounters
 from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 
 __all__ = ["KVSource"]
@@ -58,8 +61,7 @@ class KVSource:
         port: int,
         compat_hash: str,
         secret: "bytes | KeyRing | None",
-        lease_seconds: float,
-        backends: Sequence[str] = ("UCX",),
+        settings: ConnectorExtraConfig = CONNECTOR_DEFAULTS,  # the extra config: lease_seconds, backends
         allow_wildcard_bind: bool = False,
         nixl_progress_thread: bool = False,
         backing: Sequence[Span] | None = None,
@@ -80,8 +82,8 @@ class KVSource:
         self.compat_hash = compat_hash
         self.instance_id = uuid.uuid4().hex
         self.agent_name = f"pdfleet-src-{engine_id}-r{layout.tp_rank}-{self.instance_id[:12]}"
-        self._leases = LeaseTable(lease_seconds)
-        self._backends = tuple(backends)
+        self._leases = LeaseTable(settings.lease_seconds)
+        self._backends = tuple(settings.backends)
         self._port_arg = port
         self._server = SideChannelServer(
             self.host,
@@ -96,15 +98,7 @@ class KVSource:
         self._agent: NixlAgent | None = None
         self._metadata = b""
         self._lock = threading.Lock()
-        self._counters = {
-            "handshakes": 0.0,
-            "handshakes_rejected": 0.0,
-            "heartbeats": 0.0,
-            "leases_held": 0.0,
-            "leases_completed": 0.0,
-            "leases_expired": 0.0,
-            "notifs_rejected": 0.0,
-        }
+        self._counts = SourceCounters()  # under _lock: the side-channel thread counts too
 
     @property
     def port(self) -> int:
@@ -141,7 +135,7 @@ class KVSource:
                     n = wire.decode_notif(raw)
                 except wire.BadMessage as exc:
                     with self._lock:
-                        self._counters["notifs_rejected"] += 1
+                        self._counts.notifs_rejected += 1
                     log.warning("KV source %s dropped a notification from %s: %s", self.engine_id, peer, exc)
                     continue
                 self._leases.complete(n.request_id, n.readers, n.reader_index, n.parts, n.part, agent=str(peer),
@@ -159,7 +153,7 @@ class KVSource:
             except wire.BadMessage as exc:
                 return wire.ErrorReply(id=req.id, reason=str(exc))
             with self._lock:
-                self._counters["heartbeats"] += 1
+                self._counts.heartbeats += 1
             if req.release:
                 self._leases.release(list(req.request_ids), req.agent, req.readers, lids)
             left, gone, by_you = self._leases.extend(req.request_ids, time.monotonic(), req.agent, req.readers,
@@ -170,11 +164,11 @@ class KVSource:
         reason = self._refusal(req)
         if reason:
             with self._lock:
-                self._counters["handshakes_rejected"] += 1
+                self._counts.handshakes_rejected += 1
             log.warning("KV source %s refused a handshake from %s: %s", self.engine_id, req.engine_id, reason)
             return wire.ErrorReply(id=req.id, reason=reason)
         with self._lock:
-            self._counters["handshakes"] += 1
+            self._counts.handshakes += 1
         return wire.HandshakeReply(
             id=req.id,
             engine_id=self.engine_id,
@@ -213,7 +207,7 @@ class KVSource:
         if lease_id is not None and not is_lease_id(lease_id):
             raise ValueError(f"lease_id must be {lease_id_bytes} bytes or None, got {lease_id!r}")
         with self._lock:
-            self._counters["leases_held"] += 1
+            self._counts.leases_held += 1
         # Leases run on the monotonic clock: a wall-clock step must never free blocks mid-READ.
         # The unix time returned is only advertised (remote_lease_expiry) as a lower bound.
         now_wall = time.time()
@@ -237,32 +231,33 @@ class KVSource:
 
     def stats(self) -> dict[str, float]:
         with self._lock:
-            out = dict(self._counters)
-        out["leases_completed"] = float(self._leases.completed)
-        out["leases_expired"] = float(self._leases.expired)
-        out["leases_released"] = float(self._leases.released)
-        out["leases_released_unread"] = float(self._leases.released_unread)
-        out["unread_releases_refused"] = float(self._leases.unread_refused)
-        out["lease_actions_refused"] = float(self._leases.refused)  # from agents a lease was not handed to
+            c = replace(self._counts)
+        leases, server = self._leases, self._server
+        c.leases_completed = float(leases.completed)
+        c.leases_expired = float(leases.expired)
+        c.leases_released = float(leases.released)
+        c.leases_released_unread = float(leases.released_unread)
+        c.unread_releases_refused = float(leases.unread_refused)
+        c.lease_actions_refused = float(leases.refused)  # from agents a lease was not handed to
         # params 1.4: heartbeats, releases and notifications that named a held lease without its id,
         # and those that named a spent id (a replay, or a reader whose lease had ended)
-        out["lease_proof_refused"] = float(self._leases.proof_refused)
-        out["spent_lease_refused"] = float(self._leases.spent_refused)
-        out["leases_active"] = float(len(self._leases))
-        out["messages_rejected"] = float(self._server.rejected)
-        out["messages_served"] = float(self._server.served)
-        kinds = dict(self._server.rejected_by_kind)
-        out["messages_unsigned"] = float(kinds.get("unsigned", 0))
+        c.lease_proof_refused = float(leases.proof_refused)
+        c.spent_lease_refused = float(leases.spent_refused)
+        c.leases_active = float(len(leases))
+        c.messages_rejected = float(server.rejected)
+        c.messages_served = float(server.served)
+        kinds = dict(server.rejected_by_kind)
+        c.messages_unsigned = float(kinds.get("unsigned", 0))
         # unknown_peer_key: a connection refused at the CURVE handshake (no fleet key, or a wrong one)
-        out["messages_bad_signature"] = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0)
-                                              + kinds.get("unknown_peer_key", 0))
-        out["messages_replayed"] = float(kinds.get("replayed", 0) + kinds.get("stale", 0))
-        out["messages_too_deep"] = float(kinds.get("too_deep", 0))
-        out["messages_malformed"] = float(kinds.get("malformed", 0))
-        out["messages_oversized"] = float(kinds.get("oversized", 0))
-        out["side_channel_loop_errors"] = float(self._server.loop_errors)
-        out["side_channel_restarts"] = float(self._server.restarts)
-        return out
+        c.messages_bad_signature = float(kinds.get("bad_signature", 0) + kinds.get("unknown_key", 0)
+                                         + kinds.get("unknown_peer_key", 0))
+        c.messages_replayed = float(kinds.get("replayed", 0) + kinds.get("stale", 0))
+        c.messages_too_deep = float(kinds.get("too_deep", 0))
+        c.messages_malformed = float(kinds.get("malformed", 0))
+        c.messages_oversized = float(kinds.get("oversized", 0))
+        c.side_channel_loop_errors = float(server.loop_errors)
+        c.side_channel_restarts = float(server.restarts)
+        return asdict(c)
 
     def close(self, linger: float = 0.0) -> None:
         """Stop serving. With ``linger`` (seconds, at most), first keep answering until no lease is
