@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, nixl_threads_for
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, ConnectorExtraConfig, nixl_threads_for
 
 LOCK_PATH = "/tmp/pdfleet-cpu.lock"
 MARK = "@@bench "
@@ -148,7 +148,7 @@ def child_main(args: argparse.Namespace) -> int:
     regions = [Region(base=b.ctypes.data, num_blocks=pool_blocks, block_stride=block_len, block_len=block_len)
                for b in buffers]
     source = KVSource(engine_id="bench-prefill", regions=regions, layout=_layout(), host=HOST, port=0,
-                      compat_hash="bench", secret=args.secret_bytes, lease_seconds=30.0)
+                      compat_hash="bench", secret=args.secret_bytes, settings=ConnectorExtraConfig(lease_seconds=30.0))
     source.start()
     _say({"port": source.base_port, "instance_id": source.instance_id, "block_len": block_len,
           "pool_blocks": pool_blocks})
@@ -228,7 +228,8 @@ def layouts_child(args: argparse.Namespace) -> int:
     for kind in ("layer", "page"):
         sources[kind] = KVSource(engine_id=f"bench-{kind}", regions=_l_regions(addr, L_POOL, mem, kind),
                                  layout=_l_layout(kind), host=HOST, port=0, compat_hash="bench",
-                                 secret=args.secret_bytes, lease_seconds=30.0, backing=[Span(addr, nbytes, mem, 0)])
+                                 secret=args.secret_bytes, settings=ConnectorExtraConfig(lease_seconds=30.0),
+                                 backing=[Span(addr, nbytes, mem, 0)])
         sources[kind].start()
     _say({"metadata": raw.get_agent_metadata().hex(), "addr": addr,
           **{kind: {"port": s.base_port, "instance_id": s.instance_id} for kind, s in sources.items()}})
@@ -290,7 +291,8 @@ def part_l(args: argparse.Namespace, results: dict) -> list[Row]:
             sinks["page", (threads, split)] = KVSink(
                 engine_id=f"bench-l-page-t{threads}-s{split}", regions=_l_regions(addr, L_BLOCKS, mem, "page"),
                 layout=_l_layout("page"), compat_hash="bench", secret=args.secret_bytes,
-                backing=[Span(addr, nbytes, mem, 0)], nixl_threads=threads, nixl_split_batch=split)
+                backing=[Span(addr, nbytes, mem, 0)],
+                settings=ConnectorExtraConfig(nixl_threads=threads, nixl_split_batch=split))
         local = list(range(L_BLOCKS))
         # the raw per-page READ's lists, prepared once (as the fast raw row)
         page_loc = np.array([[addr, L_PAGE, 0, L_PAGE, L_BLOCKS]], dtype=np.uint64)

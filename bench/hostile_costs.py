@@ -35,6 +35,7 @@ import time
 import msgspec
 
 from pdfleet.connector.adapter.signed_params import sign_params, verifier, verify_params
+from pdfleet.contract.connector_config import ConnectorExtraConfig
 from pdfleet.contract.kv_params import SIG_KEY, parse_remote_prefill, produce
 from pdfleet.connector.transfer import wire
 from pdfleet.connector.transfer.auth import KeyRing
@@ -206,7 +207,7 @@ def source_child() -> int:
     regions = [Region(base=b.ctypes.data, num_blocks=NUM_BLOCKS, block_stride=BLOCK_LEN, block_len=BLOCK_LEN)
                for b in bufs]
     src = KVSource(engine_id="bench-prefill", regions=regions, layout=_layout(), host="127.0.0.1", port=0,
-                   compat_hash="bench", secret=KEY, lease_seconds=30.0)
+                   compat_hash="bench", secret=KEY, settings=ConnectorExtraConfig(lease_seconds=30.0))
     src.start()
     print(MARK + json.dumps({"port": src.base_port, "instance_id": src.instance_id}), flush=True)
     for line in sys.stdin:

@@ -53,7 +53,7 @@ def _nixl_api() -> Any:
 
 class NixlAgent:
     def __init__(self, name: str, backends: Sequence[str] = ("UCX",), progress_thread: bool = True,
-                 threads: int = 0, split_batch: int = CONNECTOR_DEFAULTS.nixl_split_batch) -> None:
+                 nixl_threads: int = 0, nixl_split_batch: int = CONNECTOR_DEFAULTS.nixl_split_batch) -> None:
         try:
             api = _nixl_api()
         except ImportError as exc:  # pragma: no cover - depends on the image
@@ -64,12 +64,13 @@ class NixlAgent:
             raise ValueError("backends must name at least one NIXL backend, e.g. ['UCX']")
         self.name = name
         # NIXL's progress thread polls without sleeping: it keeps one core busy per agent.
-        if threads < 0 or split_batch < 1:
-            raise ValueError(f"threads must be >= 0 and split_batch >= 1, got {threads} and {split_batch}")
-        # threads > 0: UCX's thread-pool engine posts a transfer of at least `split_batch`
+        if nixl_threads < 0 or nixl_split_batch < 1:
+            raise ValueError(f"nixl_threads must be >= 0 and nixl_split_batch >= 1, got {nixl_threads} and"
+                             f" {nixl_split_batch}")
+        # nixl_threads > 0: UCX's thread-pool engine posts a transfer of at least `nixl_split_batch`
         # descriptors from that many threads at once, each with its own UCX worker. NIXL's own
         # threshold (1,024) would never split a KV pull; on a GPU each descriptor costs ~5 us to post.
-        init = {"num_threads": str(threads), "split_batch_size": str(split_batch)} if threads else {}
+        init = {"num_threads": str(nixl_threads), "split_batch_size": str(nixl_split_batch)} if nixl_threads else {}
         self._agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=progress_thread,
                                                          backends=[] if init else backends))
         for backend in backends if init else ():

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 from pdfleet.connector.transfer.retry import HeartbeatRetry, heartbeat_retry
+from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
 
 __all__ = [
     "Phase", "Config", "Heartbeat", "PullState", "step", "lease_verdict", "read_deadline_seconds",
@@ -80,8 +81,9 @@ class Config:
     eager: bool = False                  # post once the instance is verified, before a deadline is known
     unknown_grace: float = 2.0           # how long a request the source does not know is asked about again
     retry: HeartbeatRetry = HeartbeatRetry()
-    read_bandwidth: float = 50e6         # a READ's bound: read_floor + its bytes at read_bandwidth
-    read_floor: float = 5.0
+    # A READ's bound: read_timeout_floor + its bytes at read_floor_bandwidth (the extra config's keys).
+    read_floor_bandwidth: float = CONNECTOR_DEFAULTS.read_floor_bandwidth
+    read_timeout_floor: float = CONNECTOR_DEFAULTS.read_timeout_floor
 
 
 @dataclass(frozen=True)
@@ -500,12 +502,12 @@ def _read_states(s: PullState, e: ReadStates) -> Result:
         s, more = _fail(s, f"NIXL READ from {s.peer_agent} failed (transfer state ERR)", e.now)
         return s, [DropPeer("a READ failed"), *more]
     cfg = s.config
-    bound = read_deadline_seconds(s.nbytes, cfg.read_bandwidth, cfg.read_floor)
+    bound = read_deadline_seconds(s.nbytes, cfg.read_floor_bandwidth, cfg.read_timeout_floor)
     posted = s.posted_at if s.posted_at is not None else e.now
     if not e.done and e.now - posted > bound:
         s, more = _fail(replace(s, release_remote=True),
                         f"the READ of {s.nbytes} bytes from {s.peer_agent} did not complete within"
-                        f" {bound:.3g}s ({cfg.read_floor:g}s + its bytes at {cfg.read_bandwidth / 1e6:g} MB/s):"
+                        f" {bound:.3g}s ({cfg.read_timeout_floor:g}s + its bytes at {cfg.read_floor_bandwidth / 1e6:g} MB/s):"
                         f" cancelled after {e.now - posted:.2f}s", e.now)
         return s, [Count("reads_timed_out"), *more]
     if not e.done:

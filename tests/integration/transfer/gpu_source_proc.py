@@ -57,13 +57,14 @@ def main() -> int:
     args = ap.parse_args()
 
     from pdfleet.connector.transfer import KVSource, Span
+    from pdfleet.contract.connector_config import ConnectorExtraConfig
 
     mem = MEMORY[args.device]
     nbytes = args.num_blocks * PAGE
     buf = pattern(nbytes, args.device)
     source = KVSource(engine_id=f"gpu-{args.kind}", regions=regions(buf.data_ptr(), args.num_blocks, args.kind, mem),
                       layout=layout(args.kind), host="127.0.0.1", port=0, compat_hash="gpu", secret=None,
-                      lease_seconds=30.0, backing=[Span(buf.data_ptr(), nbytes, mem, max(buf.device.index or 0, 0))])
+                      settings=ConnectorExtraConfig(lease_seconds=30.0), backing=[Span(buf.data_ptr(), nbytes, mem, max(buf.device.index or 0, 0))])
     source.start()
 
     def say(obj: dict) -> None:

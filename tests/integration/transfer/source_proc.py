@@ -37,6 +37,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pdfleet.connector.transfer import KVLayout, KVSource, Region
+    from pdfleet.contract.connector_config import ConnectorExtraConfig
 
     stride = args.block_stride or args.block_len
     nbytes = (args.num_blocks - 1) * stride + args.block_len
@@ -63,7 +64,7 @@ def main() -> int:
         port=args.port,
         compat_hash=args.compat_hash,
         secret=secret,
-        lease_seconds=args.lease,
+        settings=ConnectorExtraConfig(lease_seconds=args.lease),
     )
     source.start()
 

@@ -22,7 +22,7 @@ def test_a_stuck_read_fails_within_its_bound_releases_its_lease_and_later_pulls_
     monkeypatch.setenv(TEST_STUCK_READS, str(flag))  # read when the sink's NIXL agent is made
     src = source_factory(secret=SECRET.hex(), lease=1.0, num_blocks=16, block_len=64 * 1024)
     local = LocalKV(num_blocks=16, block_len=64 * 1024)
-    sink = sink_factory(local, secret=SECRET, read_floor_seconds=1.0, read_floor_bandwidth=50e6)
+    sink = sink_factory(local, secret=SECRET, read_timeout_floor=1.0, read_floor_bandwidth=50e6)
 
     def pull(rid: str, blocks: list[int]) -> tuple[bool, str, float]:
         src.hold(rid, blocks)

@@ -209,7 +209,7 @@ def test_row3_a_read_that_never_completes_is_cancelled_fails_and_releases_its_le
     from transfer_harness import LocalKV
 
     local = LocalKV(num_blocks=64, block_len=64 * 1024)
-    sink = sink_factory(local, secret=SECRET, read_floor_seconds=2.0, read_floor_bandwidth=50e6)
+    sink = sink_factory(local, secret=SECRET, read_timeout_floor=2.0, read_floor_bandwidth=50e6)
     src.hold("warm", [0])
     sink.pull("warm", host=HOST, port=src.base_port, remote_engine_id="prefill-0",
               remote_instance_id=src.instance_id, remote_block_ids=[0], local_block_ids=[0])

@@ -50,6 +50,7 @@ def test_pull_between_two_processes_is_byte_exact(kind, descriptors, threads, de
     from gpu_source_proc import KV_BLOCK, LAYERS, MEMORY, PAGE, layout, pattern, regions
 
     from pdfleet.connector.transfer import KVSink, Span
+    from pdfleet.contract.connector_config import ConnectorExtraConfig
 
     monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y")
     mem = MEMORY[device]
@@ -58,7 +59,7 @@ def test_pull_between_two_processes_is_byte_exact(kind, descriptors, threads, de
     sink = KVSink(engine_id=f"gpu-sink-{kind}", regions=regions(local.data_ptr(), NUM_BLOCKS, kind, mem),
                   layout=layout(kind), compat_hash="gpu", secret=None,
                   backing=[Span(local.data_ptr(), local.numel(), mem, local.device.index or 0)],
-                  nixl_threads=threads)
+                  settings=ConnectorExtraConfig(nixl_threads=threads))
     try:
         want = pattern(NUM_BLOCKS * PAGE, device)  # prefill's bytes, regenerated on this device
 

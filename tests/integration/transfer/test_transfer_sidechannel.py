@@ -8,6 +8,7 @@ from transfer_harness import LAYOUT, wait_for
 
 from pdfleet.connector.transfer import KVLayout, KVSource, Region, wire
 from pdfleet.connector.transfer.sidechannel import secure_client_socket
+from pdfleet.contract.connector_config import ConnectorExtraConfig
 
 HOST = "127.0.0.1"
 SECRET = b"fleet-secret"
@@ -106,7 +107,7 @@ def test_source_refuses_empty_or_wildcard_host():
     for host, text in (("", "VLLM_NIXL_SIDE_CHANNEL_HOST"), ("0.0.0.0", "binds every interface")):
         with pytest.raises(ValueError, match=text):
             KVSource(engine_id="p", regions=[region], layout=KVLayout(**LAYOUT), host=host, port=0,
-                     compat_hash="h", secret=None, lease_seconds=1.0)
+                     compat_hash="h", secret=None, settings=ConnectorExtraConfig(lease_seconds=1.0))
 
 
 def test_oversized_heartbeat_is_refused_with_a_reason(source_factory):

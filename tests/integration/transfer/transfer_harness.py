@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from source_proc import pattern  # noqa: E402
 from line_proc import LineProc  # noqa: E402
 
 from pdfleet.connector.transfer import KVLayout, KVSink, Region  # noqa: E402
+from pdfleet.contract.connector_config import ConnectorExtraConfig  # noqa: E402
 from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 LAYOUT = dict(block_size=16, dtype="bfloat16", layout="HND", num_kv_heads=2, head_dim=64, tp_rank=0, tp_size=1)
@@ -94,10 +96,16 @@ class LocalKV:
         return self.buffers[region][block * self.block_len : (block + 1) * self.block_len]
 
 
+SETTINGS = {f.name for f in dataclasses.fields(ConnectorExtraConfig)}
+
+
 def make_sink(local: LocalKV, *, layout: dict | None = None, **kw) -> KVSink:
     fields = dict(LAYOUT)
     fields.update(layout or {})
-    opts = dict(engine_id="decode-0", compat_hash="compat-1", secret=None, handshake_timeout=1.0, handshake_retries=2)
+    # The connector's settings (kv_connector_extra_config keys) by name, the sink's own arguments as they are.
+    settings = dict(handshake_timeout=1.0, handshake_retries=2)
+    settings.update({k: kw.pop(k) for k in list(kw) if k in SETTINGS})
+    opts = dict(engine_id="decode-0", compat_hash="compat-1", secret=None, settings=ConnectorExtraConfig(**settings))
     opts.update(kw)
     return KVSink(regions=local.regions, layout=KVLayout(**fields), **opts)
 
