@@ -27,7 +27,7 @@ from pdfleet.operator.observability.metrics_text import WENT_DOWN, MetricsError
 from pdfleet.operator.plan import naming
 from pdfleet.operator.reconcile_plan.children import ObservedPod
 from pdfleet.operator.api import event_reasons as reasons
-from pdfleet.operator.rollout.paired import CanaryRecord, Decision
+from pdfleet.operator.rollout.paired import CanaryOutcome, CanaryRecord, Decision
 from pdfleet.operator.rollout import canary
 from pdfleet.operator.rollout.signals import (
     RevisionSample,
@@ -51,13 +51,6 @@ class Snapshot:
 
     routers: Mapping[str, RevisionSample]
     decodes: Optional[Mapping[str, float]] = None  # None: not read (not needed)
-
-
-@dataclass(frozen=True)
-class CanaryOutcome:
-    record: Optional[CanaryRecord] = None  # None: no canary to report
-    weight: Optional[int] = None           # the canary-weight label on the target's Services (None: none)
-    requeue_after: Optional[float] = None
 
 
 def steps_of(cr: DisaggregatedInference) -> tuple[canary.Step, ...]:

@@ -1,8 +1,9 @@
-"""One reconcile of one DisaggregatedInference: validate, plan, diff, apply, status.
+"""One reconcile of one DisaggregatedInference, the I/O edge: gather, execute, write the status.
 
-The reconciler never reads the API: the CR comes from the watch (kopf event handler),
-children and pods from kopf indexes fed by label-selected watches. It writes only what
-differs, gathers the status during the run and writes it once, only when it changed.
+What to write and report is decided by the pure steps of reconcile_plan/plan.py; this module gathers
+what they read and carries out what they decide. It reads the API only where no watch can see:
+the CR comes from the watch (kopf event handler), children and pods from kopf indexes fed by
+label-selected watches. It writes only what differs, and the status once, only when it changed.
 """
 
 from __future__ import annotations
@@ -16,34 +17,26 @@ from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
-from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
+from pdfleet.operator.autoscale.edge import ScalingEdge
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
 from pdfleet.operator.observability.metrics_text import rejected_values
 from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
-from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
-from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
+from pdfleet.operator.autoscale.scalers import ObservedScaler
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile_plan import children as ch
 from pdfleet.operator.reconcile_plan import status as st
+from pdfleet.operator.reconcile_plan.plan import (
+    Event, Observed, Plan, Settings, canary_gate, check_spec, guard, owned_children, reconcile_plan, refusal, settle,
+)
 from pdfleet.operator.rollout import paired as rollout
 from pdfleet.operator.reconcile.canary import CanaryEdge
-from pdfleet.operator.rollout.canary import PROMOTED
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
-from pdfleet.operator.reconcile_plan.kvtransport import role_transport
 from pdfleet.operator.reconcile.logs import fleet_extra
-from pdfleet.operator.reconcile_plan.ownership import not_owned_message, ownership
+from pdfleet.operator.reconcile_plan.ownership import ownership
 from pdfleet.operator.reconcile.metrics import OperatorMetrics
-from pdfleet.operator.reconcile_plan.planning import (
-    desired_children,
-    revision_kv_events_ports,
-    revision_ports,
-    router_url,
-    target_revision,
-)
 from pdfleet.operator.reconcile.workqueue import WorkQueue
-from pdfleet.operator.api import event_reasons as reasons
 
 logger = logging.getLogger("pdfleet.operator")
 
@@ -113,6 +106,10 @@ class Reconciler:
                                    count_rejected=self._count_rejected)
         self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s, fetch=self._screened_fetch,
                                  count_rejected=self._count_rejected)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.options.default_image, self.options.drain_seconds, tuple(self.options.gang_providers))
 
     async def _screened_fetch(self, url: str) -> str:
         """A router's /metrics page; the values the parsers will skip (NaN, negative) are counted here."""
@@ -184,161 +181,92 @@ class Reconciler:
         selector = f"{LWS_NAME_LABEL} in ({','.join(names)})"
         return [ch.observe_child(o) for o in await self.client.list_labelled(kinds.STATEFULSET, namespace, selector)]
 
+    def _observe(self, key: Key, body: Mapping[str, Any]) -> Observed:
+        """What the indexes hold for the fleet (no API read)."""
+        children, pods = self.snapshot(key)
+        return Observed(body=body, now=self.clock(), settings=self.settings, children=tuple(children),
+                        pods=tuple(pods), replicasets=tuple(self.replicasets(key)), scalers=tuple(self.scalers(key)),
+                        recently_applied=self.recently_applied.get(key, {}), reported=self._reported.get(key))
+
     async def _reconcile(self, key: Key, body: Mapping[str, Any]) -> tuple[Optional[float], str]:
+        """gather -> plan (pure) -> execute -> settle (pure) -> status write (reconcile_plan/plan.py)."""
         namespace, name = key
-        meta = body["metadata"]
-        generation = meta.get("generation")
-        previous = dict(body.get("status") or {})
-        now = self.clock()
         log = logging.LoggerAdapter(logger, fleet_extra(namespace, name))
 
-        try:
-            cr = api.parse({k: v for k, v in body.items() if k != "status"})
-            provider = cr.spec.scheduling.gang.provider
-            if provider in ch.GANG_KINDS and provider not in self.options.gang_providers:
-                raise api.InvalidResource([api.FieldError(
-                    "spec.scheduling.gang.provider",
-                    f"{provider!r} is not enabled in this operator (enabled: "
-                    f"{', '.join(self.options.gang_providers) or 'none'}; chart value gangScheduling.{provider})")])
-        except api.InvalidResource as exc:
-            problems = [str(e) for e in exc.errors]
-            status = st.build_status(st.StatusInputs(generation, previous, invalid=problems), now=now)
-            await self._write_status(key, body, previous, status)
-            self.metrics.observe_fleet(namespace, name, status, {})
-            if self._reported.get(key) != ("invalid", generation, tuple(problems)):
-                self._reported[key] = ("invalid", generation, tuple(problems))
-                log.warning("invalid spec: %s", "; ".join(problems))
-                await self._event(body, "Warning", reasons.INVALID_SPEC, "; ".join(problems))
-            return None, "invalid"
+        # gather: the indexes (no API read), the LWS controller's StatefulSets no watch sees, the canary's scrape
+        observed = self._observe(key, body)
+        cr, problems = check_spec(body, self.settings)
+        if cr is None:
+            return await self._refuse(key, body, refusal(observed, problems), log)
+        lws = await self._lws_statefulsets(namespace, owned_children(observed.children, observed.uid))
+        observed = dataclasses.replace(observed, lws_statefulsets=tuple(lws))
+        gate = canary_gate(observed, cr)
+        assert gate is not None
+        observed = dataclasses.replace(observed, canary=await self.canary.step(
+            key, body, gate.cr, gate.pods, gate.decision, gate.record, observed.now.timestamp()))
+        plan = reconcile_plan(observed, gate)
+        assert plan.gate is not None and plan.cr is not None and plan.decision is not None
+        self._report_unowned(key, log, plan.gate.ignored)
+        self.metrics.children.labels(namespace, name).set(len(plan.desired))
 
-        image = cr.spec.image or self.options.default_image
-        target = target_revision(cr, image)
-        observed, pods = self.snapshot(key)
-        uid = meta.get("uid", "")
-        # Identity is ownership: only children the fleet controls and pods its workloads run count.
-        owned = [c for c in observed if c.controller_uid == uid]
-        workloads = fleet_workloads(uid, owned, self.replicasets(key), await self._lws_statefulsets(namespace, owned))
-        pods, ignored = owned_pods([p for p in pods if p.namespace == namespace], workloads)
-        self._report_unowned(key, log, [("Pod", p.name, p.uid, why) for p, why in ignored]
-                             + [(c.ref.kind, c.ref.name, c.uid, "not controlled by this fleet")
-                                for c in observed if c.controller_uid != uid])
-        present = {c.revision for c in owned
-                   if c.revision and c.ref.kind in kinds.ENGINE_WORKLOAD_KINDS and not c.deleting}
-        roll = previous.get("rollout") or {}
-        state = rollout.RolloutState(serving=previous.get("revision"), previous=roll.get("previousRevision"),
-                                     switched_at=roll.get("switchedAt"))
-        # A canary holds the switch until its core promotes the new pair (rollout.py, operator/rollout/canary.py).
-        record = rollout.CanaryRecord.from_status(roll)
-        canary_on = cr.spec.rollout.strategy == "Canary"
-        hold = canary_on and not (record is not None and record.revision == target
-                                  and record.state.phase == PROMOTED)
-        decision = rollout.decide(target, state, pods, present, now=now, drain_seconds=self.options.drain_seconds,
-                                  hold=hold)
-        canary = await self.canary.step(key, body, cr, pods, decision, record, now.timestamp())
-        if canary.record is not None and canary.record.state.phase == PROMOTED and decision.phase == "Canary":
-            decision = rollout.decide(target, state, pods, present, now=now,
-                                      drain_seconds=self.options.drain_seconds)
-        on_abort = cr.spec.rollout.canary.on_abort if cr.spec.rollout.canary else "Keep"
-        decision = rollout.after_canary(decision, canary.record, delete_on_abort=on_abort == "Delete")
-
-        owner = ch.owner_reference(body)
-        # Autoscaled roles: the scalers' replicas, clamped, replace the spec's in the plan.
-        scaling = plan_scaling(cr, self.scalers(key), owned, owner=owner, namespace=namespace, revision=target)
-        cr = scaling.applied(cr)
-        desired = [ch.stamp(obj, owner, namespace)
-                   for obj in desired_children(cr, owner=owner, image=image, router_revision=decision.serving,
-                                               canary_weight=canary.weight)]
-        if target not in decision.keep:  # a canary aborted with onAbort Delete: its pair is not rendered again
-            desired = [o for o in desired if (o["metadata"].get("labels") or {}).get(label_keys.REVISION) != target]
-        self.metrics.children.labels(namespace, name).set(len(desired))
-
+        # execute: the key Secret, the owner checks, the writes
         recent = self.recently_applied.setdefault(key, {})
-        for c in owned:  # the watch caught up with what was applied
-            if c.ref in recent and recent[c.ref] == c.applied_hash:
-                del recent[c.ref]
-        actions = ch.diff(desired, owned, owner_uid=uid, keep_revisions=decision.keep, recently_applied=recent,
-                          current_revision=target)
-
+        for ref in plan.caught_up:
+            recent.pop(ref, None)
         errors: list[str] = []
         # The side-channel key Secret the engines mount (created once; its data never read).
-        secret_error, secret_foreign = await self.auth_secrets.ensure(namespace, name, cr.spec, owner)
+        secret_error, secret_foreign = await self.auth_secrets.ensure(namespace, name, plan.cr.spec, plan.owner)
         if secret_error:
             errors.append(secret_error)
-        # Objects of a child's name that the fleet does not own are never written.
-        foreign, unchecked, errs = await self._foreign(actions.apply, observed, owned, recent, uid)
+        foreign, unchecked, errs = await self._foreign(plan.actions.apply, observed.children, plan.gate.owned,
+                                                       recent, observed.uid)
         errors += errs
-        if foreign or unchecked or secret_foreign:
-            skip = set(foreign) | set(unchecked)
-            # engines must never sign with a key someone else made: no workload is written meanwhile
-            actions = dataclasses.replace(actions, apply=tuple(
-                o for o in actions.apply if ch.ChildRef.of(o) not in skip
-                and not (secret_foreign and o["kind"] in ch.WORKLOAD_KINDS)))
-        foreign_names = [str(r) for r in foreign] + ([secret_foreign] if secret_foreign else [])
-        not_owned = not_owned_message(name, foreign_names) if foreign_names else None
-        if self._not_owned_reported.get(key) != not_owned:  # one event per change, not per retry
-            self._not_owned_reported[key] = not_owned
-            if not_owned:
-                log.warning("%s", not_owned)
-                await self._event(body, "Warning", reasons.NOT_OWNED, not_owned)
+        guarded = guard(plan, foreign=foreign, unchecked=unchecked, secret_foreign=secret_foreign, name=name,
+                        last_not_owned=self._not_owned_reported.get(key))
+        if self._not_owned_reported.get(key) != guarded.not_owned:  # one event per change, not per retry
+            self._not_owned_reported[key] = guarded.not_owned
+            if guarded.not_owned:
+                log.warning("%s", guarded.not_owned)
+        await self._post(body, guarded.events_before)
+        actions = guarded.actions
         if actions.apply or actions.delete:
-            errors += await self._write_children(key, actions, owned)
-            created = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) not in {c.ref for c in owned}]
-            updated = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) in {c.ref for c in owned}]
+            errors += await self._write_children(key, actions, plan.gate.owned)
             log.info("created %d, updated %d, deleted %d children (%d unchanged)%s",
-                     len(created), len(updated), len(actions.delete), actions.unchanged,
+                     guarded.created, guarded.updated, len(actions.delete), actions.unchanged,
                      f"; {len(errors)} failed" if errors else "")
-            if created:
-                await self._event(body, "Normal", reasons.CREATED, _summary("created", created))
-            if updated:
-                await self._event(body, "Normal", reasons.UPDATED, _summary("updated", updated))
-            if actions.delete:
-                await self._event(body, "Normal", reasons.DELETED, _summary("deleted", [str(c.ref) for c in actions.delete]))
-        deleted = {c.ref for c in actions.delete}
-        errors += await self._unmark_stale_serving([c for c in owned if c.ref not in deleted], decision.serving)
-        errors += await self.scaling.sync(key, body, scaling, owned, serving=decision.serving, target=target)
-        conflicts = [f"HorizontalPodAutoscaler/{h}" for role in scaling.autoscaled
+            await self._post(body, guarded.events_after)
+        errors += await self._unmark_stale_serving(plan.unmark)
+        errors += await self.scaling.sync(key, body, plan.scaling, plan.gate.owned, serving=plan.decision.serving,
+                                          target=plan.gate.target)
+        conflicts = [f"HorizontalPodAutoscaler/{h}" for role in plan.scaling.autoscaled
                      for h in self.autoscalers((namespace, f"{name}-{role}"))]
-        planned = await self.planner.run(key, body, cr, pods, scaling, conflicts)
-        if decision.state.serving != state.serving and state.serving is not None:
-            await self._event(body, "Normal", reasons.ROLLOUT_SWITCHED,
-                              f"router switched from revision {state.serving} to {decision.state.serving}")
-        elif decision.phase == "RollingOut" and roll.get("targetRevision") != target:
-            await self._event(body, "Normal", reasons.ROLLOUT_STARTED,
-                              f"revision {target} is coming up beside {decision.serving}")
-        if errors:
-            await self._event(body, "Warning", reasons.APPLY_FAILED, "; ".join(errors)[:1000])
+        planned = await self.planner.run(key, body, plan.cr, plan.gate.pods, plan.scaling, conflicts)
 
-        ports = revision_ports(owned, cr)
-        endpoints = rollout.router_endpoints(pods, decision.serving, ports,
-                                             kv_events_ports=revision_kv_events_ports(owned))
-        pool = cr.spec.gateway.inference_pool
-        want = {"prefill": cr.spec.prefill.replicas, "decode": cr.spec.decode.replicas,
-                "router": cr.spec.router.replicas if cr.spec.router.enabled else 0,
-                label_keys.ROLE_EPP: pool.epp_replicas if pool.enabled else 0}
-        kv_transport = {}
-        if cr.spec.network.preflight.enabled:
-            kv_transport = {role: role_transport((p.name, p.kv_transport) for p in pods
-                                                 if p.role == role and p.revision == decision.serving and not p.deleting)
-                            for role in ("prefill", "decode")}
-        status = st.build_status(st.StatusInputs(
-            kv_transport=kv_transport,
-            generation=generation, previous=previous, decision=decision, children=owned, endpoints=endpoints,
-            router_enabled=cr.spec.router.enabled, url=router_url(desired, cr),
-            epp_enabled=pool.enabled,
-            error="; ".join(errors)[:1000] if errors else None, pending_writes=actions.writes,
-            not_owned=not_owned,
-            desired=want,
-            scaling={**(scaling.fleet_status() or {}), **({"planner": planned.status} if planned.status else {})},
-            scaling_condition=scaling_condition(scaling),
-            strategy=cr.spec.rollout.strategy, canary=canary.record,
-        ), now=now)
-        await self._write_status(key, body, previous, status)
-        self.metrics.observe_fleet(namespace, name, status, want)
-        if errors or not_owned:  # retried with backoff: the user may remove what is in the way
-            raise ReconcileError("; ".join(errors + ([not_owned] if not_owned else [])))
-        requeue = min((r for r in (decision.requeue_after, planned.requeue_after, canary.requeue_after)
-                       if r is not None), default=None)
-        return requeue, ("changed" if actions.writes else "unchanged")
+        # settle: the last events and the status, written once
+        done = settle(plan, guarded, now=observed.now, errors=errors, planner_status=planned.status,
+                      planner_requeue=planned.requeue_after)
+        await self._post(body, done.events)
+        await self._write_status(key, body, plan.previous, done.status)
+        self.metrics.observe_fleet(namespace, name, done.status, plan.want)
+        if done.error:  # retried with backoff: the user may remove what is in the way
+            raise ReconcileError(done.error)
+        return done.requeue_after, done.result
+
+    async def _refuse(self, key: Key, body: Mapping[str, Any], plan: Plan,
+                      log: logging.LoggerAdapter) -> tuple[Optional[float], str]:
+        """An invalid spec: the status says why, one event per change; nothing else is written."""
+        assert plan.status is not None
+        await self._write_status(key, body, plan.previous, plan.status)
+        self.metrics.observe_fleet(*key, plan.status, {})
+        if plan.report is not None:
+            self._reported[key] = plan.report
+            log.warning("invalid spec: %s", "; ".join(plan.refused))
+            await self._post(body, plan.events)
+        return None, "invalid"
+
+    async def _post(self, body: Mapping[str, Any], events: Sequence[Event]) -> None:
+        for e in events:
+            await self._event(body, e.type, e.reason, e.message)
 
     def _report_unowned(self, key: Key, log: logging.LoggerAdapter,
                         ignored: Sequence[tuple[str, str, str, str]]) -> None:
@@ -352,11 +280,11 @@ class Reconciler:
         seen.intersection_update(now)
         seen.update(now)
 
-    async def _unmark_stale_serving(self, owned: Sequence[ch.ObservedChild], serving: str) -> list[str]:
+    async def _unmark_stale_serving(self, stale: Sequence[ch.ObservedChild]) -> list[str]:
         """After a switch: the previous revision's Services lose the serving label (after the new
         revision's got it, in the writes before this)."""
         errors = []
-        for child in rollout.stale_serving_marks(owned, serving):
+        for child in stale:
             try:
                 await self.client.merge_patch(child.ref, ch.kind_of({"apiVersion": child.ref.api_version,
                                                                     "kind": child.ref.kind}), rollout.unmark_serving())
@@ -459,9 +387,3 @@ class Reconciler:
 
 def ch_time(when: datetime.datetime) -> str:
     return rollout.format_time(when)
-
-
-def _summary(verb: str, names: Sequence[str]) -> str:
-    shown = ", ".join(sorted(names)[:8])
-    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-    return f"{verb} {len(names)}: {shown}{more}"

@@ -157,6 +157,15 @@ class CanaryRecord:
         return out
 
 
+@dataclass(frozen=True)
+class CanaryOutcome:
+    """What the canary edge (reconcile/canary.py) answered this reconcile."""
+
+    record: Optional[CanaryRecord] = None  # None: no canary to report
+    weight: Optional[int] = None           # the canary-weight label on the target's Services (None: none)
+    requeue_after: Optional[float] = None
+
+
 def after_canary(decision: Decision, record: Optional[CanaryRecord], *, delete_on_abort: bool) -> Decision:
     """The rollout decision once the canary core spoke. Aborted: the serving pair is the fleet (the new
     pair kept for inspection, or not kept so that it is deleted); anything else: as decided."""
