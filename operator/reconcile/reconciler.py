@@ -17,7 +17,7 @@ from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
-from pdfleet.operator.autoscale.edge import ScalingEdge
+from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
 from pdfleet.operator.observability.metrics_text import rejected_values
 from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
@@ -244,7 +244,7 @@ class Reconciler:
 
         # settle: the last events and the status, written once
         done = settle(plan, guarded, now=observed.now, errors=errors, planner_status=planned.status,
-                      planner_requeue=planned.requeue_after)
+                      planner_requeue=planned.requeue_after, scaling_condition=scaling_condition(plan.scaling))
         await self._post(body, done.events)
         await self._write_status(key, body, plan.previous, done.status)
         self.metrics.observe_fleet(namespace, name, done.status, plan.want)

@@ -25,7 +25,6 @@ from typing import Any, Mapping, Optional, Sequence
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
 from pdfleet.operator.api import event_reasons as reasons
-from pdfleet.operator.autoscale.edge import scaling_condition
 from pdfleet.operator.autoscale.scalers import ObservedScaler, ScalingPlan, plan_scaling
 from pdfleet.operator.kube.observed import ObservedReplicaSet
 from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
@@ -312,9 +311,11 @@ def guard(plan: Plan, *, foreign: Sequence[ch.ChildRef] = (), unchecked: Sequenc
 
 
 def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequence[str] = (),
-           planner_status: Optional[str] = None, planner_requeue: Optional[float] = None) -> Settlement:
+           planner_status: Optional[str] = None, planner_requeue: Optional[float] = None,
+           scaling_condition: Optional[tuple[bool, str, str]] = None) -> Settlement:
     """Step 4. ``errors``: what the writes (the Secret's, the owner checks', the children's, the serving
-    marks', the scalers') returned; ``planner_*``: the planner edge's outcome."""
+    marks', the scalers') returned; ``planner_*``: the planner edge's outcome; ``scaling_condition``:
+    ScalingLimited of ``plan.scaling`` (autoscale/edge.py's, handed in: that module imports the client)."""
     assert plan.cr is not None and plan.decision is not None and plan.gate is not None
     cr, decision = plan.cr, plan.decision
     error = "; ".join(errors)[:1000] if errors else None
@@ -331,7 +332,7 @@ def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequ
         not_owned=guarded.not_owned,
         desired=plan.want,
         scaling={**(plan.scaling.fleet_status() or {}), **({"planner": planner_status} if planner_status else {})},
-        scaling_condition=scaling_condition(plan.scaling),
+        scaling_condition=scaling_condition,
         strategy=cr.spec.rollout.strategy, canary=plan.canary.record,
     ), now=now)
     problems = list(errors) + ([guarded.not_owned] if guarded.not_owned else [])

@@ -13,6 +13,9 @@ Read from the source with `ast`, so a lazy import inside a function counts too.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +101,30 @@ def test_the_connector_rules_catch_what_they_look_for(folder: str, source: str, 
     """Negative controls: a test file that added `import vllm` to transfer/, or an adapter import to
     the router, would be flagged by the rule that guards its folder."""
     assert violations(source, FORBIDDEN[folder]) == caught
+
+
+def loaded_io(module: str) -> list[str]:
+    """The I/O modules importing ``module`` loads, directly or not (a fresh interpreter)."""
+    code = (f"import sys, {module}\n"
+            f"print('\\n'.join(sorted(m for m in sys.modules if m.split('.')[0] in {IO_TOPS!r} "
+            f"or m.startswith({IO_PREFIXES!r}))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONSAFEPATH": "1"}, check=True).stdout
+    return sorted({m if m.startswith("pdfleet") else m.split(".")[0] for m in out.split()})
+
+
+IO_TOPS = ("aiohttp", "kopf", "prometheus_client")
+IO_PREFIXES = ("pdfleet.operator.kube.client", "pdfleet.operator.reconcile.")
+
+
+def test_the_plan_loads_no_io_even_indirectly() -> None:
+    """The rule above reads each file's own imports; this one follows them: the reconcile's plan and
+    the paired rollout load no client, HTTP, kopf or metrics registry. Negative control: the
+    reconciler, their edge, loads them."""
+    assert loaded_io("pdfleet.operator.reconcile_plan.plan") == []
+    assert loaded_io("pdfleet.operator.rollout.paired") == []
+    edge = loaded_io("pdfleet.operator.reconcile.reconciler")
+    assert {"aiohttp", "kopf", "pdfleet.operator.kube.client"} <= set(edge)
 
 
 @pytest.mark.parametrize("folder, source, caught", [

@@ -14,6 +14,7 @@ from fleet_builders import NAME, NOW, SETTINGS, UID, Fleet, applied, observed, r
 
 from pdfleet.contract import labels
 from pdfleet.operator.api import event_reasons as reasons
+from pdfleet.operator.autoscale.edge import scaling_condition
 from pdfleet.operator.autoscale.scalers import ObservedScaler
 from pdfleet.operator.kube.observed import ChildRef, ObservedChild
 from pdfleet.operator.reconcile_plan.plan import (
@@ -163,8 +164,9 @@ def test_a_scalers_replicas_replace_the_spec_clamped():
     assert plan.scaling.autoscaled == ("prefill",) and plan.scaling.result.replicas["prefill"] == 4
     sts = {o["metadata"]["name"]: o["spec"]["replicas"] for o in plan.actions.apply if o["kind"] == "StatefulSet"}
     assert sts == {f"{NAME}-prefill-{R_NEW}": 4} and plan.want["prefill"] == 4
-    done = settle(plan, guard(plan, name=NAME), now=NOW)
-    assert cond(done.status, "ScalingLimited")["reason"] == "Clamped"
+    done = settle(plan, guard(plan, name=NAME), now=NOW, scaling_condition=scaling_condition(plan.scaling))
+    limited = cond(done.status, "ScalingLimited")
+    assert (limited["status"], limited["reason"]) == ("True", "Clamped") and "prefill 9 -> 4" in limited["message"]
     # negative control: no scaler yet, the spec's replicas stand and one is to be created
     plan = reconcile_plan(observed(body, children, pods))
     assert plan.actions.writes == 0 and len(plan.scaling.create) == 1
