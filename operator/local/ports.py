@@ -86,7 +86,7 @@ def choose_bases(count: int, consecutive: int, candidates: Iterable[int], is_fre
 
 
 # What a process prints when a port it was told to listen on is taken: the connector's side channel
-# (connector/transfer/sidechannel.py), uvicorn and Python's socket errors, ZMQ's.
+# (connector/transfer/sidechannel/server.py), uvicorn and Python's socket errors, ZMQ's.
 _PORT_TAKEN = ("address already in use", "cannot bind the side channel", "[errno 98]", "eaddrinuse")
 
 

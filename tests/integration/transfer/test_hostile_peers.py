@@ -28,7 +28,7 @@ except ImportError:  # the code before issue 19 had no CURVE: lets this suite ru
 HOST = "127.0.0.1"
 SECRET = b"fleet-secret-of-the-hostile-suite"
 MiB = 1024 * 1024
-BUDGET = 32 * MiB  # what one peer may grow a prefill or a decode by (documented in sidechannel.py)
+BUDGET = 32 * MiB  # what one peer may grow a prefill or a decode by (documented in sidechannel/limits.py)
 
 
 def deep(depth: int) -> bytes:
