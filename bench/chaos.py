@@ -18,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
+sys.path.insert(0, str(REPO / "tests" / "support"))  # the harness's zmtp_flood
 
 from pdfleet.contract.connector_config import LEASE_SECONDS  # noqa: E402
 from chaos_harness import SCENARIOS, ChaosFleet, fault_probes, format_table, run_scenario, write_report  # noqa: E402

@@ -32,6 +32,7 @@ import aiohttp
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # kube_fixture's waits
 
 from kube_fixture import fake_kube, write_kubeconfig  # noqa: E402
 

@@ -47,6 +47,7 @@ import yaml
 from kmock._internal import references, rendering
 
 from pdfleet.operator.kube.client import USER_AGENT
+from waits import until as eventually  # noqa: F401  (the operator tests import it from here)
 
 assert kmock.__version__ == "0.8", f"FakeKube reaches into kmock internals; pinned to 0.8, got {kmock.__version__}"
 
@@ -788,18 +789,3 @@ async def fake_kube(crd_resources: Iterable[tuple[str, str, str, str]] = ()) -> 
         register_resources(server, crd_resources)
         yield server
 
-
-async def eventually(check: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
-    """Poll `check` in the test's loop (which keeps serving the API) until truthy."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-            if last:
-                return last
-        except (AssertionError, KeyError, TypeError, IndexError) as e:
-            last = e
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}: last={last!r}")
-        await asyncio.sleep(interval)

@@ -6,12 +6,13 @@ runs, like the rest of tests/k8s, with `make test-k8s`."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import pathlib
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import pytest
+import waits
 import yaml
 from k8s_env import K8sDriver, apply_crd
 from operator_scenarios import STS, fleet
@@ -29,13 +30,7 @@ async def scaler_crd(k8s_http: aiohttp.ClientSession) -> None:
         pytest.fail("the scaler CRD was not established")
 
 
-async def until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    for _ in range(int(timeout / 0.2)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+until = functools.partial(waits.until, timeout=60.0, interval=0.2)  # a real cluster: slower than the fake
 
 
 async def test_scale_subresource_drives_the_statefulset_with_clamp(scaler_crd: None, k8s_driver: K8sDriver):

@@ -9,11 +9,13 @@ by the cluster's own admission and not only by pdfleet's Python checks.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
 
 import celpy
 import jsonschema
 
+from pdfleet.operator.api import DisaggregatedInferenceSpec
 from pdfleet.operator.api.crd import crd
 
 
@@ -87,3 +89,51 @@ def admission_errors(resource: dict[str, Any]) -> list[str]:
     errors = _cel(schema["x-kubernetes-validations"], obj)
     errors += _cel(schema["properties"]["spec"]["x-kubernetes-validations"], obj["spec"])
     return errors
+
+
+# --- a rule's CEL against its Python check ----------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    return root_schema()
+
+
+@lru_cache(maxsize=None)
+def _program(expression: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(expression), functions=K8S_CEL_FUNCTIONS)
+
+
+def defaulted_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as the API server hands it to CEL: a copy with the CRD's defaults filled in."""
+    obj = {"spec": copy.deepcopy(spec)}
+    _apply_defaults(obj, _schema())
+    return obj["spec"]
+
+
+def cel_results(expressions: Sequence[str], spec: dict[str, Any]) -> list[bool]:
+    """Each CEL expression (``self``: the spec after defaulting) on the spec."""
+    activation = {"self": celpy.json_to_cel(defaulted_spec(spec))}
+    return [bool(_program(e).evaluate(activation)) for e in expressions]
+
+
+def python_results(rules: Sequence[Any], spec: dict[str, Any]) -> list[bool]:
+    model = DisaggregatedInferenceSpec.model_validate(spec)
+    return [r.check(model) for r in rules]
+
+
+def assert_cel_agrees_with_python(rules: Sequence[Any], specs: Sequence[dict[str, Any]]) -> None:
+    """Every rule's CEL and its Python check agree on every spec, and each rule is kept by some spec
+    and broken by another, so that the agreement is not vacuous."""
+    broken = [0] * len(rules)
+    for spec in specs:
+        python = python_results(rules, spec)
+        assert cel_results([r.cel for r in rules], spec) == python, spec
+        broken = [b + (not ok) for b, ok in zip(broken, python)]
+    assert all(0 < b < len(specs) for b in broken), {r.field: b for r, b in zip(rules, broken)}
+
+
+def disagreements(wrong_cel: str, rule: Any, specs: Iterable[dict[str, Any]]) -> int:
+    """On how many specs a CEL expression and a rule's Python check disagree (a negative control's
+    wrong expression must disagree somewhere)."""
+    return sum(cel_results([wrong_cel], s)[0] != python_results([rule], s)[0] for s in specs)

@@ -2,8 +2,9 @@
 
 Follows https://kubernetes.io/docs/concepts/security/pod-security-standards/
 (the baseline controls plus the restricted ones, as of Kubernetes 1.30-1.33).
-Returns one message per violation, each starting with the control's name, so a
-test can assert which control a bad pod breaks. `hardening_violations` adds the
+Returns one message per violation, each starting with the control's name (Capabilities split
+into capabilities.drop and capabilities.add), so a test can assert which control a bad pod breaks;
+`violated_controls` gives the names alone. `hardening_violations` adds the
 project's own rule on top (read-only root filesystem), which the standard does
 not require.
 """
@@ -115,11 +116,16 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
             problems.append(f"seccompProfile: {where} type {seccomp!r} (must be RuntimeDefault or Localhost)")
         caps = sc.get("capabilities") or {}
         if "ALL" not in (caps.get("drop") or []):
-            problems.append(f"capabilities: {where} does not drop ALL")
+            problems.append(f"capabilities.drop: {where} does not drop ALL")
         added = set(caps.get("add") or []) - {"NET_BIND_SERVICE"}
         if added:
-            problems.append(f"capabilities: {where} adds {sorted(added)}")
+            problems.append(f"capabilities.add: {where} adds {sorted(added)}")
     return problems
+
+
+def violated_controls(spec: dict[str, Any]) -> set[str]:
+    """The names of the restricted controls a PodSpec breaks (empty: compliant)."""
+    return {p.split(":")[0] for p in restricted_violations(spec)}
 
 
 def hardening_violations(spec: dict[str, Any]) -> list[str]:

@@ -34,7 +34,6 @@ import os
 import random
 import re
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,7 +449,6 @@ async def unfinished_message_flood(cf: ChaosFleet, notes: list[str], seconds: fl
     channel (raw ZMTP); the prefills' RSS is measured."""
     import psutil
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration" / "transfer"))
     import zmtp_flood
 
     prefills = [e for e in cf.engines() if e["role"] == "prefill"]

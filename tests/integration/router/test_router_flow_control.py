@@ -9,6 +9,7 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_fakes import FakeEngine  # noqa: F401  (the fixture's engines)
+from waits import until
 
 from pdfleet.contract.flow_control import FlowControlConfig, Priority
 
@@ -35,14 +36,6 @@ async def metrics(fleet, url) -> dict[tuple, float]:
 
 def queued(m: dict[tuple, float]) -> float:
     return sum(v for k, v in m.items() if k[0] == "pdfleet_router_flow_queued")
-
-
-async def until(predicate, what: str, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 class Client:

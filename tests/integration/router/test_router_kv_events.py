@@ -11,6 +11,7 @@ import threading
 import msgspec
 import pytest
 import zmq
+from waits import until
 
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
 from pdfleet.connector.router.kvaware.kv_events import decode_message
@@ -122,14 +123,6 @@ async def start(fleet, pubs_by_prefill, **overrides):
     if router.prefix.enabled("prefill"):
         await until(lambda: all(s.synced for s in router.prefix.states.values()))
     return url, router, prefill
-
-
-async def until(cond, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def served_by(fleet, url, prompt):

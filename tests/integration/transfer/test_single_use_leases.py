@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from transfer_harness import LocalKV, wait_for
+from waits import wait_until
 
 from pdfleet.connector.transfer import wire
 from pdfleet.connector.transfer.release_retry import ReleaseRetry
@@ -35,15 +36,6 @@ def released_soon(src, rid: str, timeout: float = 5.0) -> bool:
     while time.monotonic() < deadline:
         seen += src.released()
         if rid in seen:
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def until(check, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
             return True
         time.sleep(0.02)
     return False
@@ -108,7 +100,7 @@ def test_another_key_holders_release_of_a_lease_it_did_not_read_is_refused_and_c
     src.hold("mine", [1], lease_id=lease)
     thief.release(["mine"], host=HOST, port=src.base_port)
     thief.release(["mine"], host=HOST, port=src.base_port, lease_ids=[secrets.token_bytes(16)])
-    assert until(lambda: (thief.poll(), not len(thief._releases))[1]), "the thief's releases were not answered"
+    assert wait_until(lambda: (thief.poll(), not len(thief._releases))[1]), "the thief's releases were not answered"
     freed = released_soon(src, "mine", timeout=0.5)
     stats = src.stats()
     print(f"release by another key holder ({'1.4' if single_use else '1.3'}): freed={freed},"
@@ -134,7 +126,7 @@ def test_a_forged_completion_notification_without_the_lease_id_is_refused(source
     src.hold("mine", [3], lease_id=lease)
     endpoint = (HOST, src.base_port)
     forger._peers.handshake(endpoint)
-    assert until(lambda: (forger.poll(), forger._peers.get(endpoint) is not None)[1]), "the forger's handshake did not finish"
+    assert wait_until(lambda: (forger.poll(), forger._peers.get(endpoint) is not None)[1]), "the forger's handshake did not finish"
     peer = forger._peers.get(endpoint).agent_name
     forger._agent._agent.make_connection(peer)  # NIXL wires up lazily; a READ would do it too
     forged = [wire.Notif("mine", 1, 0, 1, 0), wire.Notif("mine", 1, 0, 1, 0, secrets.token_bytes(16))]
@@ -148,7 +140,7 @@ def test_a_forged_completion_notification_without_the_lease_id_is_refused(source
         st = src.stats()
         return st["lease_proof_refused"] >= 2 if single_use else st["leases_completed"] >= 1
 
-    assert until(refused_or_freed, timeout=10), "the forged notifications never reached the source"
+    assert wait_until(refused_or_freed, timeout=10), "the forged notifications never reached the source"
     freed = released_soon(src, "mine", timeout=1.0)
     stats = src.stats()
     print(f"forged notification ({'1.4' if single_use else '1.3'}): freed={freed},"

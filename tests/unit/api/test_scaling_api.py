@@ -9,12 +9,11 @@ import itertools
 from pathlib import Path
 from typing import Any, Optional
 
-import celpy
 import kubernetes_validate
 import pytest
 import yaml
 
-from crd_admission import _apply_defaults, admission_errors, root_schema  # noqa: E402
+from crd_admission import admission_errors, assert_cel_agrees_with_python, disagreements  # noqa: E402
 from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse, scaler
 from pdfleet.operator.api.rules import SCALING_RULES, ratio_satisfiable
 
@@ -127,37 +126,15 @@ def _grid() -> list[dict[str, Any]]:
     return out
 
 
-_ENV = celpy.Environment()
-_PROGRAMS: dict[str, Any] = {}
-_ROOT = root_schema()
-
-
-def _cel(rules: list[str], spec: dict[str, Any]) -> list[bool]:
-    defaulted = {"spec": copy.deepcopy(spec)}
-    _apply_defaults(defaulted, _ROOT)
-    activation = {"self": celpy.json_to_cel(defaulted["spec"])}
-    for r in rules:
-        if r not in _PROGRAMS:
-            _PROGRAMS[r] = _ENV.program(_ENV.compile(r))
-    return [bool(_PROGRAMS[r].evaluate(activation)) for r in rules]
-
-
 def test_scaling_cel_agrees_with_python() -> None:
-    grid = _grid()
-    broken = [0] * len(SCALING_RULES)
-    for spec in grid:
-        model = DisaggregatedInferenceSpec.model_validate(spec)
-        python = [r.check(model) for r in SCALING_RULES]
-        assert _cel([r.cel for r in SCALING_RULES], spec) == python, spec
-        broken = [b + (not ok) for b, ok in zip(broken, python)]
-    assert all(0 < b < len(grid) for b in broken), broken
+    assert_cel_agrees_with_python(SCALING_RULES, _grid())
 
 
 def test_scaling_cel_comparison_can_fail() -> None:
     """Negative control: a ratio rule that forgets the decode bound disagrees somewhere."""
     wrong = "!has(self.scaling.ratio) || !has(self.scaling.ratio.max) || self.prefill.replicas <= self.decode.replicas"
     rule = next(r for r in SCALING_RULES if r.field == "scaling.ratio")
-    assert any(_cel([wrong], s)[0] != rule.check(DisaggregatedInferenceSpec.model_validate(s)) for s in _grid())
+    assert disagreements(wrong, rule, _grid()) > 0
 
 
 # --- the scaler CRD ------------------------------------------------------------

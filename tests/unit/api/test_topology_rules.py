@@ -7,11 +7,10 @@ import copy
 import itertools
 from typing import Any
 
-import celpy
 import pytest
 
-from crd_admission import _apply_defaults, admission_errors, root_schema  # noqa: E402
-from pdfleet.operator.api import DisaggregatedInferenceSpec, errors_of, parse  # noqa: E402
+from crd_admission import admission_errors, assert_cel_agrees_with_python, disagreements  # noqa: E402
+from pdfleet.operator.api import errors_of, parse  # noqa: E402
 from pdfleet.operator.api.rules import TOPOLOGY_RULES, gpus  # noqa: E402
 
 
@@ -111,37 +110,12 @@ def _spec(prefill, decode, replicas, provider, queue, placement) -> dict[str, An
             "placement": placement, "engine": {"blockSize": 32}}
 
 
-_PROGRAMS: dict[str, Any] = {}
-_SCHEMA = root_schema()
-
-
-def _cel(rule_cel: str, spec: dict[str, Any]) -> bool:
-    if rule_cel not in _PROGRAMS:
-        env = celpy.Environment()
-        _PROGRAMS[rule_cel] = env.program(env.compile(rule_cel))
-    defaulted = {"spec": copy.deepcopy(spec)}
-    _apply_defaults(defaulted, _SCHEMA)
-    return bool(_PROGRAMS[rule_cel].evaluate({"self": celpy.json_to_cel(defaulted["spec"])}))
-
-
 def test_cel_agrees_with_python_on_the_grid() -> None:
-    broken = {r.field: 0 for r in TOPOLOGY_RULES}
-    samples = list(itertools.product(*GRID.values()))
-    for values in samples:
-        spec = _spec(*values)
-        model = DisaggregatedInferenceSpec.model_validate(spec)
-        for rule in TOPOLOGY_RULES:
-            assert _cel(rule.cel, spec) == rule.check(model), (rule.field, spec)
-            broken[rule.field] += not rule.check(model)
-    assert all(0 < b < len(samples) for b in broken.values()), broken
+    assert_cel_agrees_with_python(TOPOLOGY_RULES, [_spec(*values) for values in itertools.product(*GRID.values())])
 
 
 def test_a_wrong_cel_rule_disagrees_somewhere() -> None:
     """Negative control for the agreement test: a gang rule that forgets replicas >= 1."""
     wrong = "self.scheduling.gang.provider == 'none' || self.prefill.nodesPerReplica > 1 || self.decode.nodesPerReplica > 1"
     (rule,) = [r for r in TOPOLOGY_RULES if r.field == "scheduling.gang.provider"]
-    disagree = 0
-    for values in itertools.product(*GRID.values()):
-        spec = _spec(*values)
-        disagree += _cel(wrong, spec) != rule.check(DisaggregatedInferenceSpec.model_validate(spec))
-    assert disagree > 0
+    assert disagreements(wrong, rule, [_spec(*values) for values in itertools.product(*GRID.values())]) > 0

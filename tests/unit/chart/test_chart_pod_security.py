@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from chart_render import SCENARIOS, one, render_docs
-from pss_restricted import hardening_violations, restricted_violations
+from pod_security import hardening_violations, restricted_violations, violated_controls
 
 
 def operator_pod_spec(values):
@@ -48,7 +48,8 @@ MUTATIONS = {
         s["securityContext"].pop("seccompProfile"),
         _container(s)["securityContext"].update(seccompProfile={"type": "Unconfined"}),
     ),
-    "capabilities": lambda s: _container(s)["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+    "capabilities.add": lambda s: _container(s)["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+    "capabilities.drop": lambda s: _container(s)["securityContext"]["capabilities"].update(drop=["NET_RAW"]),
 }
 
 
@@ -60,15 +61,14 @@ def test_each_restricted_control_flags_its_violation(good_spec, control):
     assert problems, f"{control} violation went unnoticed"
     # hostPath is also outside the restricted volume types: both controls fire.
     expected = {control, "volumeTypes"} if control == "hostPathVolumes" else {control}
-    assert {p.split(":")[0] for p in problems} == expected, problems
+    assert violated_controls(spec) == expected, problems
 
 
 def test_missing_pod_and_container_settings_are_flagged(good_spec):
     spec = copy.deepcopy(good_spec)
     spec["securityContext"] = {}
     spec["containers"][0]["securityContext"] = {}
-    controls = {p.split(":")[0] for p in restricted_violations(spec)}
-    assert controls == {"allowPrivilegeEscalation", "runAsNonRoot", "seccompProfile", "capabilities"}
+    assert violated_controls(spec) == {"allowPrivilegeEscalation", "runAsNonRoot", "seccompProfile", "capabilities.drop"}
     assert {p.split(":")[0] for p in hardening_violations(spec)} == {"readOnlyRootFilesystem", "runAsUser"}
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 
+from waits import wait_until
+
 from pdfleet.operator.local.processes import group_alive, log_tail, reserve_ports, start_child, stop_groups
 
 # A child that starts a grandchild in its own group (like vLLM's engine core) and ignores SIGTERM
@@ -28,15 +30,6 @@ FAMILY = textwrap.dedent("""
 """)
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -49,7 +42,7 @@ def start_family(tmp_path: Path, mode: str):
     script.write_text(FAMILY)
     log = tmp_path / f"{mode}.log"
     child = start_child(mode, [sys.executable, str(script), mode], {}, log, cwd=tmp_path)
-    assert wait_for(lambda: log.read_text().strip() != "")
+    assert wait_until(lambda: log.read_text().strip() != "", timeout=20.0)
     return child, int(log.read_text().split()[0])
 
 
@@ -77,7 +70,7 @@ def test_stop_escalates_to_sigkill(tmp_path):
     stop_groups([child.pgid], [child.proc], grace_s=1)
     assert time.monotonic() - started < 8
     assert child.proc.returncode == -signal.SIGKILL
-    assert wait_for(lambda: gone(grandchild), 5)
+    assert wait_until(lambda: gone(grandchild), timeout=5)
 
 
 RUNNER = textwrap.dedent("""
@@ -103,12 +96,12 @@ def test_killed_runner_leaves_nothing_behind(tmp_path):
     (tmp_path / "runner.py").write_text(RUNNER)
     runner = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), str(tmp_path)], cwd=tmp_path)
     try:
-        assert wait_for(lambda: (tmp_path / "pids.json").exists())
+        assert wait_until(lambda: (tmp_path / "pids.json").exists(), timeout=20.0)
         pids = json.loads((tmp_path / "pids.json").read_text())
         assert not gone(pids["grandchild"])
         runner.kill()
         runner.wait()
-        assert wait_for(lambda: all(gone(p) for p in pids.values()), 30), {
+        assert wait_until(lambda: all(gone(p) for p in pids.values()), timeout=30), {
             name: not gone(pid) for name, pid in pids.items()
         }
         assert not group_alive(pids["child"])

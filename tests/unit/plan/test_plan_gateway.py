@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import third_party_crds  # noqa: E402
-from test_plan_security import restricted_violations  # noqa: E402
+from pod_security import violated_controls  # noqa: E402
 from pdfleet.contract import gateway as gw  # noqa: E402
 from pdfleet.contract.router_config import parse_argv  # noqa: E402
 from pdfleet.operator.api import parse  # noqa: E402
@@ -164,7 +164,7 @@ def test_the_pickers_rights_are_the_routers_and_no_wildcards() -> None:
 def test_the_picker_pod_is_restricted_and_drains_like_the_router() -> None:
     objs = children(cr({"enabled": True}))
     pod = one(objs, "Deployment", "tiny-epp")["spec"]["template"]["spec"]
-    assert restricted_violations(pod) == set()
+    assert violated_controls(pod) == set()
     router_pod = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == router_pod["terminationGracePeriodSeconds"]
     pdb = one(objs, "PodDisruptionBudget", "tiny-epp")
