@@ -48,7 +48,6 @@ REFUSED = "refused"  # the prefill refused it, with a reason (not its lease, bad
 UNSUPPORTED = "unsupported"  # the prefill answered without a verdict (a connector without releases)
 FAILED = "failed"  # no answer, or an HTTP error
 SKIPPED = "skipped"  # too many releases in flight: the lease runs its course
-OUTCOMES = (ACCEPTED, REFUSED, UNSUPPORTED, FAILED, SKIPPED)
 
 MAX_IN_FLIGHT = 64
 _decode = msgspec.json.Decoder().decode

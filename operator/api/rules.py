@@ -262,13 +262,6 @@ def ratio_bounds(spec: DisaggregatedInferenceSpec) -> tuple[Optional[float], Opt
     return (r.min, r.max) if r is not None else (None, None)
 
 
-def ratio_ok(prefill: int, decode: int, bounds: tuple[Optional[float], Optional[float]]) -> bool:
-    """min <= prefill/decode <= max, multiplied out (no decode allows no prefill under a max)."""
-    low, high = bounds
-    eps = 1e-9
-    return (low is None or prefill >= low * decode - eps) and (high is None or prefill <= high * decode + eps)
-
-
 def _bounds_ordered(role_name: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
     def check(spec: DisaggregatedInferenceSpec) -> bool:
         a = spec.role(role_name).autoscaling

@@ -30,7 +30,6 @@ CATEGORIES = ["pdfleet", "inference"]
 # The fleet's child names append "-prefill-<revision>" and StatefulSet pods add
 # "-<ordinal>" plus a controller-revision-hash label: 40 keeps them within 63.
 MAX_NAME_LENGTH = 40
-DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"

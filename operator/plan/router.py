@@ -132,10 +132,6 @@ def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     }
 
 
-def service_url(ctx: Context, spec: DisaggregatedInferenceSpec) -> str:
-    return f"http://{naming.router_name(ctx.fleet)}.{ctx.namespace}.svc:{spec.router.port}"
-
-
 def rbac(ctx: Context) -> list[dict[str, Any]]:
     return discovery_rbac(ctx, naming.router_name(ctx.fleet), naming.role_labels(ctx.fleet, naming.ROUTER))
 
