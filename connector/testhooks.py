@@ -6,6 +6,8 @@ the requests after it without a restart:
 
 - ``PDFLEET_TEST_STUCK_READS``: a decode's NIXL READs are created but never posted, so they stay
   in progress as a READ on a hung connection would: the sink's own read bound must cancel them.
+  The adapter's worker makes its sink's agent with ``sink_nixl_agent()``: ``StuckReadsAgent``
+  with the variable set, else the plain ``NixlAgent`` (the transfer core carries no test switch).
 - ``PDFLEET_TEST_WALL_CLOCK_STEP``: the process's ``time.time`` (the only wall clock the connector
   reads) is stepped by the seconds the file holds, as an NTP step would; leases must not notice.
 
@@ -14,16 +16,18 @@ They exist for the fault suite and must never be set in production (each logs a 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import threading
 import time
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
+from pdfleet.connector.transfer.nixl_agent import NixlAgent
 from pdfleet.contract.env import TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
 
-__all__ = ["flag_path", "parse_step", "StuckReads", "install_wall_clock_step"]
+__all__ = ["flag_path", "parse_step", "StuckReads", "StuckReadsAgent", "sink_nixl_agent", "install_wall_clock_step"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,35 @@ class StuckReads:
 
     def __bool__(self) -> bool:
         return self.path is not None and os.path.exists(self.path)
+
+
+class StuckReadsAgent(NixlAgent):
+    """A NixlAgent whose READs, while ``stuck`` is on, are created but never posted: "in progress" forever."""
+
+    def __init__(self, *args: Any, stuck: StuckReads, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stuck = stuck
+        self._unposted: set[Any] = set()  # READs held back
+
+    def post(self, peer: str, handle: Any) -> Any:
+        if self._stuck:
+            self._unposted.add(handle)
+            return handle
+        return super().post(peer, handle)
+
+    def state(self, handle: Any) -> str:
+        return "PROC" if handle in self._unposted else super().state(handle)
+
+    def release(self, handle: Any) -> bool:
+        self._unposted.discard(handle)
+        return super().release(handle)
+
+
+def sink_nixl_agent(env: Mapping[str, str] = os.environ) -> Callable[..., NixlAgent]:
+    """What a decode's sink makes its NIXL agent with (``KVSink(nixl_agent=...)``): ``StuckReadsAgent``
+    while ``PDFLEET_TEST_STUCK_READS`` names a file path, else ``NixlAgent`` itself."""
+    stuck = StuckReads(env)
+    return NixlAgent if stuck.path is None else functools.partial(StuckReadsAgent, stuck=stuck)
 
 
 _installed: Optional["_WallStep"] = None

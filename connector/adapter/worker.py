@@ -33,6 +33,7 @@ from pdfleet.connector.adapter.regions import regions_for_layout
 from pdfleet.connector.adapter.nodes import host_for_rank
 from pdfleet.connector.adapter.scheduler import KeepAlive, PdfleetConnectorMetadata, PullSpec
 from pdfleet.connector.adapter.stats import LAYOUT_KEY, counter_deltas
+from pdfleet.connector.testhooks import sink_nixl_agent
 from pdfleet.connector.transfer.layout import KVLayout, Region, Span
 from pdfleet.contract.connector_counters import AdapterCounters
 
@@ -183,6 +184,7 @@ class WorkerSide:
                 secret=ring,
                 settings=self.cfg.settings,
                 backing=self.spans,
+                nixl_agent=sink_nixl_agent(),  # the fault suite's stuck READs, only with its variable set
             )
         log.info(
             "pdfleet connector rank %d/%d: KV cache layout %s, %d region(s) in %d registered allocation(s),"

@@ -15,7 +15,6 @@ import numpy as np
 
 from pdfleet.connector.transfer.layout import Span
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS
-from pdfleet.connector.testhooks import StuckReads
 
 __all__ = ["NixlAgent", "NixlError"]
 
@@ -82,8 +81,6 @@ class NixlAgent:
             )
         self._registered: list[Any] = []
         self._prepped: list[Any] = []  # prepared descriptor lists not released yet
-        self._stuck = StuckReads()  # test-only fault hook, off unless its variable is set
-        self._unposted: set[Any] = set()  # READs that hook held back: "in progress" forever
 
     def backend_options(self, backend: str = "UCX") -> dict[str, str]:
         """The parameters NIXL instantiated ``backend`` with (e.g. its thread count)."""
@@ -166,9 +163,6 @@ class NixlAgent:
 
     def post(self, peer: str, handle: Any) -> Any:
         """Post a created READ; returns the handle (released, and NixlError raised, if posting fails)."""
-        if self._stuck:  # test-only (testhooks.py): the READ is never posted, it hangs
-            self._unposted.add(handle)
-            return handle
         try:
             state = self._agent.transfer(handle)
         except Exception as exc:
@@ -181,8 +175,6 @@ class NixlAgent:
 
     def state(self, handle: Any) -> str:
         """'DONE', 'PROC' or 'ERR'."""
-        if handle in self._unposted:
-            return "PROC"
         try:
             return self._agent.check_xfer_state(handle)
         except Exception as exc:
@@ -190,7 +182,6 @@ class NixlAgent:
             return "ERR"
 
     def release(self, handle: Any) -> bool:
-        self._unposted.discard(handle)
         try:
             self._agent.release_xfer_handle(handle)
             return True

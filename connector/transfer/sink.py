@@ -36,7 +36,7 @@ import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pdfleet.connector.transfer import pull_state as ps
 from pdfleet.connector.transfer import wire
@@ -123,10 +123,12 @@ class KVSink:
         release_retry_policy: ReleaseRetry = ReleaseRetry(),
         prepped_descriptors: bool = True,
         max_sockets: int | None = None,
+        nixl_agent: Callable[..., NixlAgent] = NixlAgent,
     ) -> None:
         """``settings``: the connector's kv_connector_extra_config (backends, handshake_timeout,
         handshake_retries, read_floor_bandwidth, read_timeout_floor, nixl_threads, nixl_split_batch);
-        the other arguments are the transfer core's own, for tests and benches."""
+        the other arguments are the transfer core's own, for tests and benches (``nixl_agent``: what
+        makes the agent, NixlAgent's signature; the adapter passes a fault hook's in the fault suite)."""
         if not isinstance(engine_id, str) or not engine_id:
             raise ValueError("engine_id must be a non-empty string")
         if not regions:
@@ -158,8 +160,8 @@ class KVSink:
                                  read_timeout_floor=float(settings.read_timeout_floor))
         self.agent_name = f"pdfleet-sink-{engine_id}-r{layout.tp_rank}-{uuid.uuid4().hex[:12]}"
         # The sink polls its transfers itself; NIXL's progress thread would spin a core.
-        self._agent = NixlAgent(self.agent_name, backends, progress_thread=nixl_progress_thread,
-                                nixl_threads=settings.nixl_threads, nixl_split_batch=settings.nixl_split_batch)
+        self._agent = nixl_agent(self.agent_name, backends, progress_thread=nixl_progress_thread,
+                                 nixl_threads=settings.nixl_threads, nixl_split_batch=settings.nixl_split_batch)
         # as NIXL instantiated it (0: one thread posts every descriptor)
         self.nixl_threads = int(self._agent.backend_options(backends[0]).get("num_threads", 0))
         self._agent.register(spans)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 from transfer_harness import LocalKV, wait_for
 
+from pdfleet.connector.testhooks import sink_nixl_agent
 from pdfleet.contract.env import TEST_STUCK_READS
 
 HOST = "127.0.0.1"
@@ -19,10 +20,11 @@ SECRET = b"fleet-secret-of-the-fault-hooks"
 def test_a_stuck_read_fails_within_its_bound_releases_its_lease_and_later_pulls_succeed(
         source_factory, sink_factory, monkeypatch, tmp_path):
     flag = tmp_path / "stuck"
-    monkeypatch.setenv(TEST_STUCK_READS, str(flag))  # read when the sink's NIXL agent is made
+    monkeypatch.setenv(TEST_STUCK_READS, str(flag))  # read by sink_nixl_agent(), as the adapter's worker does
     src = source_factory(secret=SECRET.hex(), lease=1.0, num_blocks=16, block_len=64 * 1024)
     local = LocalKV(num_blocks=16, block_len=64 * 1024)
-    sink = sink_factory(local, secret=SECRET, read_timeout_floor=1.0, read_floor_bandwidth=50e6)
+    sink = sink_factory(local, secret=SECRET, read_timeout_floor=1.0, read_floor_bandwidth=50e6,
+                        nixl_agent=sink_nixl_agent())
 
     def pull(rid: str, blocks: list[int]) -> tuple[bool, str, float]:
         src.hold(rid, blocks)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +51,23 @@ def test_stuck_reads_follows_its_file(tmp_path):
     assert hook
     flag.unlink()
     assert not hook
+
+
+def test_the_sink_gets_the_stuck_reads_agent_only_with_the_variable_set(tmp_path):
+    from pdfleet.connector.transfer.nixl_agent import NixlAgent
+
+    assert testhooks.sink_nixl_agent({}) is NixlAgent
+    assert testhooks.sink_nixl_agent({TEST_STUCK_READS: "stuck"}) is NixlAgent  # relative: off
+    made = testhooks.sink_nixl_agent({TEST_STUCK_READS: str(tmp_path / "stuck")})
+    assert made.func is testhooks.StuckReadsAgent and made.keywords["stuck"].path == str(tmp_path / "stuck")
+
+
+def test_the_transfer_core_carries_no_fault_hook():
+    root = Path(testhooks.__file__).parent
+    hooked = {p.relative_to(root).as_posix() for p in root.rglob("*.py")
+              if re.search(r"testhooks|TEST_STUCK_READS|TEST_WALL_CLOCK_STEP", p.read_text())}
+    assert not {p for p in hooked if p.startswith("transfer/")}
+    assert "adapter/worker.py" in hooked  # negative control: the edge that injects it is found
 
 
 def test_wall_clock_hook_unset_leaves_time_alone(tmp_path):
