@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -32,7 +32,6 @@ __all__ = ["AdapterConfig", "ConfigError", "parse_adapter_config", "read_secret_
            "DEFAULT_SIDE_CHANNEL_PORT"]
 
 DEFAULT_SIDE_CHANNEL_PORT = ports.SIDE_CHANNEL
-KNOWN_KEYS = frozenset(f.name for f in fields(ConnectorExtraConfig))
 MAX_SECRET_BYTES = 4096
 ConfigError = ConnectorConfigError  # a connector setting is invalid; the message names it
 
