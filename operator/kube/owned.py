@@ -81,12 +81,7 @@ def pod_problem(pod: ObservedPod, fleet: FleetWorkloads, leaders: Mapping[str, s
         sts = fleet.statefulsets[uid]
         if sts.ref.name != name:
             return f"ownerReference names StatefulSet {name} with the uid of {sts.ref.name}"
-        ordinal = _ordinal(pod.name, name)
-        if ordinal is None or ordinal >= max(sts.replicas, sts.status_replicas):
-            return f"not a pod StatefulSet {name} runs (name {pod.name}, replicas {sts.replicas})"
-        if sts.revisions and pod.revision_hash not in sts.revisions:
-            return f"controller-revision-hash {pod.revision_hash!r} is not one of {name}'s revisions"
-        return None
+        return _set_pod_problem(pod, name, sts, f"pod StatefulSet {name}", "replicas")
     if kind == REPLICASET.kind and uid in fleet.replicasets:
         rs = fleet.replicasets[uid]
         if rs.name != name:
@@ -99,6 +94,17 @@ def pod_problem(pod: ObservedPod, fleet: FleetWorkloads, leaders: Mapping[str, s
     return f"controlled by {kind}/{name} (uid {uid}), which is not the fleet's"
 
 
+def _set_pod_problem(pod: ObservedPod, name: str, sts: ObservedChild, runner: str, counted: str) -> Optional[str]:
+    """A pod StatefulSet ``name`` runs: its ordinal below the set's size (spec or status, the larger)
+    and its controller-revision-hash one of the set's revisions."""
+    ordinal = _ordinal(pod.name, name)
+    if ordinal is None or ordinal >= max(sts.replicas, sts.status_replicas):
+        return f"not a {runner} runs (name {pod.name}, {counted} {sts.replicas})"
+    if sts.revisions and pod.revision_hash not in sts.revisions:
+        return f"controller-revision-hash {pod.revision_hash!r} is not one of {name}'s revisions"
+    return None
+
+
 def _lws_pod_problem(pod: ObservedPod, name: str, uid: str, fleet: FleetWorkloads,
                      leaders: Mapping[str, str]) -> Optional[str]:
     lws = fleet.leaderworkersets[pod.lws_name or ""]
@@ -108,12 +114,7 @@ def _lws_pod_problem(pod: ObservedPod, name: str, uid: str, fleet: FleetWorkload
     if sts.ref.name != name:
         return f"ownerReference names StatefulSet {name} with the uid of {sts.ref.name}"
     if sts.controller_uid == lws.uid and name == lws.ref.name:       # the leaders' StatefulSet
-        ordinal = _ordinal(pod.name, name)
-        if ordinal is None or ordinal >= max(sts.replicas, sts.status_replicas):
-            return f"not a leader LeaderWorkerSet {name} runs (name {pod.name}, groups {sts.replicas})"
-        if sts.revisions and pod.revision_hash not in sts.revisions:
-            return f"controller-revision-hash {pod.revision_hash!r} is not one of {name}'s revisions"
-        return None
+        return _set_pod_problem(pod, name, sts, f"leader LeaderWorkerSet {name}", "groups")
     if leaders.get(sts.controller_uid) == name:                      # a group's workers' StatefulSet
         ordinal = _ordinal(pod.name, name)                           # LWS numbers workers from 1
         if ordinal is None or not 1 <= ordinal <= max(sts.replicas, sts.status_replicas):

@@ -24,6 +24,7 @@ from pdfleet.operator.api import parse
 from pdfleet.operator.local.health import NotHealthy, wait_healthy
 from pdfleet.operator.local.processes import reserve_ports, start_child, stop_groups
 from pdfleet.operator.local.tiny_model import ensure_tiny_model
+from pdfleet.operator.observability import metrics_text
 from pdfleet.operator.plan.engine import ENGINE_MODULE, served_model_name, vllm_args
 
 REPO = Path(__file__).resolve().parents[3]
@@ -158,13 +159,8 @@ async def canary_run(pairs: dict[str, tuple[str, str]], reqs: list[Req], weight:
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    """The sum of the series ``name`` whose labels include ``labels`` (lines that do not parse skipped)."""
+    return metrics_text.total(metrics_text.lenient_samples(text)[0], name, **labels)
 
 
 def transferred_tokens(decode_url: str) -> float:
