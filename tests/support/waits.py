@@ -32,6 +32,15 @@ async def until(check: Callable[[], Any], what: str = "", *, timeout: float = 10
         await asyncio.sleep(interval)
 
 
+async def http_ok(session: Any, url: str) -> bool:
+    """Whether ``url`` answers 200 now (a server still starting refuses the connection: False)."""
+    try:
+        async with session.get(url) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def wait_until(check: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll ``check`` (blocking) until it returns something truthy: that value; past ``timeout``, the
     last (falsy) value, for the caller to assert on."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from waits import http_ok, until
 
 from pdfleet.connector.router import command
 
@@ -56,14 +57,7 @@ async def test_router_process_serves_and_stops_on_sigterm(fleet):
                             start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                async with fleet.session.get(url + "/health") as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            await asyncio.sleep(0.05)
+        await until(lambda: http_ok(fleet.session, url + "/health"), "the router's /health", timeout=10.0)
         async with fleet.session.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x"},
                                       headers={"X-Request-Id": "cli-1"}) as r:
             assert r.status == 200

@@ -13,6 +13,7 @@ import sys
 import msgspec
 import pytest
 import zmq
+from waits import http_ok, until
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -74,14 +75,7 @@ async def test_router_process_metrics_carry_no_pod_address(fleet):
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
-            try:
-                async with fleet.session.get(url + "/health") as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            await asyncio.sleep(0.05)
+        await until(lambda: http_ok(fleet.session, url + "/health"), "the router's /health", timeout=10.0)
         for i in range(3):
             async with fleet.session.post(url + "/v1/completions", json={"model": "tiny", "prompt": f"x{i}"}) as r:
                 assert r.status == 200
