@@ -186,6 +186,9 @@ def run_fleet(work: Path, prefill: int, reqs: list, rounds: int, engine_env: dic
         out["local_tokens"], out["pulled_tokens"] = after[0] - before[0], after[1] - before[1]
         out["pull_failures"] = pull_failures([Path(e["log"]) for e in decodes])
         out["cpus"] = {e["name"]: e["cpus"] for e in state["engines"]}
+        # Read right after the router line: every restart so far was an engine started again on new
+        # ports because one it was given was taken (operator/local/ports.py), not a crash under load.
+        out["port_restarts"] = sum(e.get("restarts", 0) for e in state["engines"])
     return out
 
 
@@ -249,9 +252,11 @@ def main() -> int:
     for name, res in summaries:
         print(f"{name:14} p50 {res['sc_p50_ms']:.1f}  p99 {res['sc_p99_ms']:.1f}  max {res['sc_max_ms']:.1f}"
               f"  ({res['sc_samples']} samples, {res['sc_lost']} lost)  tokens local {res['local_tokens']:.0f} / pulled {res['pulled_tokens']:.0f}"
-              f"  CPUs {res['cpus']}")
+              f"  CPUs {res['cpus']}  port restarts {res['port_restarts']}")
         for reason, n in res["pull_failures"].most_common():
             print(f"{'':14}   {n:4d} x {reason}")
+    print(f"\nfleets started: {len(summaries)} of {len(targets)}; engines started again on new ports at start"
+          f" (a port taken): {sum(res['port_restarts'] for _, res in summaries)}")
     if failed_starts:
         print(f"{failed_starts} fleet(s) did not start; their logs are kept in {work}")
         return 1
