@@ -49,7 +49,7 @@ class PullFailureCounters:
 
 @dataclass
 class SinkCounters(PullFailureCounters, SideChannelCounters):
-    """Decode side (transfer/sink.py, peers.py, release_outbox.py)."""
+    """Decode side (transfer/sink.py, peers.py, reads.py, lease_notices.py)."""
 
     bytes: float = counter("pull_bytes", "KV bytes pulled by decode")
     transfers: float = counter("pulls", "KV pulls completed")

@@ -32,7 +32,7 @@ from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient, Side
 
 __all__ = ["Endpoint", "Peer", "Peers", "Handshaken"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pdfleet.connector.transfer.sink.peers")  # under the sink's logger: its level applies
 
 Endpoint = tuple[str, int]
 

@@ -11,27 +11,24 @@ Life of a pull:
 3. A heartbeat is sent at once: its ack extends the source's lease and tells how
    long the blocks stay held (the sink's deadline, on its own monotonic clock).
 4. Without a cached peer, a handshake is run (timeouts, bounded retries).
-5. The READs are posted (contiguous block runs coalesced) once the peer is known, its
-   instance verified and the lease ack has given a deadline that has not passed. With
-   ``eager_post=True`` they are posted as soon as the instance is verified by
-   ``remote_instance_id`` (saves one side-channel round trip); the request still only
-   completes if the ack then confirms the lease, else it fails and the data is discarded.
-   Each READ carries a completion notification to the source. A pull with a lease id (params 1.4)
-   names it in every message and posts only after the source's grant of it, whatever the mode.
+5. The READs are posted (reads.py) once the peer is known, its instance verified and the lease
+   ack has given a deadline that has not passed; with ``eager_post=True`` as soon as the instance
+   is verified (the request still only completes if the ack then confirms the lease). A pull
+   with a lease id (params 1.4) posts only after the source's grant of it, whatever the mode.
 6. ``poll`` reports the request done when every READ is DONE, the ack arrived, and the
    completion was seen before the deadline; otherwise failed with a reason. While it
    waits, heartbeats extend the lease. A transfer or handshake error drops the peer so
    the next pull handshakes again (a restarted prefill gets a fresh agent).
 
 Every decision of a pull (its phase, the lease, heartbeat retries, when to post, complete or
-fail) is ``pull_state.step`` (pure, table-tested); this module is its I/O edge: NIXL, the side
-channel, the peer cache, stats and logs.
+fail) is ``pull_state.step`` (pure, table-tested); this module is its I/O edge. Beside it: the
+peer cache and handshakes (peers.py), the READs (reads.py), keep-alives and releases of requests
+not pulled (lease_notices.py), a pull's arguments checked (pull_args.py).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 import uuid
@@ -42,36 +39,30 @@ from pdfleet.connector.transfer import pull_state as ps
 from pdfleet.connector.transfer import wire
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, ConnectorExtraConfig
 from pdfleet.contract.connector_counters import SinkCounters
-from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 from pdfleet.connector.transfer.bounds import DropLog
-from pdfleet.connector.transfer.heartbeat_chunks import LEASE_ID_COST, check_lease_ids, chunk_request_ids, lease_ids_field
+from pdfleet.connector.transfer.heartbeats import heartbeat_event
 from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
     InvalidBlockIds,
     KVLayout,
     Region,
     Span,
-    build_descriptors,
     registration_spans,
-    remote_rank_for,
     validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
 from pdfleet.connector.transfer.peers import Endpoint, Peer, Peers
+from pdfleet.connector.transfer.pull_args import check_pull_args, check_sink_args, readers_per_rank
 from pdfleet.connector.transfer.pull_state import read_deadline_seconds
-from pdfleet.connector.transfer.release_outbox import ReleaseOutbox
+from pdfleet.connector.transfer.reads import ReadPoster
+from pdfleet.connector.transfer.lease_notices import LeaseNotices
 from pdfleet.connector.transfer.release_retry import ReleaseRetry
 from pdfleet.connector.transfer.retry import HeartbeatRetry
-from pdfleet.connector.transfer.prepped import pull_indices
 from pdfleet.connector.transfer.sidechannel import Call, SideChannelClient
 
 __all__ = ["KVSink"]
 
 log = logging.getLogger(__name__)
-
-# A READ must finish within settings.read_timeout_floor plus its bytes at settings.read_floor_bandwidth:
-# slower than that it is cancelled, fails (the blocks are recomputed) and its lease is released.
-# Heartbeats alone must not keep a stuck READ alive.
 
 
 @dataclass
@@ -96,14 +87,9 @@ class _Pull:
 
 
 class KVSink:
-    """Decode-side transfer endpoint of one worker rank.
-
-    - ``pull(...)``: start pulling one request (non-blocking; see module doc).
-    - ``keep_alive(request_ids, host=, port=, remote_tp_size=None)``: extend leases of
-      requests not pulled yet (e.g. waiting for decode blocks).
-    - ``poll() -> (done ids, {id: failure reason})``.
-    - ``stats() -> dict``: monotonic counters since start.
-    """
+    """Decode-side transfer endpoint of one worker rank: ``pull`` (non-blocking, see the module doc),
+    ``keep_alive`` and ``release`` (requests not pulled yet), ``poll() -> (done ids, {id: failure reason})``,
+    ``stats()`` (counters since start), ``close``."""
 
     def __init__(
         self,
@@ -129,29 +115,14 @@ class KVSink:
         handshake_retries, read_floor_bandwidth, read_timeout_floor, nixl_threads, nixl_split_batch);
         the other arguments are the transfer core's own, for tests and benches (``nixl_agent``: what
         makes the agent, NixlAgent's signature; the adapter passes a fault hook's in the fault suite)."""
-        if not isinstance(engine_id, str) or not engine_id:
-            raise ValueError("engine_id must be a non-empty string")
-        if not regions:
-            raise ValueError("regions must list at least one registered KV region")
-        if not isinstance(heartbeat_retry_policy, HeartbeatRetry):
-            raise ValueError("heartbeat_retry_policy must be a HeartbeatRetry")
-        if not isinstance(release_retry_policy, ReleaseRetry):
-            raise ValueError("release_retry_policy must be a ReleaseRetry")
+        check_sink_args(engine_id, regions, settings, heartbeat_retry_policy, release_retry_policy, unknown_grace)
         spans = registration_spans(regions, backing)
-        if not settings.handshake_timeout > 0:
-            raise ValueError("handshake_timeout must be > 0 seconds")
-        if not unknown_grace >= 0:
-            raise ValueError("unknown_grace must be >= 0 seconds")
-        if type(settings.handshake_retries) is not int or settings.handshake_retries < 0:
-            raise ValueError("handshake_retries must be an int >= 0")
-        handshake_retries = max(1, settings.handshake_retries)  # attempts: at least one is made
         backends = list(settings.backends)
         self.engine_id = engine_id
         self.regions = list(regions)
         self.layout = layout
         self.compat_hash = compat_hash
         self._min_local_blocks = min(r.num_blocks for r in self.regions)
-        self._hs_timeout = float(settings.handshake_timeout)
         self._hb_timeout = float(heartbeat_timeout)
         read_deadline_seconds(0, settings.read_floor_bandwidth, settings.read_timeout_floor)  # validates both
         self._config = ps.Config(eager=bool(eager_post), unknown_grace=float(unknown_grace),
@@ -167,18 +138,18 @@ class KVSink:
         self._agent.register(spans)
         self.registrations = len(spans)
         self._client = SideChannelClient(secret=secret, **({} if max_sockets is None else {"max_sockets": max_sockets}))
-        self._counts = SinkCounters()  # shared with the peer cache and the release outbox
+        self._counts = SinkCounters()  # shared with the peer cache, the READs and the lease notices
         self._peers = Peers(agent=self._agent, client=self._client, engine_id=engine_id, regions=self.regions,
-                            layout=layout, compat_hash=compat_hash, handshake_timeout=self._hs_timeout,
-                            handshake_retries=handshake_retries, prepped_descriptors=prepped_descriptors,
-                            counts=self._counts)
+                            layout=layout, compat_hash=compat_hash, handshake_timeout=float(settings.handshake_timeout),
+                            handshake_retries=max(1, settings.handshake_retries),  # attempts: one at least
+                            prepped_descriptors=prepped_descriptors, counts=self._counts)
         self._pulls: dict[str, _Pull] = {}
         self._done: list[str] = []
         self._failed: dict[str, str] = {}
         self._orphans: list[Any] = []  # handles of failed reads that could not be released yet
-        self._releases = ReleaseOutbox(client=self._client, agent_name=self.agent_name, policy=release_retry_policy,
-                                       timeout=self._hb_timeout, counts=self._counts)
-        self._reported_peers: set[str] = set()  # agents whose first transfer was logged
+        self._reads = ReadPoster(self._agent, self.regions, self._peers.local_lists, self._counts)
+        self._notices = LeaseNotices(client=self._client, agent_name=self.agent_name, layout=layout,
+                                     policy=release_retry_policy, timeout=self._hb_timeout, counts=self._counts)
         self._drops = DropLog(10.0)
 
     # -- public API ------------------------------------------------------------
@@ -216,40 +187,14 @@ class KVSink:
         """
         rid = request_id if isinstance(request_id, str) else repr(request_id)
         try:
-            if not isinstance(request_id, str) or not request_id:
-                raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-            if request_id in self._pulls:
+            if isinstance(request_id, str) and request_id in self._pulls:
                 raise ValueError(f"request {request_id!r} is already being pulled")
-            if not isinstance(host, str) or not host:
-                raise ValueError(f"host must be a non-empty string, got {host!r}")
-            if type(port) is not int or not 0 < port <= 65535:
-                raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            if not isinstance(remote_engine_id, str) or not remote_engine_id:
-                raise ValueError(f"remote_engine_id must be a non-empty string, got {remote_engine_id!r}")
-            if remote_instance_id is not None and not isinstance(remote_instance_id, str):
-                raise ValueError(f"remote_instance_id must be a string or None, got {remote_instance_id!r}")
-            if remote_lease_expiry is not None and (
-                isinstance(remote_lease_expiry, bool)
-                or not isinstance(remote_lease_expiry, (int, float))
-                or not math.isfinite(remote_lease_expiry)
-            ):
-                raise ValueError(f"remote_lease_expiry must be a unix time or None, got {remote_lease_expiry!r}")
-            if remote_lease_deadline is not None and (
-                isinstance(remote_lease_deadline, bool)
-                or not isinstance(remote_lease_deadline, (int, float))
-                or not math.isfinite(remote_lease_deadline)
-            ):
-                raise ValueError("remote_lease_deadline must be a monotonic time or None,"
-                                 f" got {remote_lease_deadline!r}")
-            if lease_id is not None and not is_lease_id(lease_id):
-                raise ValueError(f"lease_id must be {lease_id_bytes} bytes or None, got {lease_id!r}")
-            remote_ids, local_ids = validate_block_ids(
-                remote_block_ids, local_block_ids, local_num_blocks=self._min_local_blocks
-            )
-            rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
-            endpoint = (host, port + rank)
-            if endpoint[1] > 65535:
-                raise ValueError(f"port {port} + remote rank {rank} is out of range")
+            endpoint, remote_ids, local_ids = check_pull_args(
+                self.layout, self._min_local_blocks, request_id=request_id, host=host, port=port,
+                remote_engine_id=remote_engine_id, remote_instance_id=remote_instance_id,
+                remote_block_ids=remote_block_ids, local_block_ids=local_block_ids, remote_tp_size=remote_tp_size,
+                remote_lease_expiry=remote_lease_expiry, remote_lease_deadline=remote_lease_deadline,
+                lease_id=lease_id)
         except (ValueError, InvalidBlockIds, IncompatibleLayout) as exc:
             self._fail_now(rid, f"invalid pull: {exc}")
             return
@@ -259,7 +204,7 @@ class KVSink:
                              lease_bound=None if remote_lease_deadline is None else float(remote_lease_deadline),
                              config=self._config, where=f"{endpoint[0]}:{endpoint[1]}",
                              single_use=lease_id is not None)
-        p = _Pull(state, endpoint, remote_ids, local_ids, readers=self._readers(remote_tp_size), lease_id=lease_id)
+        p = _Pull(state, endpoint, remote_ids, local_ids, readers=readers_per_rank(self.layout, remote_tp_size), lease_id=lease_id)
         self._pulls[rid] = p
         try:
             peer = self._peers.get(endpoint)
@@ -280,33 +225,11 @@ class KVSink:
                 del self._pulls[rid]
                 self._fail_now(rid, f"could not start the pull: {exc!r}")
 
-    def _readers(self, remote_tp_size: int | None) -> int:
-        """Readers per source rank: decode TP / prefill TP (the source binds a lease to that many agents)."""
-        remote = self.layout.tp_size if remote_tp_size is None else remote_tp_size
-        return max(1, self.layout.tp_size // remote) if isinstance(remote, int) and remote > 0 else 1
-
     def keep_alive(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None,
                    lease_ids: list[bytes | None] | None = None) -> None:
         """Extend the source's leases of requests this rank will pull later (fire and forget);
         ``lease_ids``: each request's lease id (params 1.4; None for none)."""
-        try:
-            rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
-            if type(port) is not int or not 0 < port + rank <= 65535:
-                raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            by_id = check_lease_ids(request_ids, lease_ids)
-            chunks = chunk_request_ids([str(r) for r in request_ids], extra_per_id=LEASE_ID_COST if by_id else 0)
-        except (IncompatibleLayout, ValueError, TypeError) as exc:
-            log.warning("keep_alive ignored: %s", exc)
-            return
-        for ids in chunks:  # every queued request keeps its lease, however many there are
-            req = wire.HeartbeatRequest(id=SideChannelClient.next_id(), request_ids=ids, agent=self.agent_name,
-                                        readers=self._readers(remote_tp_size), lease_ids=lease_ids_field(ids, by_id))
-            try:
-                self._client.submit(host, port + rank, req, timeout=self._hb_timeout, attempts=1)
-            except ValueError as exc:  # an id too long for one request: that chunk is skipped
-                log.warning("keep_alive chunk of %d id(s) ignored: %s", len(ids), exc)
-                continue
-            self._counts.heartbeats += 1
+        self._notices.keep_alive(request_ids, host=host, port=port, remote_tp_size=remote_tp_size, lease_ids=lease_ids)
 
     def release(self, request_ids: list[str], *, host: str, port: int, remote_tp_size: int | None = None,
                 lease_ids: list[bytes | None] | None = None) -> None:
@@ -315,22 +238,12 @@ class KVSink:
 
         Never blocks: ``poll`` sends it again while the source has not acted on it yet (its hold can
         come after the notice; release_retry.py); one given up on leaves the blocks to their lease."""
-        try:
-            rank = remote_rank_for(self.layout, self.layout.tp_size if remote_tp_size is None else remote_tp_size)
-            if type(port) is not int or not 0 < port + rank <= 65535:
-                raise ValueError(f"port must be an int in 1..65535, got {port!r}")
-            by_id = check_lease_ids(request_ids, lease_ids)
-            chunks = chunk_request_ids([str(r) for r in request_ids], extra_per_id=LEASE_ID_COST if by_id else 0)
-        except (IncompatibleLayout, ValueError, TypeError) as exc:
-            log.warning("release ignored: %s", exc)
-            return
-        for ids in chunks:
-            self._releases.send(host, port + rank, ids, self._readers(remote_tp_size), by_id)
+        self._notices.release(request_ids, host=host, port=port, remote_tp_size=remote_tp_size, lease_ids=lease_ids)
 
     def poll(self) -> tuple[list[str], dict[str, str]]:
         self._client.poll()
         now = time.monotonic()
-        self._releases.advance(now)
+        self._notices.advance(now)
         self._collect_handshakes()
         for p in list(self._pulls.values()):
             try:
@@ -394,7 +307,7 @@ class KVSink:
             self._orphans.extend(p.handles)
             p.handles = []
         elif action is ps.Do.SEND_RELEASE:
-            self._releases.send(*p.endpoint, [p.request_id], p.readers, {p.request_id: p.lease_id})
+            self._notices.send(*p.endpoint, [p.request_id], p.readers, {p.request_id: p.lease_id})
         elif isinstance(action, ps.ReportFailed):
             del self._pulls[p.request_id]
             self._fail_now(p.request_id, action.reason)
@@ -407,7 +320,8 @@ class KVSink:
 
     def _advance(self, p: _Pull, now: float) -> None:
         if p.state.phase is not ps.Phase.FAILING and p.hb is not None and p.hb.done():
-            self._step(p, self._heartbeat_event(p))
+            call, p.hb = p.hb, None
+            self._step(p, heartbeat_event(call, p.request_id))
             if p.state.phase is ps.Phase.FAILING or self._pulls.get(p.request_id) is not p:
                 return  # failed by the answer (READs not released at once are retried each poll)
         self._step(p, ps.Tick(now, time.time()))
@@ -436,24 +350,6 @@ class KVSink:
         p.hb = self._client.submit(*p.endpoint, req, timeout=self._hb_timeout, attempts=2)
         self._counts.heartbeats += 1
 
-    def _heartbeat_event(self, p: _Pull) -> ps.Event:
-        """The finished heartbeat as an event."""
-        fut, p.hb = p.hb, None
-        assert fut is not None
-        try:
-            reply = fut.result()
-        except Exception as exc:
-            return ps.HeartbeatFailed(time.monotonic(), time.time(), str(exc))
-        now = time.monotonic()
-        if isinstance(reply, wire.ErrorReply):
-            return ps.HeartbeatBad(now, f"lease heartbeat refused: {reply.reason}")
-        if not isinstance(reply, wire.HeartbeatReply):
-            return ps.HeartbeatBad(now, f"unexpected heartbeat reply {type(reply).__name__}")
-        left = reply.remaining.get(p.request_id)
-        return ps.HeartbeatAnswer(now, reply.instance_id, None if left is None else float(left),
-                                  released_by_us=p.request_id in reply.released_by_you,
-                                  gone=p.request_id in reply.gone)
-
     def _collect_handshakes(self) -> None:
         for done in self._peers.collect():
             for p in list(self._pulls.values()):
@@ -480,51 +376,17 @@ class KVSink:
         """Post the pull's READs (contiguous block runs coalesced), each with its completion notification."""
         peer = p.peer
         assert peer is not None and not p.handles
-        t0 = time.perf_counter()
         posted_at = time.monotonic()  # UCX may copy inside the post call (cma): count it as transfer too
-        agent, name = self._agent, peer.agent_name
-        prepped = bool(peer.lists)
-        if prepped:
-            reads: list = pull_indices(peer.reads, p.local_ids, p.remote_ids)
-            counts = [r.descriptors for r in reads]
-            sizes = [r.nbytes for r in reads]
-        else:
-            reads = build_descriptors(self.regions, peer.regions, peer.plan, p.local_ids, p.remote_ids)
-            counts = [len(loc) for _, _, loc, _ in reads]
-            sizes = [int(loc[:, 1].sum()) for _, _, loc, _ in reads]
-        t1 = time.perf_counter()
-        self._counts.post_desc_seconds += t1 - t0
-        nbytes = 0
         try:
-            for j, read in enumerate(reads):
-                notif = wire.encode_notif(wire.Notif(p.request_id, peer.plan.readers, peer.plan.reader_index,
-                                                     len(reads), j, p.lease_id or b""))
-                t1 = time.perf_counter()
-                if prepped:
-                    handle = agent.make_read(name, self._peers.local_lists[read.local_mem], read.local,
-                                             peer.lists[read.remote_mem], read.remote, notif)
-                else:
-                    lmem, rmem, loc, rem = read
-                    handle = agent.make_read_descs(name, lmem, loc, rmem, rem, notif)
-                t2 = time.perf_counter()
-                p.handles.append(agent.post(name, handle))
-                self._counts.post_create_seconds += t2 - t1
-                self._counts.post_submit_seconds += time.perf_counter() - t2
-                p.states.append("PROC")
-                nbytes += sizes[j]
-                self._counts.descriptors += counts[j]
-                p.descriptors += counts[j]
+            nbytes, p.descriptors = self._reads.post(peer, p.request_id, p.lease_id, p.local_ids, p.remote_ids,
+                                                     p.handles)
         except NixlError as exc:
             self._step(p, ps.PostFailed(time.monotonic(), str(exc), any_posted=bool(p.handles)))
             return
-        self._counts.prepped_transfers += prepped
-        self._counts.post_seconds += time.perf_counter() - t0
         self._step(p, ps.Posted(posted_at, time.monotonic(), nbytes))
 
     def _check_reads(self, p: _Pull, now: float) -> None:
-        for i, h in enumerate(p.handles):
-            if p.states[i] != "DONE":
-                p.states[i] = self._agent.state(h)
+        self._reads.states(p.handles, p.states)
         self._step(p, ps.ReadStates(now, time.monotonic(), done=all(s == "DONE" for s in p.states),
                                     error="ERR" in p.states))
 
@@ -533,18 +395,5 @@ class KVSink:
             self._agent.release(h)
         p.handles = []
         del self._pulls[p.request_id]
-        st = p.state
-        assert st.completed_at is not None
-        seconds = st.completed_at - (st.posted_at or st.completed_at)
-        self._counts.bytes += st.nbytes
-        self._counts.transfers += 1
-        self._counts.transfer_seconds += seconds
-        self._counts.ack_wait_seconds += max(0.0, time.monotonic() - st.completed_at)
-        if p.peer is not None and p.peer.agent_name not in self._reported_peers:
-            self._reported_peers.add(p.peer.agent_name)
-            log.info(
-                "KV sink %s: first pull from %s: layout %s, %d descriptor(s), %d bytes, %.3g GB/s",
-                self.engine_id, p.peer.engine_id, p.peer.layout.kv_cache_layout, p.descriptors,
-                st.nbytes, st.nbytes / seconds / 1e9 if seconds > 0 else float("inf"),
-            )
+        self._reads.count_done(self.engine_id, p.peer, p.state, p.descriptors)
         self._done.append(p.request_id)

@@ -100,7 +100,7 @@ def test_another_key_holders_release_of_a_lease_it_did_not_read_is_refused_and_c
     src.hold("mine", [1], lease_id=lease)
     thief.release(["mine"], host=HOST, port=src.base_port)
     thief.release(["mine"], host=HOST, port=src.base_port, lease_ids=[secrets.token_bytes(16)])
-    assert wait_until(lambda: (thief.poll(), not len(thief._releases))[1]), "the thief's releases were not answered"
+    assert wait_until(lambda: (thief.poll(), not len(thief._notices))[1]), "the thief's releases were not answered"
     freed = released_soon(src, "mine", timeout=0.5)
     stats = src.stats()
     print(f"release by another key holder ({'1.4' if single_use else '1.3'}): freed={freed},"

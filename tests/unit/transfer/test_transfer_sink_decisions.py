@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from pdfleet.connector.transfer import wire
-from pdfleet.connector.transfer.heartbeat_chunks import chunk_request_ids
+from pdfleet.connector.transfer.heartbeats import chunk_request_ids
 from pdfleet.connector.transfer.pull_state import read_deadline_seconds
 
 

@@ -1,4 +1,4 @@
-"""Lease heartbeats and releases split to fit one side-channel message (pure).
+"""Lease heartbeats (pure): split to fit one side-channel message, and a pull's answer read as an event.
 
 A decode may keep alive or release thousands of queued requests at once; each message carries
 at most ``HEARTBEAT_MAX_IDS`` ids (the source refuses more) and about ``HEARTBEAT_MAX_ID_BYTES``
@@ -7,12 +7,16 @@ of them (the request codec's limit is 64 KiB), lease ids (params 1.4) included.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
+from pdfleet.connector.transfer import pull_state as ps
+from pdfleet.connector.transfer import wire
+from pdfleet.connector.transfer.sidechannel import Call
 from pdfleet.contract.kv_params import is_lease_id, lease_id_bytes
 
 __all__ = ["HEARTBEAT_MAX_IDS", "HEARTBEAT_MAX_ID_BYTES", "LEASE_ID_COST", "chunk_request_ids",
-           "check_lease_ids", "lease_ids_field"]
+           "check_lease_ids", "lease_ids_field", "heartbeat_event"]
 
 HEARTBEAT_MAX_IDS = 4096
 HEARTBEAT_MAX_ID_BYTES = 48 * 1024
@@ -55,3 +59,19 @@ def chunk_request_ids(ids: Sequence[str], max_ids: int = HEARTBEAT_MAX_IDS,
     if cur:
         out.append(cur)
     return out
+
+
+def heartbeat_event(call: Call, request_id: str) -> ps.Event:
+    """A pull's finished heartbeat as an event of its state machine."""
+    try:
+        reply = call.result()
+    except Exception as exc:
+        return ps.HeartbeatFailed(time.monotonic(), time.time(), str(exc))
+    now = time.monotonic()
+    if isinstance(reply, wire.ErrorReply):
+        return ps.HeartbeatBad(now, f"lease heartbeat refused: {reply.reason}")
+    if not isinstance(reply, wire.HeartbeatReply):
+        return ps.HeartbeatBad(now, f"unexpected heartbeat reply {type(reply).__name__}")
+    left = reply.remaining.get(request_id)
+    return ps.HeartbeatAnswer(now, reply.instance_id, None if left is None else float(left),
+                              released_by_us=request_id in reply.released_by_you, gone=request_id in reply.gone)
