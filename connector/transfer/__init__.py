@@ -5,9 +5,9 @@ Public API (addresses are plain ints; see each module's docstring):
 - ``Region``, ``KVLayout`` (layout.py): registered memory and what both sides agree on.
 - ``KVSource`` (source.py): prefill side; ``start``, ``hold``, ``poll_released``, ``stats``, ``close``.
 - ``KVSink`` (sink.py): decode side; ``pull``, ``keep_alive``, ``poll``, ``stats``, ``close``.
-- Pure helpers: ``plan_slice``, ``remote_rank_for``, ``validate_block_ids``,
-  ``coalesce_runs``, ``build_descriptors``, ``registration_spans``,
-  ``choose_kv_cache_layout`` (layout.py).
+- Pure helpers: ``plan_slice``, ``remote_rank_for``, ``registration_spans``,
+  ``choose_kv_cache_layout`` (layout.py); ``validate_block_ids``, ``coalesce_runs``,
+  ``build_descriptors`` (descriptors.py).
 
 ``KVSource``/``KVSink`` are imported lazily so that the pure parts import without NIXL/ZMQ.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdfleet.connector.transfer.descriptors import build_descriptors, coalesce_runs, validate_block_ids
 from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
     InvalidBlockIds,
@@ -24,13 +25,10 @@ from pdfleet.connector.transfer.layout import (
     Region,
     SlicePlan,
     Span,
-    build_descriptors,
     choose_kv_cache_layout,
-    coalesce_runs,
     plan_slice,
     registration_spans,
     remote_rank_for,
-    validate_block_ids,
 )
 
 __all__ = [

@@ -9,7 +9,7 @@ handshake (``remote_rows``, with the reader's head-slice offset and length), and
 a pull posts (``read_groups``). A pull then names, per region, the flat index of each block
 on both sides (``pull_indices``), and
 ``make_prepped_xfer`` merges indices consecutive on both sides into one descriptor where
-both rows are dense with equal strides. That is the rule of ``layout.build_descriptors``,
+both rows are dense with equal strides. That is the rule of ``descriptors.build_descriptors``,
 so the descriptors NIXL posts are as many as its rows.
 
 Each list holds one memory type; regions are grouped by type, and a pull reads one group
@@ -100,7 +100,7 @@ class ReadGroup:
 
 def read_groups(local: PrepRows, remote: PrepRows) -> list[ReadGroup]:
     """Group the regions by (local type, remote type) in order of first region (the grouping
-    of ``layout.build_descriptors``); computed once per peer, so a pull only adds block ids.
+    of ``descriptors.build_descriptors``); computed once per peer, so a pull only adds block ids.
 
     ``make_prepped_xfer`` merges indices consecutive on both sides into one descriptor when
     the local row is dense (stride == length) and both rows have the same stride: whole
@@ -134,7 +134,7 @@ def pull_indices(groups: Sequence[ReadGroup], local_ids: Sequence[int], remote_i
         raise ValueError(f"{len(local_ids)} local block ids but {len(remote_ids)} remote ones")
     lids = np.asarray(local_ids, dtype=np.int64)
     rids = np.asarray(remote_ids, dtype=np.int64)
-    # runs consecutive on both sides (layout.coalesce_runs); a run never leaves its region
+    # runs consecutive on both sides (descriptors.coalesce_runs); a run never leaves its region
     runs = int(np.count_nonzero((np.diff(lids) != 1) | (np.diff(rids) != 1))) + 1 if lids.size else 0
     return [
         PullIndices(g.local_mem, g.remote_mem, (g.local_base + lids).reshape(-1).astype(np.int32),

@@ -12,7 +12,8 @@ from typing import Any
 
 from typing import Sequence
 
-from pdfleet.connector.transfer.layout import KVLayout, Region, remote_rank_for, validate_block_ids
+from pdfleet.connector.transfer.descriptors import validate_block_ids
+from pdfleet.connector.transfer.layout import KVLayout, Region, remote_rank_for
 from pdfleet.connector.transfer.release_retry import ReleaseRetry
 from pdfleet.connector.transfer.retry import HeartbeatRetry
 from pdfleet.contract.connector_config import ConnectorExtraConfig

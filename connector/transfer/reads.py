@@ -2,7 +2,7 @@
 
 A pull's READs cover its blocks with contiguous runs coalesced: from the peer's prepared lists
 (block indices only, ``prepped.py``) when it has them, else from descriptor lists built for this
-pull (``layout.build_descriptors``). Each READ carries the completion notification the source
+pull (``descriptors.build_descriptors``). Each READ carries the completion notification the source
 counts (``wire.Notif``: which reader, which part, the lease id). Time spent is counted per step,
 and a finished pull's bytes and time once it completes.
 """
@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from pdfleet.connector.transfer import pull_state as ps
 from pdfleet.connector.transfer import wire
-from pdfleet.connector.transfer.layout import Region, build_descriptors
+from pdfleet.connector.transfer.descriptors import build_descriptors
+from pdfleet.connector.transfer.layout import Region
 from pdfleet.connector.transfer.nixl_agent import NixlAgent
 from pdfleet.connector.transfer.peers import Peer
 from pdfleet.connector.transfer.prepped import pull_indices

@@ -40,6 +40,7 @@ from pdfleet.connector.transfer import wire
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, ConnectorExtraConfig
 from pdfleet.contract.connector_counters import SinkCounters
 from pdfleet.connector.transfer.bounds import DropLog
+from pdfleet.connector.transfer.descriptors import validate_block_ids
 from pdfleet.connector.transfer.heartbeats import heartbeat_event
 from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
@@ -48,7 +49,6 @@ from pdfleet.connector.transfer.layout import (
     Region,
     Span,
     registration_spans,
-    validate_block_ids,
 )
 from pdfleet.connector.transfer.nixl_agent import NixlAgent, NixlError
 from pdfleet.connector.transfer.peers import Endpoint, Peer, Peers

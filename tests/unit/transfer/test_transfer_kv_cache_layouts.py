@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from pdfleet.connector.transfer.descriptors import build_descriptors
 from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
     KVLayout,
     Region,
     Span,
-    build_descriptors,
     choose_kv_cache_layout,
     plan_slice,
     registration_spans,

@@ -5,17 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pdfleet.connector.transfer.descriptors import build_descriptors, coalesce_runs, validate_block_ids
 from pdfleet.connector.transfer.layout import (
     IncompatibleLayout,
     InvalidBlockIds,
     KVLayout,
     Region,
     SlicePlan,
-    build_descriptors,
-    coalesce_runs,
     plan_slice,
     remote_rank_for,
-    validate_block_ids,
 )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdfleet.connector.transfer.layout import Region, SlicePlan, build_descriptors
+from pdfleet.connector.transfer.descriptors import build_descriptors
+from pdfleet.connector.transfer.layout import Region, SlicePlan
 from pdfleet.connector.transfer.prepped import local_rows, pull_indices, read_groups, remote_rows
 
 
