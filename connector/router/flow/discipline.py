@@ -251,13 +251,16 @@ class FlowQueue:
         """When the oldest waiting request expires (the edge's clock), or None when empty."""
         return next(iter(self._arrivals)).arrived + self.max_wait_s if self._arrivals else None
 
-    def dispatch(self, in_flight: int, capacity: int) -> list[Item]:
-        """Requests to start now, in order, given the requests in flight and the capacity."""
+    def dispatch(self, in_flight: int, capacity: int, lower_capacity: Optional[int] = None) -> list[Item]:
+        """Requests to start now, in order, given the requests in flight and the capacity.
+        ``lower_capacity`` (at most ``capacity``; default: the same) is the bound the lower classes'
+        headroom is taken from: the edge keeps the surplus it lets through ahead of decode for the top class."""
         out = []
         spare = headroom(capacity, len(self.classes))
+        lower = capacity if lower_capacity is None else min(capacity, lower_capacity)
         while self.size:
             eligible = [i for i, c in enumerate(self.classes)
-                        if c.size and in_flight < capacity - (0 if i == 0 else spare)]
+                        if c.size and in_flight < (capacity if i == 0 else lower - spare)]
             if not eligible:
                 break
             k = min(eligible, key=lambda i: (self.classes[i].start, i))

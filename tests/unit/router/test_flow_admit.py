@@ -121,6 +121,24 @@ async def test_capacity_counts_decode_and_lets_a_pipeline_through_ahead_of_it() 
     assert g.pipeline() == 4  # never more than decode's capacity again
 
 
+async def test_the_pipeline_margin_is_the_top_class_s_alone() -> None:
+    """Lower classes get the pipeline without its margin: the surplus that may wait inside decode, first
+    come first served, is never theirs, so the top class finds decode slots under load."""
+    g = gate(decodes=16, priorities=(Priority("hi", 8), Priority("lo", 1)), max_queued=100)
+    g.mean_pre_decode_s, g.mean_decode_s = 0.25, 1.0
+    assert (g.pipeline(), g.pipeline(1.0)) == (6, 4)  # ceil(1.5 x 16 x 0.25), 16 x 0.25
+    assert (g.effective_capacity(), g.lower_capacity()) == (22, 20)
+    release, log = asyncio.Event(), []
+    tasks = [asyncio.create_task(hold(g, {PRIORITY: "lo"}, release, log, f"lo{i}")) for i in range(30)]
+    await asyncio.sleep(0)
+    assert len(log) == 20 - 5  # the lower capacity less the headroom (a quarter of 22)
+    tasks += [asyncio.create_task(hold(g, {PRIORITY: "hi"}, release, log, f"hi{i}")) for i in range(10)]
+    await asyncio.sleep(0)
+    assert sum(n.startswith("hi") for n in log) == 22 - 15  # the top class up to the whole capacity
+    release.set()
+    await asyncio.gather(*tasks)
+
+
 async def test_priorities_still_apply_through_admit() -> None:
     g = gate(priorities=(Priority("hi", 8), Priority("lo", 1)), max_queued=10)
     release, log = asyncio.Event(), []

@@ -51,6 +51,23 @@ def test_dispatch_order(case, weights, arrivals, in_flight, capacity, expected) 
     assert fq.size == len(arrivals.split()) - len(out)
 
 
+@pytest.mark.parametrize("in_flight,lower_capacity,low,high", [
+    (0, None, 15, 5),  # capacity 20, headroom 5: the low class up to 15, the top class the rest
+    (0, 16, 11, 9),  # the low class bounded by 16 - 5; the top class still up to 20
+    (11, 16, 0, 9),  # the low class at its bound: only the top class starts
+    (0, 40, 15, 5),  # a lower bound above capacity is capacity
+    (0, 0, 0, 20),  # negative control of the bound's reach: nothing below the top class
+])
+def test_lower_classes_take_their_headroom_from_the_lower_capacity(in_flight, lower_capacity, low, high) -> None:
+    fq = q(8, 1)
+    offer_all(fq, items(" ".join(["1a"] * 30)))
+    out = fq.dispatch(in_flight, 20, lower_capacity)
+    assert len(out) == low and all(i.klass == 1 for i in out)
+    offer_all(fq, items(" ".join(["0b"] * 30), t0=100.0))
+    out = fq.dispatch(in_flight + low, 20, lower_capacity)
+    assert names(out) == " ".join(["0b"] * high)
+
+
 def test_an_idle_high_class_is_served_at_the_next_slot_not_behind_the_backlog() -> None:
     fq = q(8, 1)
     offer_all(fq, items(" ".join(["1a"] * 50)))
