@@ -55,8 +55,8 @@ _EWMA = 0.1  # weight of the newest request in the means (service time for Retry
 # The pipeline is sized for the mean; arrivals at decode vary around it, so a little more keeps decode
 # from idling (measured: bench/flow_control.py --parts throughput); the surplus waits at most one
 # prefill leg inside decode, first come first served. So the surplus is the top class's alone: lower
-# classes get the pipeline without it (with it, batch filled decode and interactive TTFT p90 under 2x
-# load rose to 1.4x-8x unloaded; without it, 1.0x-1.04x).
+# classes get the pipeline without it (with it for every class, interactive TTFT p90 under 2x load was
+# 1.05x-8.4x unloaded in 3 runs, batch filling decode; with no margin, 1.01x-1.04x).
 PIPELINE_MARGIN = 1.5
 _ADMITTED = None  # a waiting request's future resolves to this, or to the reason it was shed
 _current: contextvars.ContextVar[Optional["Admission"]] = contextvars.ContextVar("pdfleet_flow_admission",
