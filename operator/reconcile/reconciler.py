@@ -236,6 +236,7 @@ class Reconciler:
                      f"; {len(errors)} failed" if errors else "")
             await self._post(body, guarded.events_after)
         errors += await self._unmark_stale_serving(plan.unmark)
+        errors += await self._strip_stray_labels(guarded.actions.strip)
         errors += await self.scaling.sync(key, body, plan.scaling, plan.gate.owned, serving=plan.decision.serving,
                                           target=plan.gate.target)
         conflicts = [f"HorizontalPodAutoscaler/{h}" for role in plan.scaling.autoscaled
@@ -291,6 +292,19 @@ class Reconciler:
             except ApiFailure as exc:
                 if exc.status != 404:  # gone (the drain ended): nothing left to unmark
                     errors.append(f"unmark {child.ref}: {exc.status} {exc.message}")
+        return errors
+
+    async def _strip_stray_labels(self, strip: Sequence[tuple[ch.ObservedChild, tuple[str, ...]]]) -> list[str]:
+        """The fleet's label keys put on its children by hand come off (children.stray_labels)."""
+        errors = []
+        for child, keys in strip:
+            logger.warning("removing labels %s from %s: the plan does not set them", ", ".join(keys), child.ref)
+            try:
+                await self.client.merge_patch(child.ref, ch.kind_of({"apiVersion": child.ref.api_version,
+                                                                    "kind": child.ref.kind}), ch.strip_labels_patch(keys))
+            except ApiFailure as exc:
+                if exc.status != 404:
+                    errors.append(f"strip labels of {child.ref}: {exc.status} {exc.message}")
         return errors
 
     async def _foreign(self, apply: Sequence[Mapping[str, Any]], observed: Sequence[ch.ObservedChild],

@@ -30,7 +30,7 @@ WORKLOAD_KINDS = kinds.WORKLOAD_KINDS
 __all__ = ["GANG_KINDS", "LWS", "OWNED_KINDS", "POD", "WORKLOAD_KINDS", "Kind", "ChildRef", "ObservedChild",
            "ObservedPod", "Actions", "diff", "kind_of", "observe_child", "observe_pod", "owner_reference", "stamp",
            "manifest_hash", "FLEET_LABEL", "ROLE_LABEL", "REVISION_LABEL", "HASH_ANNOTATION", "SERVING_LABEL",
-           "SERVING_TRUE", "LWS_WORKER_INDEX_LABEL"]
+           "SERVING_TRUE", "LWS_WORKER_INDEX_LABEL", "stray_labels", "strip_labels_patch"]
 
 
 def manifest_hash(obj: Mapping[str, Any]) -> str:
@@ -74,6 +74,9 @@ class Actions:
     apply: tuple[dict[str, Any], ...] = ()
     delete: tuple[ObservedChild, ...] = ()
     unchanged: int = 0
+    # labels of the fleet's own keys (pdfleet.io/...) that the plan does not set, put on by hand:
+    # a canary weight on a Service would steer the router, so they come off (a merge patch each)
+    strip: tuple[tuple[ObservedChild, tuple[str, ...]], ...] = ()
 
     @property
     def writes(self) -> int:
@@ -96,6 +99,20 @@ def _labels_drifted(desired: Mapping[str, Any], have: ObservedChild) -> bool:
         return False
     labels = dict(have.labels)
     return any(labels.get(k) != v for k, v in want.items())
+
+
+def stray_labels(desired: Mapping[str, Any], have: ObservedChild) -> tuple[str, ...]:
+    """The fleet's label keys on a child that the plan does not set (the operator owns that key space
+    on its children; anyone else's labels are left alone)."""
+    if have.deleting:
+        return ()
+    want = (desired.get("metadata") or {}).get("labels") or {}
+    return tuple(sorted(k for k, _ in have.labels if k.startswith(label_keys.PREFIX) and k not in want))
+
+
+def strip_labels_patch(keys: Iterable[str]) -> dict[str, Any]:
+    """Merge patch taking ``keys`` off an object's labels."""
+    return {"metadata": {"labels": {k: None for k in keys}}}
 
 
 def diff(
@@ -121,11 +138,14 @@ def diff(
     to_apply = []
     unchanged = 0
     wanted = set()
+    strip = []
     for obj in desired:
         ref = ChildRef.of(obj)
         wanted.add(ref)
         want = (obj.get("metadata") or {}).get("annotations", {}).get(HASH_ANNOTATION)
         have = seen.get(ref)
+        if have is not None and (stray := stray_labels(obj, have)):
+            strip.append((have, stray))
         if (have is not None and (_replicas_drifted(obj, have) or _labels_drifted(obj, have))
                 and recently_applied.get(ref) != want):
             to_apply.append(dict(obj))  # scaled or relabelled by hand (or by an autoscaler): the spec wins
@@ -141,4 +161,4 @@ def diff(
         if ref not in wanted and not o.deleting and owner_uid in o.owner_uids
         and (o.revision not in keep or (current_revision is not None and o.revision == current_revision))
     )
-    return Actions(apply=tuple(to_apply), delete=to_delete, unchanged=unchanged)
+    return Actions(apply=tuple(to_apply), delete=to_delete, unchanged=unchanged, strip=tuple(strip))

@@ -99,9 +99,9 @@ async def test_hand_made_engine_pods_of_a_new_revision_switch_nothing(driver: Fa
 
 
 async def test_a_services_labels_are_restored_on_drift(driver: FakeDriver, kube):
-    """Issue 30: someone who may patch the fleet's Services edits the canary-weight and serving labels
-    (the router obeys them through the EndpointSlices); the applied-hash annotation is untouched, and
-    the next reconcile puts the labels back."""
+    """Issue 30: someone who may patch the fleet's Services edits the serving label and adds a
+    canary weight (the router obeys both through the EndpointSlices); the applied-hash annotation is
+    untouched, and the next reconcile puts the labels back as the plan has them."""
     await driver.create_cr(fleet())
     st = await wait_status(driver, "llama", lambda s: s.get("revision"), "a revision")
     name = f"llama-decode-{st['rollout']['targetRevision']}"
@@ -113,9 +113,15 @@ async def test_a_services_labels_are_restored_on_drift(driver: FakeDriver, kube)
     await kube.put(SERVICES, NAMESPACE, {**svc, "metadata": {**svc["metadata"], "labels": drifted}})
     await eventually(lambda: kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"].get("pdfleet.io/serving")
                      == "true", what="the serving label restored")
-    # a label the plan does not set is not the operator's: it stays (and is not fought over)
-    assert kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"].get("pdfleet.io/canary-weight") == "100"
+    # a label of the fleet's keys that the plan does not set (a canary weight on a pair with no
+    # canary, which the router would obey) comes off too; anybody else's label stays
+    await eventually(lambda: "pdfleet.io/canary-weight" not in kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"],
+                     what="the hand-added canary weight removed")
+    svc = kube.get(SERVICES, NAMESPACE, name)
+    await kube.put(SERVICES, NAMESPACE, {**svc, "metadata": {**svc["metadata"],
+                                                             "labels": {**svc["metadata"]["labels"], "team": "a"}}})
     await settle(driver)
+    assert kube.get(SERVICES, NAMESPACE, name)["metadata"]["labels"] == {**want, "team": "a"}
     writes = [c for c in kube.writes() if c.name == name]
     await asyncio.sleep(1.0)
     assert [c for c in kube.writes() if c.name == name] == writes, "the reconcile keeps rewriting the Service"

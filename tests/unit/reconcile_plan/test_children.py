@@ -11,6 +11,8 @@ from pdfleet.operator.reconcile_plan.children import (
     observe_child,
     owner_reference,
     stamp,
+    stray_labels,
+    strip_labels_patch,
 )
 
 CR = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
@@ -100,3 +102,30 @@ def test_a_kept_current_revision_still_loses_what_the_plan_dropped():
     assert dropped == {("LeaderWorkerSet", f"f-decode-{rev}-1"), ("PodGroup", f"f-decode-{rev}-1")}
     # Without naming the current revision, keep_revisions protects them (the behaviour for old revisions).
     assert diff(after, observed, owner_uid="uid-1", keep_revisions={rev}).delete == ()
+
+
+def _relabelled(obj, labels):
+    return {**obj, "metadata": {**obj["metadata"], "labels": labels}}
+
+
+def test_hand_added_fleet_labels_come_off_and_others_stay():
+    """Issue 30: the operator owns the pdfleet.io/ label keys on its children; one the plan does not
+    set (a canary weight on a Service with no canary) is stripped, anybody else's label stays."""
+    want = desired()
+    svc = next(o for o in want if o["kind"] == "Service" and "decode" in o["metadata"]["name"])
+    labels = svc["metadata"]["labels"]
+    rows = [
+        # (hand-made labels, keys to strip)
+        ({**labels, "pdfleet.io/canary-weight": "100"}, ("pdfleet.io/canary-weight",)),
+        ({**labels, "pdfleet.io/canary-weight": "100", "pdfleet.io/x": "1"}, ("pdfleet.io/canary-weight", "pdfleet.io/x")),
+        ({**labels, "team": "a", "example.com/pdfleet.io": "y"}, ()),
+        (dict(labels), ()),
+    ]
+    for hand, keys in rows:
+        observed = as_observed([_relabelled(o, hand) if o is svc else o for o in want])
+        actions = diff(want, observed, owner_uid="uid-1")
+        assert [(c.ref.name, k) for c, k in actions.strip] == ([(svc["metadata"]["name"], keys)] if keys else [])
+    assert stray_labels(svc, observe_child({**_relabelled(svc, {"pdfleet.io/a": "1"}),
+                                            "metadata": {**svc["metadata"], "labels": {"pdfleet.io/a": "1"},
+                                                         "deletionTimestamp": "now"}})) == ()
+    assert strip_labels_patch(["pdfleet.io/a"]) == {"metadata": {"labels": {"pdfleet.io/a": None}}}
