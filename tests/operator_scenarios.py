@@ -278,6 +278,8 @@ async def scenario_paired_rollout(d: Driver, *, drain_seconds: float) -> list[di
     router_before = (await d.get(DEPLOY, "llama-router"))["spec"]["template"]
     assert "--revision" not in router_before["spec"]["containers"][0]["args"]
 
+    # The router's Deployment rolls out whatever the spec change did to it (its controller's part).
+    await d.make_ready("Deployment", "llama-router")
     # Only the new prefill ready: still no switch.
     await d.make_ready("StatefulSet", f"llama-prefill-{new}")
     await asyncio.sleep(0.3)

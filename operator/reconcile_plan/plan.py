@@ -201,7 +201,8 @@ def canary_gate(observed: Observed, cr: Optional[api.DisaggregatedInference] = N
     hold = cr.spec.rollout.strategy == "Canary" and not (
         record is not None and record.revision == target and record.state.phase == PROMOTED)
     decision = rollout.decide(target, state, pods, present, now=observed.now,
-                              drain_seconds=observed.settings.drain_seconds, hold=hold)
+                              drain_seconds=observed.settings.drain_seconds, hold=hold,
+                              front_ends_rolled=rollout.front_ends_rolled(owned))
     return Gate(cr, image, target, tuple(owned), tuple(pods), tuple(unowned), state, record, present, decision)
 
 

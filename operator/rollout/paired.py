@@ -32,10 +32,13 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from pdfleet.contract.labels import ROLE_EPP, ROLE_ROUTER
 from pdfleet.operator.kube.observed import HASH_ANNOTATION, SERVING_LABEL, ObservedChild, ObservedPod
+from pdfleet.operator.plan.kinds import DEPLOYMENT
 from pdfleet.operator.rollout import canary
 
 PAIRED_ROLES = ("prefill", "decode")
+FRONT_END_ROLES = (ROLE_ROUTER, ROLE_EPP)  # the engines' callers, which hold their API token
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,12 @@ def decide(
     now: datetime.datetime,
     drain_seconds: float,
     hold: bool = False,
+    front_ends_rolled: bool = True,
 ) -> Decision:
     """The rollout step for this reconcile; ``hold``: a canary runs, the ready new pair does not
-    take over (phase Canary) unless the serving revision has no pods left."""
+    take over (phase Canary) unless the serving revision has no pods left; ``front_ends_rolled``
+    False: a router or Endpoint Picker pod still runs an older template (``front_ends_rolled``),
+    and the switch waits in RollingOut (same exception)."""
     pods = list(pods)
     ready = ready_pairs(pods)
     present = set(present_revisions)
@@ -113,12 +119,24 @@ def decide(
 
     new_pair_ready = set(PAIRED_ROLES) <= ready.get(target, set())
     old_has_pods = serving in present or any(p.revision == serving and not p.deleting for p in pods)
-    if (new_pair_ready and not hold) or not old_has_pods:
+    if (new_pair_ready and not hold and front_ends_rolled) or not old_has_pods:
         switched = RolloutState(serving=target, previous=serving, switched_at=format_time(now))
         return draining(switched)
     return Decision(serving, target, frozenset({serving, target}),
                     RolloutState(serving=serving, previous=state.previous, switched_at=state.switched_at),
-                    "Canary" if new_pair_ready else "RollingOut")
+                    "Canary" if new_pair_ready and hold else "RollingOut")
+
+
+def front_ends_rolled(children: Iterable[ObservedChild]) -> bool:
+    """Every router and Endpoint Picker pod runs its Deployment's current template: what the new
+    pair's engines ask of their callers (the engine API token, since issue 30) every caller has,
+    so an upgrade never switches to engines that an older router pod cannot call (401)."""
+    for c in children:
+        if c.ref.kind != DEPLOYMENT.kind or c.role not in FRONT_END_ROLES or c.deleting:
+            continue
+        if c.observed_generation < c.generation or c.updated_replicas < c.status_replicas:
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ async def test_paired_rollout_of_leaderworkersets(driver: FakeDriver):
     assert new != old and st["revision"] == old, "the router stays on the old pair until the new one is ready"
     names = (await fleet_children(driver, "llama"))["LeaderWorkerSet"]
     assert names == {f"llama-{r}-{v}" for r in ("prefill", "decode") for v in (old, new)}
+    await driver.make_ready("Deployment", "llama-router")  # the router rolls out the new image too
     await driver.make_ready("LeaderWorkerSet", f"llama-prefill-{new}")
     await driver.make_ready("LeaderWorkerSet", f"llama-decode-{new}")
     st = await wait_status(driver, "llama", lambda s: s["revision"] == new, "switched")
@@ -227,6 +228,7 @@ async def test_hand_made_leaderworkerset_pods_of_a_new_revision_switch_nothing(d
 
     for name in forged:  # the LWS controller's own pods of those names
         await kube.remove("v1/pods", NAMESPACE, name)
+    await kube.simulate_deployment(NAMESPACE, "llama-router")  # the router rolls out the new image too
     for role in ("prefill", "decode"):
         await kube.simulate_leaderworkerset(NAMESPACE, f"llama-{role}-{new}")
     st = await wait_status(driver, "llama", lambda s: s["revision"] == new, "the switch, on the LWS's own pods")

@@ -92,6 +92,7 @@ async def test_hand_made_engine_pods_of_a_new_revision_switch_nothing(driver: Fa
     assert metrics.registry.get_sample_value("pdfleet_operator_unowned_objects_ignored_total", {"kind": "Pod"}) == 4
 
     # The fleet's own pods (the StatefulSet controller replaces the forged ones of its pods' names).
+    await kube.simulate_deployment(NAMESPACE, "llama-router")  # whatever the spec change did to it
     for role in ("prefill", "decode"):
         await kube.simulate_statefulset(NAMESPACE, f"llama-{role}-{new}", ip_prefix="10.2")
     st = await wait_status(driver, "llama", lambda s: s["revision"] == new, "the switch, on the fleet's pods")
@@ -125,3 +126,32 @@ async def test_a_services_labels_are_restored_on_drift(driver: FakeDriver, kube)
     writes = [c for c in kube.writes() if c.name == name]
     await asyncio.sleep(1.0)
     assert [c for c in kube.writes() if c.name == name] == writes, "the reconcile keeps rewriting the Service"
+
+
+async def test_no_switch_to_a_new_pair_while_a_router_pod_runs_an_older_template(driver: FakeDriver, kube):
+    """Issue 30's upgrade window: the new pair's engines ask the engine API token of every caller; a
+    router pod of an older template (e.g. from before the token) would get 401s from them, so the
+    switch waits in RollingOut until the router's Deployment has rolled out, then happens."""
+    await driver.create_cr(fleet())
+    await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the first pair")
+    for sts in kube.list(STS, NAMESPACE):
+        await kube.simulate_statefulset(NAMESPACE, sts["metadata"]["name"])
+    await kube.simulate_deployment(NAMESPACE, "llama-router")
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
+    old = st["revision"]
+    await driver.patch_cr("llama", {"spec": {"image": "registry.example/pdfleet-runtime:v2"}})
+    st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] != old, "a new target")
+    new = st["rollout"]["targetRevision"]
+    router = await eventually(lambda: (kube.get(DEPLOY, NAMESPACE, "llama-router") or {}).get("metadata", {})
+                              .get("generation", 1) > 1 and kube.get(DEPLOY, NAMESPACE, "llama-router"),
+                              what="the router's new template")
+    assert router["status"]["observedGeneration"] < router["metadata"]["generation"]
+    for role in ("prefill", "decode"):
+        await eventually(lambda: kube.get(STS, NAMESPACE, f"llama-{role}-{new}"), what=f"{role} of the new pair")
+        await kube.simulate_statefulset(NAMESPACE, f"llama-{role}-{new}", ip_prefix="10.2")
+    await settle(driver)
+    st = await wait_status(driver, "llama", lambda s: condition(s, "Progressing")["reason"] == "RollingOut",
+                           "waiting for the router")
+    assert st["revision"] == old, "switched while a router pod of the old template runs"
+    await kube.simulate_deployment(NAMESPACE, "llama-router")
+    await wait_status(driver, "llama", lambda s: s["revision"] == new, "the switch, once the router rolled out")

@@ -8,7 +8,8 @@ import itertools
 import pytest
 
 from pdfleet.operator.reconcile_plan.children import ObservedPod
-from pdfleet.operator.rollout.paired import RolloutState, decide, format_time, router_endpoints
+from pdfleet.operator.kube.observed import observe_child
+from pdfleet.operator.rollout.paired import RolloutState, decide, format_time, front_ends_rolled, router_endpoints
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.timezone.utc)
 PORTS = {"old": (5600, 8000), "new": (5700, 8001), "mid": (5600, 8000)}
@@ -139,3 +140,42 @@ def test_unmark_serving_removes_the_label_and_the_applied_hash():
     patch = unmark_serving()
     assert patch["metadata"]["labels"] == {labels.SERVING: None}
     assert patch["metadata"]["annotations"] == {labels.APPLIED_HASH: None}
+
+
+def _front_end(role: str, generation: int, observed: int, replicas: int, updated: int, deleting: bool = False):
+    return observe_child({"apiVersion": "apps/v1", "kind": "Deployment",
+                          "metadata": {"name": f"f-{role}", "namespace": "ns", "uid": role, "generation": generation,
+                                       "labels": {"pdfleet.io/role": role},
+                                       **({"deletionTimestamp": "x"} if deleting else {})},
+                          "spec": {"replicas": replicas, "template": {}},
+                          "status": {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated}})
+
+
+def test_front_ends_rolled_table():
+    rows = [
+        ([], True),
+        ([_front_end("router", 2, 2, 2, 2)], True),
+        ([_front_end("router", 2, 1, 2, 2)], False),             # the controller has not seen the change
+        ([_front_end("router", 2, 2, 3, 2)], False),             # one pod of an older template left
+        ([_front_end("epp", 3, 3, 2, 1)], False),
+        ([_front_end("router", 2, 2, 2, 2), _front_end("epp", 2, 1, 1, 1)], False),
+        ([_front_end("router", 2, 1, 2, 0, deleting=True)], True),  # going away: nobody's caller
+        ([_front_end("prefill", 2, 1, 2, 0)], True),             # not a caller of the engines
+    ]
+    for children, want in rows:
+        assert front_ends_rolled(children) is want, children
+
+
+def test_a_ready_new_pair_waits_for_the_front_ends_unless_nothing_is_left_to_protect():
+    pods = [pod(r, rev) for r in ("prefill", "decode") for rev in ("old", "new")]
+    wait = decide("new", RolloutState(serving="old"), pods, ["old", "new"], now=NOW, drain_seconds=30,
+                  front_ends_rolled=False)
+    assert (wait.serving, wait.phase) == ("old", "RollingOut")
+    held = decide("new", RolloutState(serving="old"), pods, ["old", "new"], now=NOW, drain_seconds=30,
+                  front_ends_rolled=False, hold=True)
+    assert (held.serving, held.phase) == ("old", "Canary")  # a canary's hold still says Canary
+    gone = decide("new", RolloutState(serving="old"), [p for p in pods if p.revision == "new"], ["new"], now=NOW,
+                  drain_seconds=30, front_ends_rolled=False)
+    assert gone.serving == "new"
+    # control: rolled front ends switch at once
+    assert decide("new", RolloutState(serving="old"), pods, ["old", "new"], now=NOW, drain_seconds=30).serving == "new"
