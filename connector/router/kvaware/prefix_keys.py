@@ -64,12 +64,13 @@ class PromptKeys:
 
 def match_lengths(keys: Iterable[int] | LazyKeys, holds: Mapping[str, Callable[[int], bool]]) -> dict[str, int]:
     """Leading keys held by each endpoint. Keys already taken are matched at once, the others
-    taken in doubling batches, so at most about twice the blocks any endpoint matches are
-    computed (hashed, or tokenized then hashed)."""
+    taken in doubling batches from one, so at most about twice the blocks any endpoint matches,
+    plus one, are computed (hashed, or tokenized then hashed): the usual request, whose prefix
+    every endpoint holds up to some block and none past it, computes one block past the known."""
     lazy = keys if isinstance(keys, LazyKeys) else LazyKeys(keys)
     lengths = {u: 0 for u in holds}
     live = list(holds.items())
-    n, step = 0, 8
+    n, step = 0, 1
     while live:
         want = lazy.ready if lazy.ready > n else n + step
         grows = want > lazy.ready

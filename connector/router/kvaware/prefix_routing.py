@@ -42,7 +42,10 @@ EVENTS = "events"
 ROUTED = "routed"
 MIXED = "mixed"
 _CHARS_PER_TOKEN = 4  # for the routed index's token estimate only
-_PIECE_CHARS = 384  # tokenized at a time past the prompt token cache (about 6 blocks of 16)
+# Past the prompt token cache a prompt is tokenized a piece at a time, as far as scoring asks: the
+# first piece about one block long (scoring usually stops at the first block past the cache), each
+# next one twice as long, up to _MAX_PIECE_CHARS.
+_MIN_PIECE_CHARS, _MAX_PIECE_CHARS = 64, 4096
 _MAX_REMEMBERING = 16  # prompts queued for remembering; past this new prompts are not remembered
 
 
@@ -87,6 +90,7 @@ class PrefixRouting:
         self._executor: ThreadPoolExecutor | None = None
         self._remembering = 0
         self._remember_tasks: set[asyncio.Future] = set()
+        self._stopped = False
         self._tokenizer_task: asyncio.Task | None = None
         self.routed = RoutedIndex()
         self.states: dict[str, EndpointState] = {}
@@ -99,6 +103,7 @@ class PrefixRouting:
         self._running = False
         self.counters = _MetricCounters(metrics, lambda u: u in self.states, self.labels)
         self._keys: OrderedDict[int, tuple[Any, PromptKeys]] = OrderedDict()
+        self._accounts: dict[tuple[str, str | None], tuple[Any, Any, Any]] = {}
 
     def enabled(self, role: str) -> bool:
         return self.policies.get(role) == PREFIX_AWARE
@@ -169,7 +174,7 @@ class PrefixRouting:
     async def start(self) -> None:
         if not (self.enabled(PREFILL) or self.enabled(DECODE)):
             return
-        self._running = True
+        self._running, self._stopped = True, False
         self._start_missing()
         if not self._tokenizer_loaded:
             # In the background: the router serves (scoring from its routed index) while it loads.
@@ -196,6 +201,7 @@ class PrefixRouting:
 
     async def stop(self) -> None:
         self._running = False
+        self._stopped = True  # no prompt is handed to the worker any more
         if self._tokenizer_task is not None and not self._tokenizer_task.done():
             self._tokenizer_task.cancel()
         tasks = list(self._tasks.values())
@@ -269,11 +275,12 @@ class PrefixRouting:
     def _keys_after(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> Iterator[int]:
         """The block keys after ``hit``'s."""
         tokens, parent, done, pos = list(hit.ids), hit.last_hash, len(hit.keys), hit.chars
+        piece = first_piece_chars(self.config.block_size, hit.chars, len(tokens), done)
         try:
             while pos < len(prompt):
-                end = next_safe_cut(prompt, pos + _PIECE_CHARS)
+                end = next_safe_cut(prompt, pos + piece)
                 tokens += self._tokenize.encode(prompt[pos:end], special and pos == 0).ids  # BOS at the start only
-                pos = end
+                pos, piece = end, min(2 * piece, _MAX_PIECE_CHARS)
                 for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
                     done, parent = done + 1, h
                     yield ke.hash_key(h)
@@ -282,7 +289,9 @@ class PrefixRouting:
 
     def _remember(self, prompt: str, hit: Cached, special: bool) -> None:
         """Tokenize what the cache lacks of a prompt and store it: in a worker thread inside the
-        router's event loop (at most a few prompts queued; more are not remembered), else now."""
+        router's event loop (at most a few prompts queued; more are not remembered), else now.
+        The worker is handed the prompt once the current decision is over (the loop's next turn):
+        waking it costs the decision a thread switch, and its tokenizing would compete for the GIL."""
         rest, bos = prompt[hit.chars:], special and hit.chars == 0
         try:
             loop = asyncio.get_running_loop()
@@ -291,12 +300,31 @@ class PrefixRouting:
             return
         if self._remembering >= _MAX_REMEMBERING:
             return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdfleet-tokenize")
         self._remembering += 1
-        fut = loop.run_in_executor(self._executor, self._tokenize.encode_unlocked, rest, bos)
+        fut = loop.create_future()
         self._remember_tasks.add(fut)
         fut.add_done_callback(lambda f: self._stored(f, prompt, hit))
+        loop.call_soon(self._hand_to_worker, loop, fut, rest, bos)
+
+    def _hand_to_worker(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, rest: str, bos: bool) -> None:
+        if self._stopped:
+            fut.cancel()
+            return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdfleet-tokenize")
+        work = loop.run_in_executor(self._executor, self._tokenize.encode_unlocked, rest, bos)
+
+        def done(w: asyncio.Future) -> None:
+            if fut.done():
+                return
+            if w.cancelled():
+                fut.cancel()
+            elif w.exception() is not None:
+                fut.set_exception(w.exception())
+            else:
+                fut.set_result(w.result())
+
+        work.add_done_callback(done)
 
     def _stored(self, fut: asyncio.Future, prompt: str, hit: Cached) -> None:
         self._remembering -= 1
@@ -375,11 +403,28 @@ class PrefixRouting:
         return cached, source
 
     def _account(self, role: str, source: str | None, choice: Choice) -> None:
-        m = self.metrics
-        m.prefix_decisions.labels(role, source or "none").inc()
-        if source is not None:
-            m.prefix_cached_tokens.labels(role, "chosen", source).inc(choice.cached_tokens)
-            m.prefix_cached_tokens.labels(role, "available", source).inc(choice.best_tokens)
+        # prometheus children resolved once: labels() costs more than the update itself
+        counters = self._accounts.get((role, source))
+        if counters is None:
+            m = self.metrics
+            counters = self._accounts[(role, source)] = (
+                m.prefix_decisions.labels(role, source or "none"),
+                m.prefix_cached_tokens.labels(role, "chosen", source) if source is not None else None,
+                m.prefix_cached_tokens.labels(role, "available", source) if source is not None else None)
+        decisions, chosen, available = counters
+        decisions.inc()
+        if chosen is not None:
+            chosen.inc(choice.cached_tokens)
+            available.inc(choice.best_tokens)
+
+
+def first_piece_chars(block_size: int, chars: int, tokens: int, blocks: int) -> int:
+    """Characters to tokenize first past a cached prefix of ``chars`` characters, ``tokens`` tokens and
+    ``blocks`` whole blocks: enough to complete the next block at the prefix's characters per token
+    (4 when nothing is cached), with a quarter more for margin (pure)."""
+    per_token = chars / tokens if tokens and chars else _CHARS_PER_TOKEN
+    wanted = max(1, block_size * (blocks + 1) - tokens)
+    return max(_MIN_PIECE_CHARS, min(_MAX_PIECE_CHARS, int(wanted * per_token * 1.25)))
 
 
 __all__ = ["PrefixRouting", "PromptKeys", "LazyKeys", "match_lengths", "prompt_text", "load_tokenizer", "Tokenizer",

@@ -7,6 +7,7 @@ import hashlib
 import pytest
 
 from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
+from pdfleet.connector.router.kvaware.prefix_keys import LazyKeys
 from pdfleet.connector.router.kvaware.prefix_routing import match_lengths, prompt_text
 from pdfleet.connector.router.kvaware.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
 
@@ -66,11 +67,30 @@ def test_match_lengths_stops_hashing_after_the_last_match():
 
     got = match_lengths(keys(), {"a": {0, 1, 2}.__contains__, "b": {0}.__contains__, "c": set().__contains__})
     assert got == {"a": 3, "b": 1, "c": 0}
-    assert pulled == list(range(8))  # one first batch of 8, nothing past it
+    assert pulled == list(range(7))  # batches of 1, 2, 4: nothing past the one that missed
     pulled.clear()
     got = match_lengths(keys(), {"a": set(range(40)).__contains__, "b": {0}.__contains__})
     assert got == {"a": 40, "b": 1}
-    assert len(pulled) == 8 + 16 + 32  # doubling batches: at most about twice what matched
+    assert len(pulled) == 1 + 2 + 4 + 8 + 16 + 32  # doubling batches: at most about twice what matched
+    pulled.clear()
+    assert match_lengths(keys(), {"a": set().__contains__, "b": {5}.__contains__}) == {"a": 0, "b": 0}
+    assert pulled == [0]  # held by none: one block computed, not a batch
+
+
+def test_match_lengths_computes_one_block_past_the_keys_already_taken():
+    """The usual request: its first blocks known (the prompt token cache), every endpoint holding them
+    and none the next; one more block is computed (tokenized and hashed on the request's path)."""
+    pulled = []
+
+    def rest():
+        for k in range(10, 100):
+            pulled.append(k)
+            yield k
+
+    got = match_lengths(LazyKeys(rest(), known=range(10)), {"a": set(range(10)).__contains__,
+                                                             "b": {*range(10), 50}.__contains__})
+    assert got == {"a": 10, "b": 10}
+    assert pulled == [10]
 
 
 def test_routed_index_is_bounded_lru():
@@ -153,3 +173,18 @@ def test_text_keys_are_chained_prefixes():
 ])
 def test_prompt_text(body, chat, expected):
     assert prompt_text(body, chat) == expected
+
+
+@pytest.mark.parametrize("block, chars, tokens, blocks, want", [
+    (16, 0, 0, 0, 80),  # nothing cached: 16 tokens at 4 characters, a quarter more
+    (32, 0, 0, 0, 160),
+    (32, 300, 100, 3, 105),  # 3 whole blocks in 100 tokens: 28 more complete the 4th, at 3 characters a token
+    (32, 500, 180, 5, 64),  # 12 more complete the 6th (41 characters): never under 64
+    (16, 64, 16, 1, 80),  # 16 more at 4 characters a token
+    (1, 10, 2, 2, 64),  # the floor
+    (32, 1_000_000, 1_000, 31, 4096),  # 24 more at 1,000 characters a token: the ceiling
+])
+def test_first_piece_reaches_about_one_block_past_the_cached_prefix(block, chars, tokens, blocks, want):
+    from pdfleet.connector.router.kvaware.prefix_routing import first_piece_chars
+
+    assert first_piece_chars(block, chars, tokens, blocks) == max(64, min(4096, int(want)))
