@@ -565,6 +565,27 @@ GATEWAY_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + GATEWAY_RULES
 
 
+def _fail_open_acknowledged(spec: DisaggregatedInferenceSpec) -> bool:
+    """The engines answer only the fleet's token, which the gateway's FailOpen fallback cannot carry: FailOpen
+    would answer 401 while the picker is down, unless the user says the gateway sets the token itself."""
+    pool = spec.gateway.inference_pool
+    return not (pool.enabled and pool.failure_mode == gateway.FAIL_OPEN) or pool.fail_open_without_engine_token
+
+
+FAIL_OPEN_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="gateway.inferencePool.failureMode",
+        message=f"{gateway.FAIL_OPEN} needs failOpenWithoutEngineToken: true: while the Endpoint Picker is down the "
+        "gateway sends requests to decode without the fleet's engine API token, and the engines refuse them (401) "
+        f"unless your gateway sets the token itself; use {gateway.FAIL_CLOSE} with eppReplicas >= 2, or set "
+        "failOpenWithoutEngineToken to say the gateway sets it",
+        check=_fail_open_acknowledged,
+        cel=f"!{_POOL}.enabled || {_POOL}.failureMode != '{gateway.FAIL_OPEN}' || {_POOL}.failOpenWithoutEngineToken",
+    ),
+)
+SPEC_RULES = SPEC_RULES + FAIL_OPEN_RULES
+
+
 def vllm_flag_name(arg: str) -> Optional[str]:
     """The flag an argument sets as vLLM's parser reads it (FlexibleArgumentParser), or None for a value:
     ``--a_b=1`` and ``--a-b.c`` are ``--a-b`` (underscores become dashes, a dotted key sets a JSON field)."""

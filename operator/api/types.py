@@ -450,7 +450,14 @@ class InferencePoolSpec(Model):
         default=gateway.FAIL_CLOSE,
         description=f"What the gateway does when the Endpoint Picker cannot be reached: {gateway.FAIL_CLOSE} "
         f"answers 5xx; {gateway.FAIL_OPEN} sends the request to a decode pod of the pool, which serves it "
-        "alone (no prefill leg).",
+        "alone (no prefill leg), but without the fleet's engine token (see failOpenWithoutEngineToken).",
+    )
+    fail_open_without_engine_token: bool = Field(
+        default=False,
+        description=f"Required (true) with failureMode {gateway.FAIL_OPEN}: the gateway's fallback request reaches "
+        "decode without the fleet's engine API token (only the Endpoint Picker sets it), and the engines refuse "
+        "such a request (401) unless the gateway itself sets the token. Set it to say you know, e.g. because your "
+        f"gateway injects the token; otherwise use {gateway.FAIL_CLOSE} with eppReplicas >= 2.",
     )
     epp_replicas: Annotated[int, Field(ge=1, le=100)] = Field(
         default=2, description="Endpoint Picker replicas (each picks alone; two keep the path up through a drain)."

@@ -69,7 +69,7 @@ class Gateway:
         args = dict(self._envoy_args, **changes)
         extra_filters = args.pop("extra_filters")
         config = render(args.pop("mode"), listen_port=0, epp_port=self.epp_port, admin_port=0,
-                        connect_timeout_s=1.0, **args)
+                        connect_timeout_s=args.pop("connect_timeout_s", 1.0), **args)
         anchor = "          - name: envoy.filters.http.ext_proc\n"
         for f in extra_filters:  # JSON is YAML: one flow-style list item, before ext_proc
             config = config.replace(anchor, f"          - {f}\n" + anchor)

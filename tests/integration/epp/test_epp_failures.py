@@ -6,6 +6,7 @@ removal makes it fail."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import aiohttp
@@ -104,6 +105,27 @@ async def test_epp_down_fail_open_serves_decode_only_and_counts_it(gw):
         "http.gateway.ext_proc.failure_mode_allowed", 0) >= 3
 
 
+async def test_fail_open_fallback_reaches_decode_without_the_engine_token(gw, monkeypatch):
+    """Why FailOpen needs failOpenWithoutEngineToken (operator/api/rules.py): with the fleet's token set, the
+    request the EPP routes carries it to decode (the negative control), the fallback request the proxy sends
+    once the EPP is down carries only what the client sent, which an engine holding the token refuses (401)."""
+    from pdfleet.contract.env import ENGINE_API_KEY
+
+    monkeypatch.setenv(ENGINE_API_KEY, "fleet-token")
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], failure_mode=FAIL_OPEN)
+    client = {"Authorization": "Bearer client"}
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY, headers=client) as r:
+        assert r.status == 200 and FALLBACK_HEADER not in r.headers
+    assert d.received[-1].headers.get("Authorization") == "Bearer fleet-token"
+    await gw.stop_epp()
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY, headers=client) as r:
+        assert r.status == 200 and r.headers[FALLBACK_HEADER] == FALLBACK_DECODE_ONLY
+    assert d.received[-1].headers.get("Authorization") == "Bearer client"
+    assert "kv_transfer_params" not in d.received[-1].body
+
+
 async def test_epp_down_fail_close_is_a_fast_5xx(gw):
     """The negative control of FailOpen: the same proxy with failure_mode_allow false."""
     p = await gw.engine("p1", "prefill")
@@ -116,6 +138,51 @@ async def test_epp_down_fail_close_is_a_fast_5xx(gw):
             assert FALLBACK_HEADER not in r.headers
     assert time.monotonic() - started < 2.0
     assert not p.received and not d.received
+
+
+def _unreachable() -> tuple[socket.socket, list[socket.socket], int]:
+    """A port whose SYNs go unanswered, as an EPP pod that is gone or partitioned: a listener that never
+    accepts, its accept queue filled (Linux then drops further SYNs; the client retries until its
+    connect timeout)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(0)
+    port = lsock.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(c)
+    return lsock, fillers, port
+
+
+@pytest.mark.parametrize("failure_mode", [FAIL_CLOSE, FAIL_OPEN])
+async def test_epp_unreachable_is_bounded_by_the_connect_timeout(gw, failure_mode):
+    """An EPP that does not answer at all (no refusal: its address drops the connection): the epp
+    cluster's connect_timeout bounds the wait (FailClose: a 5xx; FailOpen: decode-only), never a hang.
+    Checked by hand: with Envoy started again with connect_timeout 60 s instead of 1 s, the request is
+    still pending at the 5 s bound (TimeoutError), in both modes."""
+    lsock, fillers, port = _unreachable()
+    try:
+        p = await gw.engine("p1", "prefill")
+        d = await gw.engine("d1", "decode")
+        await gw.start([p], [d], failure_mode=failure_mode, epp=False, epp_port=port)
+        started = time.monotonic()
+        async with asyncio.timeout(5):
+            async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+                if failure_mode == FAIL_CLOSE:
+                    assert r.status >= 500 and FALLBACK_HEADER not in r.headers
+                else:
+                    assert r.status == 200 and r.headers[FALLBACK_HEADER] == FALLBACK_DECODE_ONLY
+        assert time.monotonic() - started < 4.0
+        assert not p.received
+    finally:
+        for s in (lsock, *fillers):
+            s.close()
 
 
 @pytest.mark.parametrize("failure_mode", [FAIL_CLOSE, FAIL_OPEN])

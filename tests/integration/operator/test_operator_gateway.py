@@ -61,7 +61,8 @@ async def test_the_pool_and_its_picker_live_and_die_with_the_fleet(driver: FakeD
     assert st["epp"]["readyReplicas"] == 2
 
     # update: the pool and the picker's Service follow the spec
-    await d.patch_cr("llama", {"spec": {"gateway": {"inferencePool": {"failureMode": "FailOpen", "eppPort": 19002}}}})
+    await d.patch_cr("llama", {"spec": {"gateway": {"inferencePool": {
+        "failureMode": "FailOpen", "failOpenWithoutEngineToken": True, "eppPort": 19002}}}})
     await eventually(lambda: kube.get(POOL, NAMESPACE, "llama")["spec"]["endpointPickerRef"]
                      == {"kind": "Service", "name": "llama-epp", "port": {"number": 19002}, "failureMode": "FailOpen"},
                      what="the pool's endpointPickerRef updated")

@@ -48,7 +48,7 @@ def test_the_gateways_peers_are_named_while_the_network_policy_is_on() -> None:
 
 
 GOOD = [
-    {"enabled": True, "failureMode": "FailOpen", "allowFrom": GW},
+    {"enabled": True, "failureMode": "FailOpen", "failOpenWithoutEngineToken": True, "allowFrom": GW},
     {"enabled": True, "eppPort": 19002, "eppReplicas": 1, "allowFrom": GW},
     {"enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels": {"a": "b"}}, "podSelector": {}},
                                     {"ipBlock": {"cidr": "10.0.0.0/8"}}]},
