@@ -4,10 +4,11 @@
 The reconcile is: gather (reconcile/reconciler.py: the CR from the watch, children and pods from the
 indexes, the canary edge's scrape) -> ``reconcile_plan`` (here) -> execute (the reconciler: the key
 Secret, owner checks, writes, scalers, the planner) -> ``settle`` (here: events and status from what
-the writes returned) -> status write. Three pure steps, because two answers come from the API mid-way:
+the writes returned) -> status write. The plan comes in steps because the API answers twice mid-way
+(the canary's scrape, the owner checks):
 
-1. ``check_spec`` (else ``refusal``), then ``canary_gate``: the fleet's own children and pods, the rollout decision with the
-   switch held while a canary runs: what the canary edge needs before it scrapes;
+1. ``check_spec`` (else ``refusal``), then ``canary_gate``: the fleet's own children and pods, the
+   rollout decision with the switch held while a canary runs: what the canary edge needs to scrape;
 2. ``reconcile_plan``: with the canary's outcome, the rollout decision, scaling, the desired children,
    the diff, the serving marks to take off, the events the plan itself decides; or a refusal;
 3. ``guard``: the diff less the children whose name an object the fleet does not own holds (found by
