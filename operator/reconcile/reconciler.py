@@ -235,8 +235,11 @@ class Reconciler:
                      guarded.created, guarded.updated, len(actions.delete), actions.unchanged,
                      f"; {len(errors)} failed" if errors else "")
             await self._post(body, guarded.events_after)
-        errors += await self._unmark_stale_serving(plan.unmark)
-        errors += await self._strip_stray_labels(guarded.actions.strip)
+        errors += await self._merge_patch_children("unmark", [(c, rollout.unmark_serving()) for c in plan.unmark])
+        for child, keys in guarded.actions.strip:
+            logger.warning("removing labels %s from %s: the plan does not set them", ", ".join(keys), child.ref)
+        errors += await self._merge_patch_children("strip labels of", [(c, ch.strip_labels_patch(k))
+                                                                       for c, k in guarded.actions.strip])
         errors += await self.scaling.sync(key, body, plan.scaling, plan.gate.owned, serving=plan.decision.serving,
                                           target=plan.gate.target)
         conflicts = [f"HorizontalPodAutoscaler/{h}" for role in plan.scaling.autoscaled
@@ -281,30 +284,18 @@ class Reconciler:
         seen.intersection_update(now)
         seen.update(now)
 
-    async def _unmark_stale_serving(self, stale: Sequence[ch.ObservedChild]) -> list[str]:
-        """After a switch: the previous revision's Services lose the serving label (after the new
-        revision's got it, in the writes before this)."""
+    async def _merge_patch_children(self, what: str, patches: Sequence[tuple[ch.ObservedChild, Mapping[str, Any]]]
+                                    ) -> list[str]:
+        """Label patches after the writes: the previous revision's serving marks (after the new
+        revision's were set, in the writes before this) and the fleet's labels put on by hand."""
         errors = []
-        for child in stale:
+        for child, patch in patches:
             try:
                 await self.client.merge_patch(child.ref, ch.kind_of({"apiVersion": child.ref.api_version,
-                                                                    "kind": child.ref.kind}), rollout.unmark_serving())
+                                                                    "kind": child.ref.kind}), patch)
             except ApiFailure as exc:
-                if exc.status != 404:  # gone (the drain ended): nothing left to unmark
-                    errors.append(f"unmark {child.ref}: {exc.status} {exc.message}")
-        return errors
-
-    async def _strip_stray_labels(self, strip: Sequence[tuple[ch.ObservedChild, tuple[str, ...]]]) -> list[str]:
-        """The fleet's label keys put on its children by hand come off (children.stray_labels)."""
-        errors = []
-        for child, keys in strip:
-            logger.warning("removing labels %s from %s: the plan does not set them", ", ".join(keys), child.ref)
-            try:
-                await self.client.merge_patch(child.ref, ch.kind_of({"apiVersion": child.ref.api_version,
-                                                                    "kind": child.ref.kind}), ch.strip_labels_patch(keys))
-            except ApiFailure as exc:
-                if exc.status != 404:
-                    errors.append(f"strip labels of {child.ref}: {exc.status} {exc.message}")
+                if exc.status != 404:  # gone (e.g. the drain ended): nothing left to patch
+                    errors.append(f"{what} {child.ref}: {exc.status} {exc.message}")
         return errors
 
     async def _foreign(self, apply: Sequence[Mapping[str, Any]], observed: Sequence[ch.ObservedChild],
