@@ -60,13 +60,18 @@ async def test_leaderworkersets_are_created_owned_and_report_status(driver: Fake
     assert condition(st, "Ready")["status"] == "True" and condition(st, "Progressing")["status"] == "True"
 
 
-async def test_paired_rollout_of_leaderworkersets(driver: FakeDriver):
+async def ready_then_new_image(driver: FakeDriver) -> str:
+    """A multi-node fleet made ready, then given a new image: the revision it served."""
     await driver.create_cr(big())
     st = await wait_status(driver, "llama", lambda s: s.get("revision"), "revision")
-    old = st["revision"]
     await make_fleet_ready(driver, "llama")
     await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
     await driver.patch_cr("llama", {"spec": {"image": "registry.example/pdfleet-runtime:v2"}})
+    return st["revision"]
+
+
+async def test_paired_rollout_of_leaderworkersets(driver: FakeDriver):
+    old = await ready_then_new_image(driver)
     st = await wait_status(driver, "llama", lambda s: condition(s, "Progressing")["reason"] == "RollingOut",
                            "rolling out")
     new = st["rollout"]["targetRevision"]
@@ -193,12 +198,7 @@ async def test_hand_made_leaderworkerset_pods_of_a_new_revision_switch_nothing(d
     reference names the LWS's leader StatefulSet by name with a made-up uid, neither switch the
     router nor become endpoints; the LWS controller's own pods (leader StatefulSet controlled by the
     LWS, workers' by their leader pod) then do."""
-    await driver.create_cr(big())
-    st = await wait_status(driver, "llama", lambda s: s.get("revision"), "revision")
-    old = st["revision"]
-    await make_fleet_ready(driver, "llama")
-    await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
-    await driver.patch_cr("llama", {"spec": {"image": "registry.example/pdfleet-runtime:v2"}})
+    old = await ready_then_new_image(driver)
     st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] != old, "a new target")
     new = st["rollout"]["targetRevision"]
     forged = []

@@ -62,17 +62,22 @@ def forged_pod(name: str, role: str, revision: str, ip: str, owner: dict | None 
             "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
-async def test_hand_made_engine_pods_of_a_new_revision_switch_nothing(driver: FakeDriver, kube):
-    """Issue 30: ready prefill/decode pods with the new revision's labels but no owner (or an owner
-    reference naming the new StatefulSet by name with a made-up uid) neither switch the router nor
-    become endpoints; the fleet's own pods then do, and every forged pod was counted once."""
+async def serving_fleet(driver: FakeDriver, kube) -> str:
+    """A fleet whose first pair and router the controllers made ready: its serving revision."""
     await driver.create_cr(fleet())
     await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the first pair")
     for sts in kube.list(STS, NAMESPACE):
         await kube.simulate_statefulset(NAMESPACE, sts["metadata"]["name"])
     await kube.simulate_deployment(NAMESPACE, "llama-router")
     st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
-    old = st["revision"]
+    return st["revision"]
+
+
+async def test_hand_made_engine_pods_of_a_new_revision_switch_nothing(driver: FakeDriver, kube):
+    """Issue 30: ready prefill/decode pods with the new revision's labels but no owner (or an owner
+    reference naming the new StatefulSet by name with a made-up uid) neither switch the router nor
+    become endpoints; the fleet's own pods then do, and every forged pod was counted once."""
+    old = await serving_fleet(driver, kube)
     await driver.patch_cr("llama", {"spec": {"engine": {"blockSize": 32}}})
     st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] != old, "a new target")
     new = st["rollout"]["targetRevision"]
@@ -132,13 +137,7 @@ async def test_no_switch_to_a_new_pair_while_a_router_pod_runs_an_older_template
     """Issue 30's upgrade window: the new pair's engines ask the engine API token of every caller; a
     router pod of an older template (e.g. from before the token) would get 401s from them, so the
     switch waits in RollingOut until the router's Deployment has rolled out, then happens."""
-    await driver.create_cr(fleet())
-    await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the first pair")
-    for sts in kube.list(STS, NAMESPACE):
-        await kube.simulate_statefulset(NAMESPACE, sts["metadata"]["name"])
-    await kube.simulate_deployment(NAMESPACE, "llama-router")
-    st = await wait_status(driver, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready")
-    old = st["revision"]
+    old = await serving_fleet(driver, kube)
     await driver.patch_cr("llama", {"spec": {"image": "registry.example/pdfleet-runtime:v2"}})
     st = await wait_status(driver, "llama", lambda s: s["rollout"]["targetRevision"] != old, "a new target")
     new = st["rollout"]["targetRevision"]
