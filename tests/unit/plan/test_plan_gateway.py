@@ -77,7 +77,7 @@ def test_the_pool_and_its_picker_are_rendered_only_when_enabled(case, pool, spec
 # case, pool spec, engine port, (failureMode, EPP port, targetPorts, EPP replicas)
 POOLS = [
     ("defaults", {"enabled": True}, 8000, ("FailClose", 9002, [{"number": 8000}], 2)),
-    ("fail open", {"enabled": True, "failureMode": "FailOpen"}, 8000, ("FailOpen", 9002, [{"number": 8000}], 2)),
+    ("fail open", {"enabled": True, "failureMode": "FailOpen", "failOpenWithoutEngineToken": True}, 8000, ("FailOpen", 9002, [{"number": 8000}], 2)),
     ("own ports", {"enabled": True, "eppPort": 19002, "eppReplicas": 3}, 8080, ("FailClose", 19002, [{"number": 8080}], 3)),
 ]
 
