@@ -275,11 +275,15 @@ class PrefixRouting:
     def _keys_after(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> Iterator[int]:
         """The block keys after ``hit``'s."""
         tokens, parent, done, pos = list(hit.ids), hit.last_hash, len(hit.keys), hit.chars
-        piece = first_piece_chars(self.config.block_size, hit.chars, len(tokens), done)
         try:
+            # blocks the known tokens complete (a continuation's) first: they need no tokenizing
+            for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
+                done, parent = done + 1, h
+                yield ke.hash_key(h)
+            piece = first_piece_chars(self.config.block_size, hit.chars, len(tokens), done)
             while pos < len(prompt):
                 end = next_safe_cut(prompt, pos + piece)
-                tokens += self._tokenize.encode(prompt[pos:end], special and pos == 0).ids  # BOS at the start only
+                tokens += self._tokenize.ids(prompt[pos:end], special and pos == 0)  # BOS at the start only
                 pos, piece = end, min(2 * piece, _MAX_PIECE_CHARS)
                 for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
                     done, parent = done + 1, h

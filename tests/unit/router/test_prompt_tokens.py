@@ -103,8 +103,9 @@ def test_cached_prefixes_give_the_full_tokenization_and_keys(tok_name, salt, req
         assert keys == hasher.keys(want, salt), text[:80]
         hit = cache.lookup(text, hasher, salt)  # remembered now (no event loop: at once)
         assert hit.ids == want[:len(hit.ids)], text[:80]
-        assert hit.keys == hasher.keys(hit.ids, salt), text[:80]  # hashed when found again
+        assert hit.keys == hasher.keys(hit.ids[:hit.chain_ids], salt), text[:80]  # hashed when found again
     assert hits >= 20  # the cache was used, not bypassed
+    assert cache.continued >= 10  # prompts sharing part of a chunk took its tokens (prompt_tokens.py)
     assert len(cache) > 0
 
 
@@ -118,6 +119,10 @@ class CountingTokenizer:
     def encode(self, text, special):
         self.chars += len(text)
         return self.tok.encode(text, special)
+
+    def ids(self, text, special):  # scoring's: the ids without offsets
+        self.chars += len(text)
+        return self.tok.ids(text, special)
 
     def encode_unlocked(self, text, special):  # in the worker thread
         self.background += len(text)
@@ -253,3 +258,34 @@ def test_cache_memory_is_bounded_in_bytes_with_the_tiny_models_tokenizer(tiny):
     assert used <= bound * 1.15, f"the cache holds {used} bytes, over its bound of {bound}"
     assert used >= bound * 0.6 and tokens > 20_000  # it was filled: the bound, not the input, limited it
     assert abs(used - cache.bytes) <= 0.25 * used  # its accounting is close to what it holds
+
+
+@pytest.mark.parametrize("first_len, shared, cont", [
+    (900, 700, True),  # the earlier prompt goes on past the chunk where the two differ
+    (600, 580, True),  # the two differ inside the earlier prompt's last, partial chunk
+    (900, 515, False),  # they differ before the chunk's first sub-boundary: nothing to continue with
+    (900, 250, False),  # they differ inside the first chunk: no chain, no follower
+])
+def test_a_prompt_sharing_part_of_a_chunk_takes_its_tokens_up_to_the_last_shared_sub_cut(
+        bytelevel, first_len, shared, cont):
+    """Two prompts that share ``shared`` characters (chunks of 256, sub-cuts every 32): the second is
+    found up to within a sub-chunk and a word of where they differ, with exactly its own tokens."""
+    cache = PromptTokenCache()
+    hasher = BlockHasher(HashConfig(BLOCK))
+    words = " ".join(build_corpus(9, 400))
+    first = words[:first_len]
+    second = words[:shared] + "Zq" + words[2000:2000 + 400]
+    cache.store(first, cache.lookup(first, hasher), bytelevel.encode(first, True))
+    hit = cache.lookup(second, hasher)
+    whole = bytelevel.encode(second, True).ids
+    assert hit.ids == whole[:len(hit.ids)]  # exactly the second prompt's own tokens
+    assert hit.chain_chars <= shared
+    if cont:
+        assert cache.continued == 1 and shared - 32 - 16 <= hit.chars <= shared, (hit.chain_chars, hit.chars)
+        assert len(hit.ids) > hit.chain_ids
+    else:  # negative control: nothing taken past the chain
+        assert cache.continued == 0 and hit.chars == hit.chain_chars and len(hit.ids) == hit.chain_ids
+    # what is stored after a continuation chains on: the second prompt is then found whole
+    cache.store(second, hit, bytelevel.encode(second[hit.chars:], hit.chars == 0))
+    again = cache.lookup(second, hasher)
+    assert again.ids == whole[:len(again.ids)] and again.chain_chars > (len(second) // 256 - 1) * 256
