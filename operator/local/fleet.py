@@ -2,19 +2,23 @@
 
 The engine command comes from the plan (`pdfleet.operator.plan.engine.vllm_args`),
 the very command the pods run; only the host, the ports, the model path and the
-CPU pinning are local. Nothing here starts a process or opens a port.
+CPU pinning are local. Nothing here starts a process or opens a port. The router
+`pdfleet local` runs in its own process is configured from the same launches
+(``router_config``).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from pdfleet.contract import env as env_names
+from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.api.rules import FieldError
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, vllm_args
+from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, hash_seed, vllm_args
+from pdfleet.operator.plan.router import disaggregation_fields, flow_control_config
 
 ROLES = ("prefill", "decode")
 LOOPBACK = "127.0.0.1"
@@ -259,3 +263,26 @@ def with_ports(launch: EngineLaunch, ports: EnginePorts) -> EngineLaunch:
     argv[at[0] + 1] = str(ports.http)
     env = {**launch.env, env_names.SIDE_CHANNEL_PORT: str(ports.side_channel)}
     return replace(launch, argv=tuple(argv), env=env, ports=ports)
+
+
+def fleet_ports(launches: Iterable[EngineLaunch]) -> set[int]:
+    """Every port the launches were given: each one's HTTP port and its TP ranks' side-channel ports
+    (an engine started again on new ports must take none of them, its own old ones included)."""
+    return {p for launch in launches
+            for p in (launch.ports.http, *range(launch.ports.side_channel, launch.ports.side_channel + len(launch.cpus)))}
+
+
+def router_config(spec: DisaggregatedInferenceSpec, launches: Iterable[EngineLaunch],
+                  model_path: Optional[str]) -> RouterConfig:
+    """The P/D router over the local engines: their URLs as static endpoints, each engine's KV event
+    endpoints, and the spec's routing settings; the tokenizer is the generated model's, if any."""
+    launches = tuple(launches)
+    return RouterConfig(
+        prefill=tuple(lch.url for lch in launches if lch.role == "prefill"),
+        decode=tuple(lch.url for lch in launches if lch.role == "decode"),
+        prefill_policy=spec.router.prefill_policy, decode_policy=spec.router.decode_policy,
+        kv_events=tuple((lch.url, f"{lch.ports.kv_events},{lch.ports.kv_events_replay}")
+                        for lch in launches if lch.ports.kv_events),
+        tokenizer=model_path or spec.model.name, block_size=spec.engine.block_size,
+        hash_seed=hash_seed(spec), flow_control=flow_control_config(spec), **disaggregation_fields(spec),
+    )

@@ -3,20 +3,25 @@
 A smoke request passes when it answers 200 with text, was served by prefill and
 decode (no `x-pdfleet-fallback` header), and streaming ends with [DONE]. After the
 requests, decode's /metrics must show prompt tokens that came by KV transfer since they
-were sent (the warm-up before the router line moved some too).
+were sent (the warm-up before the router line moved some too). ``run_smoke`` is the run
+itself (I/O); the lines it prints and its verdict are pure.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import aiohttp
 
 from pdfleet.contract.routing import FALLBACK_HEADER
+from pdfleet.operator.local.console import say
+from pdfleet.operator.local.smoke_report import engine_figures, format_table
 from pdfleet.operator.observability.metrics_text import lenient_samples, sample_text, total_by
 
+# The whole smoke session (every request and /metrics page).
+TIMEOUT_S = 300.0
 TRANSFER_SOURCE_METRIC = "vllm:prompt_tokens_by_source_total"
 # Metric families worth showing from the engines, besides the token sources.
 CONNECTOR_METRIC_PREFIXES = ("vllm:pdfleet_", "pdfleet_", "vllm:nixl")
@@ -138,3 +143,55 @@ def format_transfer_stats(engines: list[tuple[str, str, Optional[str]]], router_
                                                                  "pdfleet_router_retries_total")):
             lines.append(f"router {sample} {value:g}")
     return lines
+
+
+def clip(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def result_line(req: SmokeRequest, result: SmokeResult) -> str:
+    """One request's line: its prompt (clipped), its output and whether it passed."""
+    prompt = req.body.get("prompt") or req.body["messages"][-1]["content"]
+    status = "ok" if result.ok else f"FAILED: {result.detail}"
+    return f"P/D {result.label}: {clip(prompt)!r} -> {result.text!r} [{status}]"
+
+
+def verdict(passed: int, total: int, transferred: float) -> tuple[bool, list[str]]:
+    """Whether the smoke test passed (every request, and decode received prompt tokens by KV transfer
+    while they were sent), with its closing lines."""
+    ok = passed == total and transferred > 0
+    lines = ["smoke: decode received no prompt tokens by KV transfer"] if transferred <= 0 else []
+    lines.append(f"smoke: {passed}/{total} requests passed, {int(transferred)} prompt tokens moved by KV transfer"
+                 f" -> {'PASS' if ok else 'FAIL'}")
+    return ok, lines
+
+
+async def run_smoke(router_url: str, engines: Sequence[tuple[str, str, str]], model: str, *,
+                    metrics_raw: bool = False, stopped: Callable[[], bool] = lambda: False) -> bool:
+    """Send the smoke requests through the router (until ``stopped()``), print each result, the KV
+    transfer figures of ``engines`` ((name, role, URL)) and the verdict; whether it passed."""
+    results = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session:
+        # The warm-up moved KV too: count what the smoke requests moved.
+        moved_before = decode_transferred([(name, role, await fetch_metrics(session, url))
+                                           for name, role, url in engines if role == "decode"])
+        for req in smoke_requests(model):
+            if stopped():
+                break
+            result = await send(session, router_url, req)
+            results.append(result)
+            say(result_line(req, result))
+        pages = [(name, role, await fetch_metrics(session, url)) for name, role, url in engines]
+        router_metrics = await fetch_metrics(session, router_url)
+    say("KV transfer (the warm-up included):")
+    for line in format_table([engine_figures(*page) for page in pages], router_metrics):
+        say(f"  {line}")
+    if metrics_raw:
+        say("Metrics:")
+        for line in format_transfer_stats(pages, router_metrics):
+            say(f"  {line}")
+    ok, lines = verdict(sum(r.ok for r in results), len(smoke_requests(model)),
+                        decode_transferred(pages) - moved_before)
+    for line in lines:
+        say(line)
+    return ok

@@ -28,7 +28,7 @@ from pdfleet.contract.kv_params import remote_decode_request
 from pdfleet.operator.local.smoke import fetch_metrics
 from pdfleet.operator.observability import metrics_text
 
-__all__ = ["WarmRequest", "WarmResult", "warmup_plan", "warm_up"]
+__all__ = ["WarmRequest", "WarmResult", "warmup_plan", "warm_up", "summary_line"]
 
 DEFAULT_ROUNDS = 2
 TIMEOUT_S = 60.0  # the whole warm-up: a fleet that cannot serve it is announced anyway
@@ -63,6 +63,13 @@ def warmup_plan(prefills: Sequence[str], decodes: Sequence[str], rounds: int) ->
         return []
     return [[WarmRequest(p, d, f"[{r}.{i}.{j}] {_FILLER}") for i, p in enumerate(prefills)
              for j, d in enumerate(decodes)] for r in range(rounds)]
+
+
+def summary_line(result: WarmResult) -> str:
+    """The stderr line that says what the warm-up did (the first three failures named)."""
+    failed = f"; {len(result.errors)} failed: {'; '.join(result.errors[:3])}" if result.errors else ""
+    return (f"warm-up: {result.answered}/{result.pairs} P/D requests answered, {result.pulled} KV pulls,"
+            f" {result.seconds:.1f}s{failed}")
 
 
 async def _pulls(session: aiohttp.ClientSession, decodes: Sequence[str]) -> float:

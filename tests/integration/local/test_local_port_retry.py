@@ -26,7 +26,8 @@ import zmq
 
 from pdfleet.contract import env as env_names
 from pdfleet.operator.api import parse
-from pdfleet.operator.local.command import LocalRunner, add_arguments
+from pdfleet.operator.local.command import add_arguments
+from pdfleet.operator.local.runner import LocalRunner
 from pdfleet.operator.local.fleet import EnginePorts, plan_local
 from pdfleet.operator.local.processes import Watchdog, reserve_ports
 

@@ -89,7 +89,8 @@ def _planned_runner(tmp_path, text: str, run: str):
     import yaml
 
     from pdfleet.operator.api import parse
-    from pdfleet.operator.local.command import LocalRunner, add_arguments
+    from pdfleet.operator.local.command import add_arguments
+    from pdfleet.operator.local.runner import LocalRunner
 
     ap = argparse.ArgumentParser()
     add_arguments(ap)
