@@ -40,6 +40,7 @@ from pdfleet.contract.connector_config import (
     CONNECTOR_CLASS,
     CONNECTOR_MODULE,
 )
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
 from pdfleet.contract.kv_params import remote_decode_request
 
 BLOCK = 32
@@ -67,7 +68,7 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=str(core), VLLM_CPU_KVCACHE_SPACE="2", OMP_NUM_THREADS="1",
                    VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(_free_port()))
-        env.pop("PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", None)
+        env.pop(TEST_CORRUPT_PULLED_BLOCKS, None)
         self.log = open(os.path.join(tempfile.gettempdir(), f"pdfleet-bench-{name}-{self.port}.log"), "w")
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),

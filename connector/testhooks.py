@@ -1,8 +1,8 @@
 """Test-only fault hooks for the fault suite (`make chaos`); inert unless their variable is set.
 
 Each hook is switched by an environment variable naming an absolute file path (any other value,
-or none, leaves it off); while that file exists the fault is on, so one engine serves a fault and
-the requests after it without a restart:
+or none, leaves it off; the corruption hook also takes "1": always on); while that file exists the
+fault is on, so one engine serves a fault and the requests after it without a restart:
 
 - ``PDFLEET_TEST_STUCK_READS``: a decode's NIXL READs are created but never posted, so they stay
   in progress as a READ on a hung connection would: the sink's own read bound must cancel them.
@@ -10,8 +10,13 @@ the requests after it without a restart:
   with the variable set, else the plain ``NixlAgent`` (the transfer core carries no test switch).
 - ``PDFLEET_TEST_WALL_CLOCK_STEP``: the process's ``time.time`` (the only wall clock the connector
   reads) is stepped by the seconds the file holds, as an NTP step would; leases must not notice.
+- ``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS``: every block a decode worker pulled is overwritten with
+  noise before vLLM sees it (the end-to-end tests' negative controls: the comparison can fail).
+  The adapter's worker asks ``after_pull_hook()`` for what to call on a finished pull's blocks:
+  ``CorruptPulledBlocks`` with the variable set, else None.
 
-They exist for the fault suite and must never be set in production (each logs a warning when on).
+They exist for the fault suite and the end-to-end tests and must never be set in production (each
+logs a warning when on; a fleet's spec may not set them).
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from pdfleet.connector.transfer.nixl_agent import NixlAgent
-from pdfleet.contract.env import TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS, TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
 
-__all__ = ["flag_path", "parse_step", "StuckReads", "StuckReadsAgent", "sink_nixl_agent", "install_wall_clock_step"]
+__all__ = ["flag_path", "parse_step", "StuckReads", "StuckReadsAgent", "sink_nixl_agent", "install_wall_clock_step",
+           "corrupt_setting", "CorruptPulledBlocks", "after_pull_hook"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +99,52 @@ def sink_nixl_agent(env: Mapping[str, str] = os.environ) -> Callable[..., NixlAg
     while ``PDFLEET_TEST_STUCK_READS`` names a file path, else ``NixlAgent`` itself."""
     stuck = StuckReads(env)
     return NixlAgent if stuck.path is None else functools.partial(StuckReadsAgent, stuck=stuck)
+
+
+def corrupt_setting(value: Optional[str]) -> Optional[str]:
+    """``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS``'s value as None (off), "" (always on) or the file whose
+    existence turns it on."""
+    if value == "1":
+        return ""
+    if value and os.path.isabs(value):
+        return value
+    return None
+
+
+class CorruptPulledBlocks:
+    """Overwrites the local blocks of a finished pull with noise while on (always, or while its file exists)."""
+
+    def __init__(self, when: str) -> None:
+        self.when = when  # "" (always) or a file path
+        log.warning("%s is set: pulled KV blocks will be CORRUPTED %s (test-only fault hook)",
+                    TEST_CORRUPT_PULLED_BLOCKS, "always" if when == "" else f"while {when} exists")
+
+    def __bool__(self) -> bool:
+        return self.when == "" or os.path.exists(self.when)
+
+    def __call__(self, kv_caches: Mapping[str, Any], num_blocks: int, block_ids: tuple[int, ...]) -> int:
+        """Corrupt ``block_ids`` in every KV tensor (blocks on axis 0, or on axis 1 when axis 0 is not
+        ``num_blocks`` long); the number of blocks corrupted."""
+        if not block_ids or not self:
+            return 0
+        import torch
+
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        gen = torch.Generator().manual_seed(1234)
+        for t in kv_caches.values():
+            axis = 0 if t.shape[0] == num_blocks else 1
+            view = t.index_select(axis, idx)
+            noise = torch.randn(view.shape, generator=gen, dtype=torch.float32).to(view.dtype) * 4
+            t.index_copy_(axis, idx, noise)
+        return len(block_ids)
+
+
+def after_pull_hook(env: Mapping[str, str] = os.environ) -> Optional[CorruptPulledBlocks]:
+    """What a decode worker calls on the local blocks of each finished pull (``hook(kv_caches, num_blocks,
+    block_ids)``, returning the blocks it corrupted): ``CorruptPulledBlocks`` while
+    ``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS`` is set, else None."""
+    when = corrupt_setting(env.get(TEST_CORRUPT_PULLED_BLOCKS))
+    return None if when is None else CorruptPulledBlocks(when)
 
 
 _installed: Optional["_WallStep"] = None

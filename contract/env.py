@@ -28,6 +28,9 @@ VLLM_SHM_SPIN_NAP_US = "PDFLEET_VLLM_SHM_SPIN_NAP_US"
 # or the engine's wall clock (time.time) is stepped by the seconds the file holds.
 TEST_STUCK_READS = "PDFLEET_TEST_STUCK_READS"
 TEST_WALL_CLOCK_STEP = "PDFLEET_TEST_WALL_CLOCK_STEP"
+# Test-only fault hook (connector/testhooks.py) for the end-to-end negative controls: "1", or an absolute
+# file path while that file exists, makes a decode worker overwrite every block it pulled with noise.
+TEST_CORRUPT_PULLED_BLOCKS = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
 # The bearer token the engines require on their OpenAI API (issue 30): vLLM reads it from VLLM_API_KEY
 # (its --api-key, never in args); the router (and the EPP) send it, from ENGINE_API_KEY, on every
 # upstream request. Both come from the fleet's generated Secret through secretKeyRef.

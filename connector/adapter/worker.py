@@ -7,12 +7,8 @@ leases), finished receives and failed receives (whose local blocks are also
 reported as load errors, so vLLM recomputes them under
 ``kv_load_failure_policy=recompute`` or fails the request under ``fail``).
 
-Test-only fault hook: with ``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS=1`` in a decode
-worker's environment, every successfully pulled block is overwritten with noise
-before vLLM sees it; with an absolute file path as its value, only while that file
-exists (so one engine serves both a test and its negative control, without a
-restart). It exists for the negative controls of the end-to-end tests and must
-never be set in production.
+The test-only fault hooks live in ``connector/testhooks.py``; this edge only asks it for the
+sink's NIXL agent and for what to call on a finished pull's blocks (None unless a test set one).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
@@ -33,27 +28,17 @@ from pdfleet.connector.adapter.regions import regions_for_layout
 from pdfleet.connector.adapter.nodes import host_for_rank
 from pdfleet.connector.adapter.scheduler import KeepAlive, PdfleetConnectorMetadata, PullSpec
 from pdfleet.connector.adapter.stats import LAYOUT_KEY, counter_deltas
-from pdfleet.connector.testhooks import sink_nixl_agent
+from pdfleet.connector.testhooks import after_pull_hook, sink_nixl_agent
 from pdfleet.connector.transfer.layout import KVLayout, Region, Span
 from pdfleet.contract.connector_counters import AdapterCounters
 
-__all__ = ["WorkerSide", "compat_hash", "CORRUPT_ENV", "tensor_parallel_rank"]
+__all__ = ["WorkerSide", "compat_hash", "tensor_parallel_rank"]
 
 log = logging.getLogger(__name__)
 
-CORRUPT_ENV = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
 # At shutdown the prefill's side channel answers for up to this long (see KVSource.close);
 # vLLM's executor waits 5 s for its workers before it signals them.
 SOURCE_LINGER_SECONDS = 4.0
-
-
-def corrupt_switch(value: str | None) -> str | None:
-    """The test-only fault hook's setting: None (off), "" (always on) or the file whose existence turns it on."""
-    if value == "1":
-        return ""
-    if value and os.path.isabs(value):
-        return value
-    return None
 
 
 def tensor_parallel_rank() -> int:
@@ -111,10 +96,7 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._own = AdapterCounters()
         self._last_stats: dict[str, float] = {}
-        self._corrupt_when = corrupt_switch(os.environ.get(CORRUPT_ENV))
-        if self._corrupt_when is not None:
-            log.warning("%s is set: pulled KV blocks will be CORRUPTED %s (test-only fault hook)", CORRUPT_ENV,
-                        "always" if self._corrupt_when == "" else f"while {self._corrupt_when} exists")
+        self._after_pull = after_pull_hook()  # the end-to-end negative controls' corruption, None unless set
 
     # -- registration ---------------------------------------------------------
     def _layout(self, physical: str) -> KVLayout:
@@ -280,18 +262,6 @@ class WorkerSide:
         self._own.failures += 1
         self._load_errors.update(spec.local_block_ids)
 
-    def _corrupt_blocks(self, block_ids: tuple[int, ...]) -> None:
-        if not block_ids:
-            return
-        idx = torch.tensor(block_ids, dtype=torch.long)
-        gen = torch.Generator().manual_seed(1234)
-        for t in self._kv_caches.values():
-            axis = 0 if t.shape[0] == self.kv_cache_config.num_blocks else 1
-            view = t.index_select(axis, idx)
-            noise = torch.randn(view.shape, generator=gen, dtype=torch.float32).to(view.dtype) * 4
-            t.index_copy_(axis, idx, noise)
-        self._own.blocks_corrupted_for_test += len(block_ids)
-
     def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
         """(finished sending, finished receiving incl. failed, failed receiving)."""
         sending: set[str] = set()
@@ -319,8 +289,9 @@ class WorkerSide:
                 inflight = self._inflight.pop(rid, None) if rid is not None else None
                 if rid is None or inflight is None:
                     continue
-                if self._corrupt_when is not None and (self._corrupt_when == "" or os.path.exists(self._corrupt_when)):
-                    self._corrupt_blocks(inflight.local_block_ids)
+                if self._after_pull is not None:
+                    self._own.blocks_corrupted_for_test += self._after_pull(
+                        self._kv_caches, self.kv_cache_config.num_blocks, inflight.local_block_ids)
                 recving.add(rid)
             for remote_id, reason in fails.items():
                 rid = self._by_remote.pop(remote_id, None)

@@ -18,6 +18,7 @@ import pytest
 from vllm_servers import BLOCK, Server, complete, pdfleet_kv, relay, start_all
 
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
 from pdfleet.contract.router_config import RouterConfig
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -61,7 +62,7 @@ def fleet(reference, tiny_model_dir, corrupt_flag):
         "prefill": Server(tiny_model_dir, core=0, kv_config=pdfleet_kv("kv_producer"), log_name="prefill"),
         # Dev mode: POST /reset_prefix_cache, so the negative control pulls again what decode cached.
         "decode": Server(tiny_model_dir, core=1, kv_config=pdfleet_kv("kv_consumer"), log_name="decode",
-                         env={"PDFLEET_TEST_CORRUPT_PULLED_BLOCKS": str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}),
+                         env={TEST_CORRUPT_PULLED_BLOCKS: str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}),
     }
     try:
         start_all(*servers.values())

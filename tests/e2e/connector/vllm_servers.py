@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
 from pdfleet.operator.local.health import NotHealthy, wait_healthy
 from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
@@ -53,7 +54,7 @@ class Server:
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
             "PYTHONUNBUFFERED": "1",
         })
-        full_env.pop("PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", None)
+        full_env.pop(TEST_CORRUPT_PULLED_BLOCKS, None)
         full_env.update(env or {})
         self.side_channel_port = int(full_env["VLLM_NIXL_SIDE_CHANNEL_PORT"])
         self.log_path = Path(tempfile.gettempdir()) / f"pdfleet-e2e-{log_name}-{self.port}.log"

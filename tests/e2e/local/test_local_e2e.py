@@ -20,6 +20,7 @@ import pytest
 from local_fleet import Answer, Req, ask, ask_all, local_fleet, metric_sum, transferred_tokens
 from observability_assets import all_queries, split_by_source
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.contract.routing import LEAST_OUTSTANDING
 from pdfleet.operator.local.processes import reserve_ports
@@ -42,7 +43,7 @@ def corrupt_flag(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, reference, router_port, corrupt_flag):  # `reference` first: its server is gone before
     # Dev mode: POST /reset_prefix_cache, so the negative control pulls again what decode cached.
-    env = {"PDFLEET_TEST_CORRUPT_PULLED_BLOCKS": str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}
+    env = {TEST_CORRUPT_PULLED_BLOCKS: str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}
     with local_fleet(tmp_path_factory.mktemp("fleet"), env=env, extra_args=("--router-port", str(router_port))) as f:
         yield f
 

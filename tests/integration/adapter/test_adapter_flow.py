@@ -10,6 +10,8 @@ from adapter_harness import BLOCK, Side, free_port, prefill_request, request, ru
 
 from vllm.v1.request import RequestStatus
 
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
+
 
 @pytest.fixture()
 def pair(tiny_model, monkeypatch):
@@ -176,7 +178,7 @@ def test_corrupt_hook_changes_pulled_blocks(tiny_model, monkeypatch):
     """The test-only fault hook really corrupts pulled KV (it backs the e2e negative control)."""
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     prefill = Side(tiny_model, "kv_producer")
-    monkeypatch.setenv("PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", "1")
+    monkeypatch.setenv(TEST_CORRUPT_PULLED_BLOCKS, "1")
     decode = Side(tiny_model, "kv_consumer")
     try:
         _, params, p_blocks = prefill_request(prefill, 2 * BLOCK, seed=11)

@@ -7,11 +7,12 @@ import itertools
 from typing import Any
 
 
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
 from pdfleet.operator.api.rules import TEST_HOOK_RULES
 
 from crd_admission import assert_cel_agrees_with_python, disagreements  # noqa: E402
 
-NAMES = [None, [], ["A"], ["PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"], ["A", "PDFLEET_TEST_X"], ["PDFLEET_TESTS"],
+NAMES = [None, [], ["A"], [TEST_CORRUPT_PULLED_BLOCKS], ["A", "PDFLEET_TEST_X"], ["PDFLEET_TESTS"],
          ["pdfleet_test_x"]]
 
 

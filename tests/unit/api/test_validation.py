@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from crd_admission import admission_errors  # noqa: E402
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS, TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
 from pdfleet.operator.api import errors_of, parse
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -109,12 +110,12 @@ INVALID = [
     ("env-bad-name", mutate(spec(engine={"env": [{"name": "1 BAD", "value": "x"}]})), "spec.engine.env[0].name", True),
     ("backends-empty", mutate(spec(kvTransfer={"backends": []})), "spec.kvTransfer.backends", True),
     # Test-only fault hooks (issue 30): PDFLEET_TEST_CORRUPT_PULLED_BLOCKS=1 corrupts every pulled block.
-    ("env-test-hook-engine", mutate(spec(engine={"env": [{"name": "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS", "value": "1"}]})),
+    ("env-test-hook-engine", mutate(spec(engine={"env": [{"name": TEST_CORRUPT_PULLED_BLOCKS, "value": "1"}]})),
      "spec.engine.env", True),
     ("env-test-hook-prefill", mutate(spec(prefill={"env": [{"name": "A", "value": "1"},
-                                                           {"name": "PDFLEET_TEST_STUCK_READS", "value": "/f"}]})),
+                                                           {"name": TEST_STUCK_READS, "value": "/f"}]})),
      "spec.prefill.env", True),
-    ("env-test-hook-decode", mutate(spec(decode={"env": [{"name": "PDFLEET_TEST_WALL_CLOCK_STEP", "value": "/f"}]})),
+    ("env-test-hook-decode", mutate(spec(decode={"env": [{"name": TEST_WALL_CLOCK_STEP, "value": "/f"}]})),
      "spec.decode.env", True),
     # Operator-only rules: the CRD admits these, the operator refuses them (InvalidSpec).
     ("extra-args-owned-flag", mutate(spec(engine={"extraArgs": ["--kv-transfer-config={}"]})), "spec.engine.extraArgs[0]", False),

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from pdfleet.contract.env import TEST_PREFIX
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS, TEST_PREFIX
 from pdfleet.operator.api import DisaggregatedInference, errors_of
 from pdfleet.operator.plan import plan
 
-HOOK = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
+HOOK = TEST_CORRUPT_PULLED_BLOCKS
 
 
 def resource(where: str, name: str) -> dict[str, Any]:

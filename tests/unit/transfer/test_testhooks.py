@@ -1,4 +1,5 @@
-"""The test-only fault hooks (connector/testhooks.py): their settings parsed, and inert when unset."""
+"""The test-only fault hooks (connector/testhooks.py): their settings parsed, inert when unset, and
+only testhooks.py names a test variable (the production modules carry no test switch)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,24 @@ from pathlib import Path
 import pytest
 
 from pdfleet.connector import testhooks
-from pdfleet.connector.testhooks import StuckReads, flag_path, install_wall_clock_step, parse_step
-from pdfleet.contract.env import TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
+from pdfleet.connector.testhooks import (
+    CorruptPulledBlocks,
+    StuckReads,
+    after_pull_hook,
+    corrupt_setting,
+    flag_path,
+    install_wall_clock_step,
+    parse_step,
+)
+from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS, TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
+
+# A test variable's name: contract.env's TEST_* constants, or a PDFLEET_TEST_* literal.
+TEST_SWITCH = re.compile(r"\b(?:PDFLEET_)?TEST_[A-Z0-9_]+\b")
+# The lines of adapter/worker.py that switched the corruption hook before it moved to testhooks.py.
+OLD_WORKER_SWITCH = (
+    'CORRUPT_ENV = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"\n'
+    "self._corrupt_when = corrupt_switch(os.environ.get(CORRUPT_ENV))\n"
+)
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -65,9 +82,79 @@ def test_the_sink_gets_the_stuck_reads_agent_only_with_the_variable_set(tmp_path
 def test_the_transfer_core_carries_no_fault_hook():
     root = Path(testhooks.__file__).parent
     hooked = {p.relative_to(root).as_posix() for p in root.rglob("*.py")
-              if re.search(r"testhooks|TEST_STUCK_READS|TEST_WALL_CLOCK_STEP", p.read_text())}
+              if re.search(r"testhooks|TEST_[A-Z_]+", p.read_text())}
     assert not {p for p in hooked if p.startswith("transfer/")}
     assert "adapter/worker.py" in hooked  # negative control: the edge that injects it is found
+
+
+def switches_in(source: str) -> list[str]:
+    return TEST_SWITCH.findall(source)
+
+
+def test_production_connector_modules_carry_no_test_switch():
+    """Only testhooks.py reads or names a test variable; the adapter's modules (and the rest of the
+    connector) only ask it for a hook, which is None or the plain part unless a test set one."""
+    root = Path(testhooks.__file__).parent
+    found = {p.relative_to(root).as_posix(): names for p in sorted(root.rglob("*.py"))
+             if p.name != "testhooks.py" and (names := switches_in(p.read_text()))}
+    assert found == {}
+
+
+@pytest.mark.parametrize("source, names", [
+    # negative controls: the old worker's switch, a contract name imported, a literal read
+    (OLD_WORKER_SWITCH, ["PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"]),
+    ("from pdfleet.contract.env import TEST_STUCK_READS\n", ["TEST_STUCK_READS"]),
+    ('if os.environ.get("PDFLEET_TEST_X2"):\n', ["PDFLEET_TEST_X2"]),
+    # what the edge keeps: asking testhooks for its hooks, and the counter the corruption reports to
+    ("self._after_pull = after_pull_hook()\nnixl_agent=sink_nixl_agent()\n", []),
+    ("self._own.blocks_corrupted_for_test += 2\nLATEST_VERSION = 3\n", []),
+])
+def test_the_switch_check_catches_what_it_looks_for(source, names):
+    assert switches_in(source) == names
+
+
+@pytest.mark.parametrize("value, setting", [
+    (None, None), ("", None), ("0", None), ("true", None), ("relative/flag", None),
+    ("1", ""),  # always on
+    ("/tmp/flag", "/tmp/flag"),
+])
+def test_corrupt_setting(value, setting):
+    assert corrupt_setting(value) == setting
+    hook = after_pull_hook({} if value is None else {TEST_CORRUPT_PULLED_BLOCKS: value})
+    assert (hook is None) == (setting is None) and (hook is None or hook.when == setting)
+
+
+def kv(shape):
+    import torch
+
+    return torch.arange(float(torch.tensor(shape).prod())).reshape(shape)
+
+
+@pytest.mark.parametrize("shape, axis", [
+    ((6, 2, 4), 0),  # blocks first
+    ((2, 6, 4), 1),  # K/V first, then blocks
+])
+def test_the_corruption_hook_overwrites_only_the_pulled_blocks(shape, axis):
+    import torch
+
+    caches = {"layer.0": kv(shape), "layer.1": kv(shape)}
+    before = {name: t.clone() for name, t in caches.items()}
+    assert CorruptPulledBlocks("")(caches, 6, (1, 4)) == 2
+    for name, t in caches.items():
+        for block in range(6):
+            same = torch.equal(t.select(axis, block), before[name].select(axis, block))
+            assert same == (block not in (1, 4)), (name, block)
+
+
+def test_the_corruption_hook_follows_its_file(tmp_path):
+    flag = tmp_path / "corrupt"
+    hook = CorruptPulledBlocks(str(flag))
+    caches = {"layer.0": kv((4, 2))}
+    original = caches["layer.0"].clone()
+    assert hook(caches, 4, (0,)) == 0 and caches["layer.0"].equal(original)  # off: no file
+    flag.touch()
+    assert hook(caches, 4, ()) == 0
+    assert hook(caches, 4, (0,)) == 1 and not caches["layer.0"].equal(original)
 
 
 def test_wall_clock_hook_unset_leaves_time_alone(tmp_path):
