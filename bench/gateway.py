@@ -20,6 +20,12 @@ histogram's buckets), and CPU seconds per request of the `pdfleet epp` process a
 for scale, the `pdfleet local` process's CPU per request on the router path (its router and its
 supervision, so an upper bound of the router's).
 
+--decision R: no fleet, no processes: the EPP's decision core (picker.py) in this process, R rounds of
+the same workload (each its own cache_salt), timed as the EPP times it (choose_pair, decide, prefill's
+pick, decode's pick); each engine's KV index holds, as its events would say, every block of the prompts
+it was given. Prefix-aware scoring with the model's tokenizer against the least-outstanding baseline,
+in one run: the EPP's own decision cost without the engines' competition for the CPU.
+
 --fakes N: no fleet; fake engines in this process, `pdfleet router` and `pdfleet epp` (+ Envoy) as
 processes on them, prefix-aware with the tiny model's tokenizer (scoring from what each routed), N
 non-streamed requests each at --concurrency: requests/s, latency, CPU per request of the router
@@ -31,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -55,10 +60,11 @@ from pdfleet.connector.epp.envoy_process import Envoy, free_port  # noqa: E402
 from pdfleet.contract.routing import FALLBACK_HEADER, PREFIX_AWARE  # noqa: E402
 from pdfleet.contract.router_config import RouterConfig  # noqa: E402
 from pdfleet.operator.local.fleet import kv_events_endpoints  # noqa: E402
+from pdfleet.operator.observability import metrics_text  # noqa: E402
 from pdfleet.operator.plan.engine import hash_seed  # noqa: E402
 
 CLIENTS = 4
-DECISION = "pdfleet_epp_decision_seconds_bucket"
+DECISION = "pdfleet_epp_decision_seconds"
 
 
 async def one_round(url: str, reqs: list, salt: str) -> dict:
@@ -92,27 +98,12 @@ async def one_round(url: str, reqs: list, salt: str) -> dict:
 
 
 def buckets(metrics_url: str) -> dict[float, float]:
-    text = httpx.get(metrics_url, timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(DECISION + "{"):
-            le = re.search(r'le="([^"]+)"', line).group(1)
-            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
+    return metrics_text.buckets(metrics_text.samples(httpx.get(metrics_url, timeout=10).text), DECISION)
 
 
 def quantile(hist: dict[float, float], q: float) -> float:
-    """From cumulative bucket counts: linear inside the bucket that holds the q-th observation."""
-    total = hist[float("inf")]
-    rank, lower, below = q * total, 0.0, 0.0
-    for le in sorted(hist):
-        if hist[le] >= rank:
-            if le == float("inf"):
-                return lower
-            inside = hist[le] - below
-            return lower + (le - lower) * ((rank - below) / inside if inside else 0.0)
-        lower, below = le, hist[le]
-    return lower
+    value = metrics_text.histogram_quantile(q, hist)
+    return float("nan") if value is None else value
 
 
 def pct(values: list[float], q: float) -> float:
@@ -220,6 +211,69 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
     return out
 
 
+async def _replay(picker, routing, rounds: int, reqs: list) -> dict[str, list[float]]:
+    """The decision's parts per request, as exchange.py times them; ``routing``: fill the engines'
+    indexes as their events would (prefix-aware), else None."""
+    from pdfleet.connector.router.endpoints import DECODE, PREFILL
+
+    parts: dict[str, list[float]] = {"choose_pair": [], "decide": [], "prefill pick": [], "decode pick": [],
+                                     "decision": []}
+    clock = time.perf_counter
+    for k in range(rounds):
+        for req in reqs:
+            body = {**req.body, "stream": True, "cache_salt": f"decision-{k}"}
+            t0 = clock()
+            pair = picker.choose_pair(body, chat=False, request_id="r", headers={})
+            t1 = clock()
+            picker.decide(pair, body, chat=False, decodes=pair.ready(DECODE))
+            t2 = clock()
+            prefill = picker.pick(PREFILL, pair.ready(PREFILL), (), body, False)
+            t3 = clock()
+            decode = picker.pick(DECODE, pair.ready(DECODE), (), body, False)
+            t4 = clock()
+            if k:  # round 0 warms the tokenizer, the hasher and the metrics' children
+                for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+                    parts[name].append(dt)
+            if routing is not None:  # what the two engines' events would now say they hold
+                held = list(routing.keys_for(body, False).exact(routing.hasher))
+                for url in (prefill, decode):
+                    routing.states[url].index.hashes.update(held)
+                await asyncio.sleep(0)  # the loop's turn: the prompt is remembered (prefix_routing.py)
+                await routing.settle()
+    return parts
+
+
+def _decision_run(rounds: int, mdir: str) -> dict:
+    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer
+    from pdfleet.connector.router.router_state import RouterState
+    from pdfleet.contract.routing import LEAST_OUTSTANDING
+
+    tokenizer = load_tokenizer(mdir)
+    group = RevisionEndpoints("r1", serving=True,
+                              prefill=(Endpoint("http://p0", kv_events="tcp://p0:1"), Endpoint("http://p1", kv_events="tcp://p1:1")),
+                              decode=(Endpoint("http://d0", kv_events="tcp://d0:1"),))
+    reqs = workload()
+    out = {}
+    for policy in (LEAST_OUTSTANDING, PREFIX_AWARE):
+        config = RouterConfig(prefill=("http://p0", "http://p1"), decode=("http://d0",), tokenizer=mdir,
+                              block_size=BLOCK, prefill_policy=policy, decode_policy=policy)
+        state = RouterState(config)
+        picker = state.picker
+        # the EPP's own PrefixRouting, its tokenizer loaded now (the EPP loads it in the background)
+        picker.prefix = routing = PrefixRouting(config, state.metrics, tokenize=tokenizer, labels=picker.labels)
+        picker.set_endpoints([group])
+        for engine in routing.states.values():
+            engine.synced = True  # as after the replay of its event stream
+        parts = asyncio.run(_replay(picker, routing if policy == PREFIX_AWARE else None, rounds, reqs))
+        out[policy] = {name: {"p50_us": round(pct(v, 0.5) * 1e6, 1), "p99_us": round(pct(v, 0.99) * 1e6, 1)}
+                       for name, v in parts.items()}
+        print(policy, json.dumps(out[policy]), flush=True)
+    out["prefix_aware_over_baseline_p50"] = round(out[PREFIX_AWARE]["decision"]["p50_us"]
+                                                  / out[LEAST_OUTSTANDING]["decision"]["p50_us"], 2)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2, help="rounds per path (alternating); default %(default)s")
@@ -227,7 +281,12 @@ def main() -> int:
                     help="instead of a fleet: N requests over fake engines (light: run under "
                          "/tmp/pdfleet-cpu.lock), for the EPP's own decision time and CPU per request")
     ap.add_argument("--concurrency", type=int, default=8, help="with --fakes; default %(default)s")
+    ap.add_argument("--decision", type=int, default=0, metavar="R",
+                    help="instead of a fleet: R rounds of the EPP's decision core in this process (light)")
     args = ap.parse_args()
+    if args.decision:
+        print(json.dumps(_decision_run(args.decision, str(model_dir())), indent=2))
+        return 0
     if args.fakes:
         print(json.dumps(asyncio.run(_fakes_run(args.fakes, args.concurrency, str(model_dir()))), indent=2))
         return 0
