@@ -3,6 +3,10 @@ alerts and runbooks match on them, so a rename is an API change)."""
 
 from __future__ import annotations
 
+# An Event's type: Kubernetes knows these two.
+NORMAL = "Normal"
+WARNING = "Warning"
+
 # The fleet's spec and its children (reconcile/reconciler.py)
 INVALID_SPEC = "InvalidSpec"  # Warning: the spec was refused; the reason is in status too
 NOT_OWNED = "NotOwned"  # Warning: a child's name is taken by an object the fleet does not own
@@ -24,6 +28,3 @@ SCALING_CLAMPED = "ScalingClamped"  # Warning
 SCALING_WITHIN_BOUNDS = "ScalingWithinBounds"
 PLANNER_SCALED = "PlannerScaled"
 PLANNER_CONFLICT = "PlannerConflict"  # Warning
-
-NORMAL = "Normal"
-WARNING = "Warning"

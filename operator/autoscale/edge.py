@@ -4,9 +4,9 @@ serving pair's size during a paired rollout. Called once per reconcile by the re
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
+from pdfleet.operator.autoscale.scalers import SCALER_KIND, WITHIN_BOUNDS, ScalingPlan
 from pdfleet.operator.plan.kinds import STATEFULSET
 from pdfleet.operator.kube.observed import ChildRef, ObservedChild
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
@@ -77,16 +77,7 @@ class ScalingEdge:
         self._reported[key] = summary
         if summary:
             logger.info("%s/%s: scaler replicas clamped: %s", key[0], key[1], summary)
-            await self.post_event(body, "Warning", reasons.SCALING_CLAMPED, f"scaler replicas clamped: {summary}")
+            await self.post_event(body, reasons.WARNING, reasons.SCALING_CLAMPED, f"scaler replicas clamped: {summary}")
         else:
-            await self.post_event(body, "Normal", reasons.SCALING_WITHIN_BOUNDS, "every scaler's replicas is applied as asked")
+            await self.post_event(body, reasons.NORMAL, reasons.SCALING_WITHIN_BOUNDS, WITHIN_BOUNDS)
 
-
-def scaling_condition(plan: ScalingPlan) -> Optional[tuple[bool, str, str]]:
-    """(status, reason, message) of the fleet's ScalingLimited condition; None without autoscaling."""
-    if not plan.active:
-        return None
-    summary = plan.clamp_summary()
-    if summary:
-        return True, "Clamped", summary
-    return False, "WithinBounds", "every scaler's replicas is applied as asked"

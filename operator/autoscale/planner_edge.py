@@ -99,7 +99,7 @@ class PlannerEdge:
             if self._conflict_reported.get(key) != reason:
                 self._conflict_reported[key] = reason
                 logger.warning("%s/%s: planner %s", key[0], key[1], reason)
-                await self.post_event(body, "Warning", reasons.PLANNER_CONFLICT, f"planner {reason}")
+                await self.post_event(body, reasons.WARNING, reasons.PLANNER_CONFLICT, f"planner {reason}")
             self._samples.pop(key, None)
             return PlannerOutcome(None, reason)
         self._conflict_reported.pop(key, None)
@@ -141,7 +141,7 @@ class PlannerEdge:
                     logger.warning("%s/%s: planner could not scale %s: %s", key[0], key[1], name, exc)
         summary = decision.summary()
         if changed:
-            await self.post_event(body, "Normal", reasons.PLANNER_SCALED, f"{', '.join(changed)}: {summary}")
+            await self.post_event(body, reasons.NORMAL, reasons.PLANNER_SCALED, f"{', '.join(changed)}: {summary}")
         return self._keep(key, interval, summary)
 
     def _keep(self, key: Key, interval: float, status: str) -> PlannerOutcome:

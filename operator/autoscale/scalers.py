@@ -25,6 +25,8 @@ from pdfleet.operator.plan.kinds import STATEFULSET, Kind
 from pdfleet.operator.kube.observed import ObservedChild
 
 ROLES = ("prefill", "decode")
+# The ScalingLimited condition's message (and the event's) while no scaler's replicas is clamped.
+WITHIN_BOUNDS = "every scaler's replicas is applied as asked"
 SCALER_KIND = Kind(scaler_api.API_VERSION, scaler_api.KIND, scaler_api.PLURAL)
 
 
@@ -112,6 +114,16 @@ class ScalingPlan:
             return ""
         return "; ".join(f"{role} {self.result.requested[role]} -> {self.result.replicas[role]} "
                          f"({self.result.reasons[role]})" for role in ROLES if role in self.result.reasons)
+
+
+def scaling_condition(plan: ScalingPlan) -> Optional[tuple[bool, str, str]]:
+    """(status, reason, message) of the fleet's ScalingLimited condition; None without autoscaling."""
+    if not plan.active:
+        return None
+    summary = plan.clamp_summary()
+    if summary:
+        return True, "Clamped", summary
+    return False, "WithinBounds", WITHIN_BOUNDS
 
 
 def _current_size(children: Iterable[ObservedChild], role: str, revision: str) -> Optional[int]:

@@ -104,7 +104,7 @@ class CanaryEdge:
             stale, _ = canary.effective_override(annotation, None)
             rec = CanaryRecord(target, canary.State(canary.PROGRESSING, 0, now), steps[0].weight,
                                "started: waiting for the first analysis", stale)
-            await self.post_event(body, "Normal", reasons.CANARY_STARTED,
+            await self.post_event(body, reasons.NORMAL, reasons.CANARY_STARTED,
                                   f"revision {target} takes {steps[0].weight}% of new requests beside "
                                   f"{decision.serving} (step 1 of {len(steps)})")
         override, stale = canary.effective_override(annotation, rec.stale_override)
@@ -117,15 +117,15 @@ class CanaryEdge:
             if samples is not None:  # the next step's window starts now
                 self._baseline[key] = ((target, d.state.step), samples)
             self._last.pop(key, None)
-            await self.post_event(body, "Normal", reasons.CANARY_STEP_ADVANCED,
+            await self.post_event(body, reasons.NORMAL, reasons.CANARY_STEP_ADVANCED,
                                   f"{d.reason}; step {d.state.step + 1} of {len(steps)}: {d.weight}% of new "
                                   f"requests to {target}")
         elif d.action == canary.PROMOTE:
             self.forget(key)
-            await self.post_event(body, "Normal", reasons.CANARY_PROMOTED, f"revision {target} promoted: {d.reason}")
+            await self.post_event(body, reasons.NORMAL, reasons.CANARY_PROMOTED, f"revision {target} promoted: {d.reason}")
         elif d.action == canary.ABORT:
             self.forget(key)
-            await self.post_event(body, "Warning", reasons.CANARY_ABORTED, f"revision {target} aborted, weight 0: {d.reason}")
+            await self.post_event(body, reasons.WARNING, reasons.CANARY_ABORTED, f"revision {target} aborted, weight 0: {d.reason}")
         requeue = None
         if d.state.phase == canary.PROGRESSING:
             left = steps[d.state.step].pause_s - (now - d.state.step_started)

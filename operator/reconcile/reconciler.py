@@ -17,11 +17,11 @@ from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
-from pdfleet.operator.autoscale.edge import ScalingEdge, scaling_condition
+from pdfleet.operator.autoscale.edge import ScalingEdge
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
 from pdfleet.operator.observability.metrics_text import rejected_values
 from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
-from pdfleet.operator.autoscale.scalers import ObservedScaler
+from pdfleet.operator.autoscale.scalers import ObservedScaler, scaling_condition
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.plan.drain import rollout_drain_seconds
 from pdfleet.operator.reconcile_plan import children as ch

@@ -12,10 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Optional
 
 from pdfleet.operator.plan.auth import generated_secret_name
-from pdfleet.operator.api import event_reasons
 
 Ownership = Literal["absent", "owned", "foreign"]
-REASON = event_reasons.NOT_OWNED
 
 
 def ownership(meta: Optional[Mapping[str, Any]], owner_uid: str) -> Ownership:

@@ -213,7 +213,7 @@ def refusal(observed: Observed, problems: Sequence[str]) -> Plan:
     previous = dict(observed.body.get("status") or {})
     status = st.build_status(st.StatusInputs(generation, previous, invalid=list(problems)), now=observed.now)
     report = ("invalid", generation, tuple(problems))
-    events = (Event("Warning", reasons.INVALID_SPEC, "; ".join(problems)),) if observed.reported != report else ()
+    events = (Event(reasons.WARNING, reasons.INVALID_SPEC, "; ".join(problems)),) if observed.reported != report else ()
     return Plan(generation, previous, refused=tuple(problems), report=report if events else None, events=events,
                 status=status)
 
@@ -258,10 +258,10 @@ def reconcile_plan(observed: Observed, gate: Optional[Gate] = None) -> Plan:
     roll = previous.get("rollout") or {}
     events: list[Event] = []
     if decision.state.serving != gate.state.serving and gate.state.serving is not None:
-        events.append(Event("Normal", reasons.ROLLOUT_SWITCHED,
+        events.append(Event(reasons.NORMAL, reasons.ROLLOUT_SWITCHED,
                             f"router switched from revision {gate.state.serving} to {decision.state.serving}"))
     elif decision.phase == "RollingOut" and roll.get("targetRevision") != target:
-        events.append(Event("Normal", reasons.ROLLOUT_STARTED,
+        events.append(Event(reasons.NORMAL, reasons.ROLLOUT_STARTED,
                             f"revision {target} is coming up beside {decision.serving}"))
 
     ports = revision_ports(gate.owned, cr)
@@ -295,7 +295,7 @@ def guard(plan: Plan, *, foreign: Sequence[ch.ChildRef] = (), unchecked: Sequenc
             and not (secret_foreign and o["kind"] in ch.WORKLOAD_KINDS)))
     foreign_names = [str(r) for r in foreign] + ([secret_foreign] if secret_foreign else [])
     not_owned = not_owned_message(name, foreign_names) if foreign_names else None
-    before = (Event("Warning", reasons.NOT_OWNED, not_owned),) if not_owned and not_owned != last_not_owned else ()
+    before = (Event(reasons.WARNING, reasons.NOT_OWNED, not_owned),) if not_owned and not_owned != last_not_owned else ()
     after: list[Event] = []
     created = updated = 0
     if actions.apply or actions.delete:
@@ -304,11 +304,11 @@ def guard(plan: Plan, *, foreign: Sequence[ch.ChildRef] = (), unchecked: Sequenc
         changed = [str(ch.ChildRef.of(o)) for o in actions.apply if ch.ChildRef.of(o) in have]
         created, updated = len(new), len(changed)
         if new:
-            after.append(Event("Normal", reasons.CREATED, summary("created", new)))
+            after.append(Event(reasons.NORMAL, reasons.CREATED, summary("created", new)))
         if changed:
-            after.append(Event("Normal", reasons.UPDATED, summary("updated", changed)))
+            after.append(Event(reasons.NORMAL, reasons.UPDATED, summary("updated", changed)))
         if actions.delete:
-            after.append(Event("Normal", reasons.DELETED, summary("deleted", [str(c.ref) for c in actions.delete])))
+            after.append(Event(reasons.NORMAL, reasons.DELETED, summary("deleted", [str(c.ref) for c in actions.delete])))
     return Guarded(actions, not_owned, before, tuple(after), created, updated)
 
 
@@ -323,7 +323,7 @@ def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequ
     error = "; ".join(errors)[:1000] if errors else None
     events = list(plan.events)
     if errors:
-        events.append(Event("Warning", reasons.APPLY_FAILED, error or ""))
+        events.append(Event(reasons.WARNING, reasons.APPLY_FAILED, error or ""))
     status = st.build_status(st.StatusInputs(
         kv_transport=plan.kv_transport,
         generation=plan.generation, previous=plan.previous, decision=decision, children=plan.gate.owned,

@@ -20,8 +20,6 @@ from pdfleet.operator.reconcile_plan.kvtransport import CONDITION_TYPE as KV_TRA
 from pdfleet.operator.rollout.paired import CanaryRecord, Decision, Endpoint, format_time
 from pdfleet.operator.rollout import canary as canary_core
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled", KV_TRANSPORT)
-
 
 @dataclass(frozen=True)
 class Cond:

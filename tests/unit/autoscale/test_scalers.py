@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pdfleet.operator.api import parse
-from pdfleet.operator.autoscale.edge import scaling_condition
-from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling
+from pdfleet.operator.autoscale.scalers import ObservedScaler, plan_scaling, scaling_condition
 from pdfleet.operator.kube.observed import ChildRef, ObservedChild
 
 OWNER = {"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference", "name": "llama", "uid": "u1",

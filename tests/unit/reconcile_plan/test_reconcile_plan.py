@@ -14,8 +14,7 @@ from fleet_builders import NAME, NOW, SETTINGS, UID, Fleet, applied, observed, r
 
 from pdfleet.contract import labels
 from pdfleet.operator.api import event_reasons as reasons
-from pdfleet.operator.autoscale.edge import scaling_condition
-from pdfleet.operator.autoscale.scalers import ObservedScaler
+from pdfleet.operator.autoscale.scalers import ObservedScaler, scaling_condition
 from pdfleet.operator.kube.observed import ChildRef, ObservedChild
 from pdfleet.operator.reconcile_plan.plan import (
     Plan, Settings, canary_gate, guard, reconcile_plan, settle,
