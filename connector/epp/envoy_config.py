@@ -29,13 +29,26 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
+# HTTP/2 PINGs on the connection to the EPP: an EPP that vanishes without a reset (node lost, pod
+# frozen, partition) is noticed within interval x 1.15 (Envoy's jitter) + timeout, 16.5 s, not after
+# message_timeout (300 s, sized above a whole prefill leg) or, in FULL_DUPLEX, stream_idle_timeout.
+# Cost: a 17-byte PING and its ack per connection every 10 s. 5 s is far above an in-cluster round
+# trip, so a busy but live EPP is not cut (each cut ends its in-flight requests per failure_mode).
+KEEPALIVE_INTERVAL_S = 10.0
+KEEPALIVE_TIMEOUT_S = 5.0
+
+
 def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decode_only: Sequence[str] = (),
            failure_mode: str = FAIL_CLOSE, message_timeout_s: float = 300.0, connect_timeout_s: float = 3.0,
-           stream_idle_timeout_s: float = 300.0, host: str = "127.0.0.1", epp_host: str = "127.0.0.1") -> str:
+           stream_idle_timeout_s: float = 300.0, keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
+           keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S, host: str = "127.0.0.1",
+           epp_host: str = "127.0.0.1") -> str:
     """The Envoy bootstrap for ``mode`` (BUFFERED or FULL_DUPLEX).
 
     ``decode_only``: decode base URLs that serve when the EPP is down under FailOpen.
     ``message_timeout_s`` must outlast a whole prefill leg (the EPP runs it while Envoy waits).
+    ``keepalive_interval_s`` / ``keepalive_timeout_s``: HTTP/2 PINGs on the connection to the EPP, which
+    bound how long requests wait on an EPP that went silent without closing its connection.
     """
     if mode not in MODES:
         raise ValueError(f"gateway mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -43,6 +56,9 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decod
         raise ValueError(f"failureMode must be one of {', '.join(FAILURE_MODES)}, got {failure_mode!r}")
     if message_timeout_s <= 0:
         raise ValueError(f"message_timeout_s must be > 0, got {message_timeout_s}")
+    for name, value in (("keepalive_interval_s", keepalive_interval_s), ("keepalive_timeout_s", keepalive_timeout_s)):
+        if not value >= 0.001:  # Envoy's floor (1 ms); NaN refused too
+            raise ValueError(f"{name} must be >= 0.001 s, got {value}")
     endpoints = []
     for url in decode_only:
         ip, _, port = endpoint_address(url).rpartition(":")
@@ -53,5 +69,6 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decod
         host=host, listen_port=listen_port, admin_port=admin_port, epp_host=epp_host, epp_port=epp_port,
         failure_mode_allow="true" if failure_mode == FAIL_OPEN else "false",
         message_timeout=_duration(message_timeout_s), connect_timeout=_duration(connect_timeout_s),
-        stream_idle_timeout=_duration(stream_idle_timeout_s), decode_only_endpoints=json.dumps(endpoints),
+        stream_idle_timeout=_duration(stream_idle_timeout_s), keepalive_interval=_duration(keepalive_interval_s),
+        keepalive_timeout=_duration(keepalive_timeout_s), decode_only_endpoints=json.dumps(endpoints),
         fallback_headers=json.dumps(_FALLBACK if failure_mode == FAIL_OPEN else []))

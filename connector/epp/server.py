@@ -33,8 +33,16 @@ from pdfleet.contract.router_config import RouterConfig
 log = logging.getLogger("pdfleet.epp")
 
 # Decision times are well under a millisecond: the buckets say how far under.
-_DECISION_BUCKETS = (2.5e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 4e-4, 5e-4, 7.5e-4, 1e-3, 2e-3, 5e-3, 1e-2,
-                     5e-2)
+_DECISION_BUCKETS = (2.5e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 2.5e-4, 3e-4, 3.5e-4, 4e-4, 4.5e-4, 5e-4, 6e-4,
+                     7.5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
+
+# The gateway pings its connection to the EPP (envoy_config's connection_keepalive) whether or not a
+# request is in flight, and the EPP sends nothing while a prefill leg runs. gRPC's default ping policy
+# counts such pings as abuse (more often than every 5 min without data sent, or any while idle) and
+# after a few closes the connection (GOAWAY too_many_pings), cutting every request on it: a prefill leg
+# longer than about 3 ping intervals would fail. max_ping_strikes 0 bears them (a ping costs one small
+# ack; whoever reaches this port can open streams, which cost more).
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.http2.max_ping_strikes", 0)]
 
 
 class EppMetrics:
@@ -94,7 +102,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         await self.router.picker.start()
         if self._discovery is not None:
             self._task = asyncio.create_task(self._discovery(self.router))
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_ExternalProcessorServicer_to_server(self, self._server)
         bound = self._server.add_insecure_port(f"{host}:{port}")
         if bound == 0:

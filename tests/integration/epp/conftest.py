@@ -51,7 +51,9 @@ class Gateway:
 
     async def start(self, prefill, decode, *, mode: str = "buffered", failure_mode: str = FAIL_CLOSE,
                     message_timeout_s: float = 30.0, epp: bool = True, epp_port: int = 0, extra_filters=(),
-                    **overrides) -> str:
+                    envoy: dict | None = None, **overrides) -> str:
+        """``envoy``: more arguments of envoy_config.render (e.g. keepalive_interval_s); ``overrides``: of
+        the RouterConfig."""
         settings = dict(FAST)
         settings.update(overrides)
         urls = lambda xs: tuple(x if isinstance(x, str) else x.url for x in xs)  # noqa: E731
@@ -61,7 +63,7 @@ class Gateway:
         else:  # no EPP (down), or one run elsewhere on epp_port
             self.epp_port = epp_port or free_port()
         self._envoy_args = dict(mode=mode, decode_only=urls(decode), failure_mode=failure_mode,
-                                message_timeout_s=message_timeout_s, extra_filters=extra_filters)
+                                message_timeout_s=message_timeout_s, extra_filters=extra_filters, **(envoy or {}))
         return await self.start_envoy()
 
     async def start_envoy(self, **changes) -> str:

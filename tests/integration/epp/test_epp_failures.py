@@ -278,3 +278,125 @@ async def test_full_duplex_waits_on_the_prefill_leg_and_the_idle_timeout_bounds_
         async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
             assert r.status >= 400
     assert time.monotonic() - started < 3.0
+
+
+class FreezableRelay:
+    """A TCP relay between Envoy and the EPP that goes silent on ``freeze()``: it stops reading and
+    forwarding in both directions and keeps every socket open, and connections made after the freeze
+    are accepted and never answered, as an EPP pod that is frozen or whose node is lost (no FIN, no RST)."""
+
+    def __init__(self) -> None:
+        self.target_port = 0
+        self.frozen = asyncio.Event()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._on_connection, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    def freeze(self) -> None:
+        self.frozen.set()
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        if self.frozen.is_set():
+            return  # accepted by the kernel, never read
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers.append(up_writer)
+        for r, w in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(r, w))
+            self._tasks.add(task)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not self.frozen.is_set():
+            data = await reader.read(65536)
+            if self.frozen.is_set():
+                break  # nothing more is forwarded, not even an end
+            if not data:
+                writer.close()  # not frozen yet: an end passes
+                return
+            writer.write(data)
+            await writer.drain()
+        await asyncio.Event().wait()  # silent until close()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for w in self._writers:
+            w.transport.abort()
+        if self._server is not None:
+            self._server.close()
+
+
+@pytest.fixture
+async def relay():
+    r = FreezableRelay()
+    try:
+        yield r
+    finally:
+        await r.close()
+
+
+async def _behind_relay(gw, relay, p, d, **start) -> None:
+    """Envoy's epp cluster points at the relay, the relay at the EPP."""
+    relay_port = await relay.start()
+    await gw.start([p], [d], epp=False, epp_port=relay_port, **start)
+    relay.target_port = await gw.start_epp()
+
+
+@pytest.mark.parametrize("mode, failure_mode", [
+    ("buffered", FAIL_CLOSE), ("buffered", FAIL_OPEN), ("full-duplex", FAIL_CLOSE)])
+async def test_an_epp_gone_silent_is_noticed_by_the_keepalive(gw, relay, mode, failure_mode):
+    """An EPP that goes silent without closing its connection (pod frozen, node lost, partition: no FIN,
+    no RST): Envoy's HTTP/2 keepalive on the epp cluster (envoy_config: connection_keepalive; here 1 s +
+    1 s) closes the dead connection, and the request waiting on it ends per the failure mode (FailClose:
+    a 5xx; FailOpen: decode-only) within seconds, not after message_timeout (60 s here; FULL_DUPLEX has
+    none, only stream_idle_timeout, 300 s). A second request, on a new connection that the frozen EPP
+    accepts and never reads, is bounded the same way.
+    Checked by hand: with connection_keepalive removed from both shipped YAMLs, every case is still
+    pending at the 6 s bound (TimeoutError)."""
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await _behind_relay(gw, relay, p, d, mode=mode, failure_mode=failure_mode, message_timeout_s=60.0,
+                        envoy=dict(keepalive_interval_s=1.0, keepalive_timeout_s=1.0))
+    async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:  # through the relay: P/D
+        assert r.status == 200 and FALLBACK_HEADER not in r.headers
+    assert len(p.received) == 1
+    relay.freeze()
+    for _ in range(2):
+        started = time.monotonic()
+        async with asyncio.timeout(6):
+            async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+                if failure_mode == FAIL_CLOSE:
+                    assert r.status >= 500 and FALLBACK_HEADER not in r.headers
+                else:
+                    assert r.status == 200 and r.headers[FALLBACK_HEADER] == FALLBACK_DECODE_ONLY
+                    assert (await r.json())["served_by"] == "d1"
+        assert time.monotonic() - started < 4.0
+    assert len(p.received) == 1  # nothing reached the EPP after the freeze
+    stats = await asyncio.to_thread(gw.envoy.stats)
+    assert stats["cluster.epp.http2.keepalive_timeout"] >= 1
+
+
+
+async def test_the_epp_takes_the_gateway_pings_during_a_long_prefill_leg(gw):
+    """The keepalive's other side: the gateway pings while the EPP runs a prefill leg and sends nothing,
+    and while no request is in flight; the EPP's gRPC server (server.SERVER_OPTIONS) must not take that
+    for abuse and close the connection (GOAWAY too_many_pings), which would cut the leg. Here pings
+    every 0.1 s over a 1.5 s leg, then an idle second, twice: both served P/D on one connection.
+    Checked by hand: with SERVER_OPTIONS back to gRPC's ping policy (grpc.http2.max_ping_strikes
+    removed), the first request gets 500 (a probe with 0.2 s pings over 2.5 s legs: both requests 500,
+    2 connections, 2 upstream_cx_close_notify)."""
+    p = await gw.engine("p1", "prefill", delay_s=1.5)
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], prefill_timeout_s=10.0, envoy=dict(keepalive_interval_s=0.1, keepalive_timeout_s=1.0))
+    for _ in range(2):
+        async with gw.session.post(gw.url + "/v1/completions", json=BODY) as r:
+            assert r.status == 200 and (await r.json())["kv_seen"]["remote_engine_id"] == "p1"
+        await asyncio.sleep(1.0)
+    stats = await asyncio.to_thread(gw.envoy.stats)
+    assert stats["cluster.epp.upstream_cx_total"] == 1
+    assert stats.get("cluster.epp.upstream_cx_close_notify", 0) == 0

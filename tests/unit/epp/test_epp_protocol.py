@@ -129,10 +129,28 @@ def test_message_timeout_and_decode_only_endpoints():
         {"endpoint": {"address": {"socket_address": {"address": "10.0.0.8", "port_value": 8000}}}}]
 
 
+def _keepalive(cfg):
+    epp = {c["name"]: c for c in cfg["static_resources"]["clusters"]}["epp"]
+    options = epp["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    return options["explicit_http_config"]["http2_protocol_options"]["connection_keepalive"]
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, FULL_DUPLEX])
+def test_the_epp_connection_is_pinged(mode):
+    """Shipped: 10 s + 5 s, far under message_timeout (300 s), which would otherwise be the wait on an
+    EPP gone silent (tests/integration/epp/test_epp_failures.py shows it with a real Envoy)."""
+    assert _keepalive(_config(mode)) == {"interval": "10.000s", "timeout": "5.000s"}
+    assert _keepalive(_config(mode, keepalive_interval_s=1, keepalive_timeout_s=0.5)) == {
+        "interval": "1.000s", "timeout": "0.500s"}
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(mode="streamed"), "gateway mode"),
     (dict(failure_mode="Open"), "failureMode"),
     (dict(message_timeout_s=0), "message_timeout_s"),
+    (dict(keepalive_interval_s=0), "keepalive_interval_s"),
+    (dict(keepalive_timeout_s=0.0001), "keepalive_timeout_s"),
+    (dict(keepalive_timeout_s=float("nan")), "keepalive_timeout_s"),
 ])
 def test_bad_arguments_name_the_field(kw, match):
     mode = kw.pop("mode", BUFFERED)
