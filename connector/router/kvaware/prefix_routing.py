@@ -11,28 +11,27 @@ For each leg under ``prefixAware`` the router
 3. lets prefix_scoring.choose_endpoint pick under the load bound.
 
 Subscribers (kv_subscriber.py) run for every endpoint that advertises a KV
-event endpoint, in the router's event loop. The keys are prefix_keys.py's, the
-tokenizer tokenizer.py's.
+event endpoint, in the router's event loop. A request's keys come from
+prompt_memory.py (the prompt token cache and its worker), the tokenizer from
+tokenizer.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from pdfleet.connector.router.kvaware import kv_events as ke
 from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
 from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
 from pdfleet.connector.router.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
-from pdfleet.connector.router.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig, text_keys
+from pdfleet.connector.router.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig
 from pdfleet.connector.router.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
 from pdfleet.connector.router.kvaware.prefix_scoring import Choice, RoutedIndex, choose_endpoint
 from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
-from pdfleet.connector.router.kvaware.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
+from pdfleet.connector.router.kvaware.prompt_memory import CHARS_PER_TOKEN as _CHARS_PER_TOKEN, PromptMemory
 from pdfleet.connector.router.kvaware.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("pdfleet.router.prefix")
@@ -41,12 +40,6 @@ UNKNOWN_ENDPOINT = UNKNOWN
 EVENTS = "events"
 ROUTED = "routed"
 MIXED = "mixed"
-_CHARS_PER_TOKEN = 4  # for the routed index's token estimate only
-# Past the prompt token cache a prompt is tokenized a piece at a time, as far as scoring asks: the
-# first piece about one block long (scoring usually stops at the first block past the cache), each
-# next one twice as long, up to _MAX_PIECE_CHARS.
-_MIN_PIECE_CHARS, _MAX_PIECE_CHARS = 64, 4096
-_MAX_REMEMBERING = 16  # prompts queued for remembering; past this new prompts are not remembered
 
 
 class _MetricCounters(Counters):
@@ -83,14 +76,8 @@ class PrefixRouting:
         self.metrics = metrics
         self.policies = {PREFILL: config.prefill_policy, DECODE: config.decode_policy}
         self.hasher = BlockHasher(HashConfig(config.block_size, config.hash_algo, config.hash_seed))
-        self._tokenize = tokenize
+        self.prompts = PromptMemory(self.hasher, config.prompt_cache_max_bytes, tokenize)
         self._tokenizer_loaded = tokenize is not None
-        self._token_cache: PromptTokenCache | None = None
-        self._use_token_cache(tokenize)
-        self._executor: ThreadPoolExecutor | None = None
-        self._remembering = 0
-        self._remember_tasks: set[asyncio.Future] = set()
-        self._stopped = False
         self._tokenizer_task: asyncio.Task | None = None
         self.routed = RoutedIndex()
         self.states: dict[str, EndpointState] = {}
@@ -102,7 +89,6 @@ class PrefixRouting:
         self._ctx = None
         self._running = False
         self.counters = _MetricCounters(metrics, lambda u: u in self.states, self.labels)
-        self._keys: OrderedDict[int, tuple[Any, PromptKeys]] = OrderedDict()
         self._accounts: dict[tuple[str, str | None], tuple[Any, Any, Any]] = {}
 
     def enabled(self, role: str) -> bool:
@@ -174,7 +160,8 @@ class PrefixRouting:
     async def start(self) -> None:
         if not (self.enabled(PREFILL) or self.enabled(DECODE)):
             return
-        self._running, self._stopped = True, False
+        self._running = True
+        self.prompts.resume()
         self._start_missing()
         if not self._tokenizer_loaded:
             # In the background: the router serves (scoring from its routed index) while it loads.
@@ -184,15 +171,9 @@ class PrefixRouting:
     async def _load_tokenizer(self) -> None:
         tokenize = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
         if tokenize is not None:
-            self._use_token_cache(tokenize)
+            self.prompts.use(tokenize)
             log.info("prefix routing hashes prompts with the tokenizer of %s (prompt token cache %s)",
-                     self.config.tokenizer, "on" if self._token_cache is not None else "off: it does not compose")
-        self._tokenize = tokenize
-
-    def _use_token_cache(self, tokenize: Any) -> None:
-        encode = getattr(tokenize, "encode", None)
-        if encode is not None and getattr(tokenize, "composes", False):
-            self._token_cache = PromptTokenCache(max_bytes=self.config.prompt_cache_max_bytes)
+                     self.config.tokenizer, "on" if self.prompts.cache is not None else "off: it does not compose")
 
     async def wait_ready(self) -> None:
         """Until the tokenizer is loaded (or failed to load); for tests and benchmarks."""
@@ -201,7 +182,7 @@ class PrefixRouting:
 
     async def stop(self) -> None:
         self._running = False
-        self._stopped = True  # no prompt is handed to the worker any more
+        self.prompts.stop()  # no prompt is handed to the worker any more
         if self._tokenizer_task is not None and not self._tokenizer_task.done():
             self._tokenizer_task.cancel()
         tasks = list(self._tasks.values())
@@ -210,9 +191,6 @@ class PrefixRouting:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -221,7 +199,7 @@ class PrefixRouting:
         """For /health: the policies, whether prompts can be hashed, and each event stream."""
         return {
             "prefill_policy": self.policies[PREFILL], "decode_policy": self.policies[DECODE],
-            "tokenizer": self._tokenize is not None,
+            "tokenizer": self.prompts.tokenize is not None,
             "streams": {url: {"synced": s.synced, "batches": s.received, "blocks": len(s.index),
                               "last_seq": s.tracker.last} for url, s in self.states.items()},
         }
@@ -229,129 +207,11 @@ class PrefixRouting:
     # ---- choosing ----------------------------------------------------------------
 
     def keys_for(self, body: Mapping[str, Any], chat: bool) -> PromptKeys:
-        entry = self._keys.get(id(body))
-        if entry is not None and entry[0] is body:
-            return entry[1]
-        tokens = source = known = None
-        salt = body.get("cache_salt")
-        salt = salt if isinstance(salt, str) else None
-        try:
-            if chat:
-                # the template writes the special tokens: none are added when tokenizing its text
-                rendered = self._tokenize.render_chat(body) if hasattr(self._tokenize, "render_chat") else None
-                if rendered is not None and self._token_cache is not None:
-                    source, known = self._cached_keys(rendered, salt, special=False)
-                elif rendered is not None:
-                    tokens = list(self._tokenize.encode(rendered, False).ids)
-            else:
-                prompt = body.get("prompt")
-                if isinstance(prompt, str) and self._tokenize is not None:
-                    if self._token_cache is not None:
-                        source, known = self._cached_keys(prompt, salt, special=True)
-                    else:
-                        tokens = self._tokenize(prompt)
-                elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
-                    tokens = prompt
-        except Exception as exc:  # a tokenizer or template failure must not fail the request
-            log.warning("tokenizing a prompt failed: %r", exc)
-        text = prompt_text(body, chat)
-        keys = PromptKeys(tokens, salt, text_keys(text) if text else [], source, known)
-        self._keys[id(body)] = (body, keys)
-        while len(self._keys) > 256:
-            self._keys.popitem(last=False)
-        return keys
-
-    def _cached_keys(self, prompt: str, salt: str | None, special: bool) -> tuple[Iterator[int], list[int]]:
-        """Block keys of a prompt: the prompt token cache's, then the rest tokenized a piece at a
-        time as far as scoring asks (it stops at the first block no endpoint holds). The whole
-        prompt is remembered for later requests off the event loop (tokenizers releases the GIL
-        in encode_batch); its blocks are hashed only if a later request finds them."""
-        assert self._token_cache is not None
-        hit = self._token_cache.lookup(prompt, self.hasher, salt, special)
-        if hit.chars < len(prompt):
-            self._remember(prompt, hit, special)
-        return self._keys_after(prompt, salt, hit, special), hit.keys
-
-    def _keys_after(self, prompt: str, salt: str | None, hit: Cached, special: bool) -> Iterator[int]:
-        """The block keys after ``hit``'s."""
-        tokens, parent, done, pos = list(hit.ids), hit.last_hash, len(hit.keys), hit.chars
-        try:
-            # blocks the known tokens complete (a continuation's) first: they need no tokenizing
-            for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
-                done, parent = done + 1, h
-                yield ke.hash_key(h)
-            piece = first_piece_chars(self.config.block_size, hit.chars, len(tokens), done)
-            while pos < len(prompt):
-                end = next_safe_cut(prompt, pos + piece)
-                tokens += self._tokenize.ids(prompt[pos:end], special and pos == 0)  # BOS at the start only
-                pos, piece = end, min(2 * piece, _MAX_PIECE_CHARS)
-                for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
-                    done, parent = done + 1, h
-                    yield ke.hash_key(h)
-        except Exception as exc:  # a tokenizer failure must not fail the request: score what we have
-            log.warning("tokenizing a prompt failed: %r", exc)
-
-    def _remember(self, prompt: str, hit: Cached, special: bool) -> None:
-        """Tokenize what the cache lacks of a prompt and store it: in a worker thread inside the
-        router's event loop (at most a few prompts queued; more are not remembered), else now.
-        The worker is handed the prompt once the current decision is over (the loop's next turn):
-        waking it costs the decision a thread switch, and its tokenizing would compete for the GIL."""
-        rest, bos = prompt[hit.chars:], special and hit.chars == 0
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._store(prompt, hit, self._tokenize.encode(rest, bos))
-            return
-        if self._remembering >= _MAX_REMEMBERING:
-            return
-        self._remembering += 1
-        fut = loop.create_future()
-        self._remember_tasks.add(fut)
-        fut.add_done_callback(lambda f: self._stored(f, prompt, hit))
-        loop.call_soon(self._hand_to_worker, loop, fut, rest, bos)
-
-    def _hand_to_worker(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future, rest: str, bos: bool) -> None:
-        if self._stopped:
-            fut.cancel()
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdfleet-tokenize")
-        work = loop.run_in_executor(self._executor, self._tokenize.encode_unlocked, rest, bos)
-
-        def done(w: asyncio.Future) -> None:
-            if fut.done():
-                return
-            if w.cancelled():
-                fut.cancel()
-            elif w.exception() is not None:
-                fut.set_exception(w.exception())
-            else:
-                fut.set_result(w.result())
-
-        work.add_done_callback(done)
-
-    def _stored(self, fut: asyncio.Future, prompt: str, hit: Cached) -> None:
-        self._remembering -= 1
-        self._remember_tasks.discard(fut)
-        if fut.cancelled():
-            return
-        if fut.exception() is not None:
-            log.warning("remembering a prompt's tokens failed: %r", fut.exception())
-            return
-        self._store(prompt, hit, fut.result())
-
-    def _store(self, prompt: str, hit: Cached, tail: Any) -> None:
-        try:
-            assert self._token_cache is not None
-            self._token_cache.store(prompt, hit, tail)
-        except Exception as exc:
-            log.warning("remembering a prompt's tokens failed: %r", exc)
+        return self.prompts.keys_for(body, chat)
 
     async def settle(self) -> None:
         """Until prompts being remembered are stored (tests and benchmarks)."""
-        while self._remember_tasks:
-            await asyncio.gather(*list(self._remember_tasks), return_exceptions=True)
-            await asyncio.sleep(0)
+        await self.prompts.settle()
 
     def pick(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
              outstanding: Mapping[str, int], exclude: Collection[str], ejected: Collection[str],
@@ -420,15 +280,6 @@ class PrefixRouting:
         if chosen is not None:
             chosen.inc(choice.cached_tokens)
             available.inc(choice.best_tokens)
-
-
-def first_piece_chars(block_size: int, chars: int, tokens: int, blocks: int) -> int:
-    """Characters to tokenize first past a cached prefix of ``chars`` characters, ``tokens`` tokens and
-    ``blocks`` whole blocks: enough to complete the next block at the prefix's characters per token
-    (4 when nothing is cached), with a quarter more for margin (pure)."""
-    per_token = chars / tokens if tokens and chars else _CHARS_PER_TOKEN
-    wanted = max(1, block_size * (blocks + 1) - tokens)
-    return max(_MIN_PIECE_CHARS, min(_MAX_PIECE_CHARS, int(wanted * per_token * 1.25)))
 
 
 __all__ = ["PrefixRouting", "PromptKeys", "LazyKeys", "match_lengths", "prompt_text", "load_tokenizer", "Tokenizer",

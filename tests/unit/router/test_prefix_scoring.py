@@ -185,6 +185,6 @@ def test_prompt_text(body, chat, expected):
     (32, 1_000_000, 1_000, 31, 4096),  # 24 more at 1,000 characters a token: the ceiling
 ])
 def test_first_piece_reaches_about_one_block_past_the_cached_prefix(block, chars, tokens, blocks, want):
-    from pdfleet.connector.router.kvaware.prefix_routing import first_piece_chars
+    from pdfleet.connector.router.kvaware.prompt_memory import first_piece_chars
 
     assert first_piece_chars(block, chars, tokens, blocks) == max(64, min(4096, int(want)))

@@ -92,7 +92,7 @@ def test_cached_prefixes_give_the_full_tokenization_and_keys(tok_name, salt, req
     routing = PrefixRouting(RouterConfig(prefill=("http://p",), decode=("http://d",), block_size=BLOCK),
                             RouterMetrics(), tokenize=tok)
     hasher = BlockHasher(HashConfig(BLOCK))
-    cache = routing._token_cache
+    cache = routing.prompts.cache
     assert cache is not None
     hits = 0
     for text in workload(7):
@@ -142,7 +142,7 @@ def test_scoring_tokenizes_only_as_far_as_an_endpoint_matches_and_remembers_afte
         from pdfleet.connector.router.kvaware.prefix_routing import match_lengths
 
         n = match_lengths(keys.exact(hasher), {"http://p": held.__contains__})["http://p"]
-        before = tok.chars, len(routing._token_cache)
+        before = tok.chars, len(routing.prompts.cache)
         await routing.settle()  # the request is on its way: remembering finishes in a worker thread
         return n, *before
 
@@ -150,7 +150,7 @@ def test_scoring_tokenizes_only_as_far_as_an_endpoint_matches_and_remembers_afte
     assert n == 3
     assert chars_at_decision < 1000  # one piece, not the 12k-character prompt
     assert chunks_at_decision == 0
-    assert len(routing._token_cache) > 0 and tok.background == len(prompt)  # remembered afterwards, off the loop
+    assert len(routing.prompts.cache) > 0 and tok.background == len(prompt)  # remembered afterwards, off the loop
     assert list(routing.keys_for({"prompt": prompt}, False).exact(hasher)) == hasher.keys(bytelevel(prompt))
 
 
@@ -159,7 +159,7 @@ def test_a_tokenizer_that_ends_every_text_does_not_compose():
     assert not tok.composes  # negative control: the whole text ends in </s>, a cached prefix would not
     routing = PrefixRouting(RouterConfig(prefill=("http://p",), decode=("http://d",), block_size=BLOCK),
                             RouterMetrics(), tokenize=tok)
-    assert routing._token_cache is None
+    assert routing.prompts.cache is None
 
 
 def test_splicing_without_safe_cuts_would_be_wrong(bytelevel):
