@@ -19,8 +19,6 @@ class Tokenizer:
 
     def __init__(self, backend: Any, chat: Any = None) -> None:
         self._encode, self._encode_batch = backend.encode, backend.encode_batch
-        # without offsets, about a third cheaper: for scoring, which needs the ids only (tokenizers >= 0.21)
-        self._encode_ids = getattr(backend, "encode_batch_fast", backend.encode_batch)
         self.composes = composes(self.encode, _COMPOSE_SAMPLE)
         self._chat, self.chat_format = chat, None
         if chat is not None and getattr(chat, "chat_template", None):
@@ -48,8 +46,10 @@ class Tokenizer:
         return _RustEncoding(self._encode(text, add_special_tokens=special))
 
     def ids(self, text: str, special: bool) -> list[int]:
-        """The ids of ``text`` alone (what ``encode(...).ids`` gives, without the offsets)."""
-        return self._encode_ids([text], add_special_tokens=special)[0].ids
+        """The ids of ``text`` alone, for scoring, the GIL held: encode_batch_fast skips the offsets
+        but releases the GIL, and mid-decision another thread (gRPC's, the remembering worker) may
+        then keep it for a switch interval."""
+        return self._encode(text, add_special_tokens=special).ids
 
     def encode_unlocked(self, text: str, special: bool) -> _RustEncoding:
         """``encode`` for a worker thread: encode_batch releases the GIL while it tokenizes."""
