@@ -26,6 +26,13 @@ pick, decode's pick); each engine's KV index holds, as its events would say, eve
 it was given. Prefix-aware scoring with the model's tokenizer against the least-outstanding baseline,
 in one run: the EPP's own decision cost without the engines' competition for the CPU.
 
+On a fleet, --replay R (default 10; 0: off) runs that replay twice in the same run, as a control for
+what the machine does to the EPP's figure: once before the fleet starts (quiet), and once as its own
+process while gateway rounds keep the fleet busy (loaded; those rounds are not counted above), plus
+once quiet with the CPU caches evicted before each request (--cold: 64 MiB written), as the engines
+and the EPP's own I/O evict them between requests on the fleet. The same code, timed the same way:
+the ratios say what competition for the cores and cold caches each cost the decision.
+
 --fakes N: no fleet; fake engines in this process, `pdfleet router` and `pdfleet epp` (+ Envoy) as
 processes on them, prefix-aware with the tiny model's tokenizer (scoring from what each routed), N
 non-streamed requests each at --concurrency: requests/s, latency, CPU per request of the router
@@ -211,10 +218,22 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
     return out
 
 
-async def _replay(picker, routing, rounds: int, reqs: list) -> dict[str, list[float]]:
+EVICT_BYTES = 64 * 1024 * 1024  # more than this machine's caches hold
+
+
+def _evict(buf: bytearray) -> None:
+    """Write every cache line of ``buf``: what the caches held before (the decision's code and data) is gone."""
+    for i in range(0, len(buf), 64):
+        buf[i] ^= 1
+
+
+async def _replay(picker, routing, rounds: int, reqs: list, cold: bool = False) -> dict[str, list[float]]:
     """The decision's parts per request, as exchange.py times them; ``routing``: fill the engines'
-    indexes as their events would (prefix-aware), else None."""
+    indexes as their events would (prefix-aware), else None; ``cold``: the CPU caches evicted before
+    each request, as other processes and the EPP's own I/O evict them between requests on a fleet."""
     from pdfleet.connector.router.endpoints import DECODE, PREFILL
+
+    evict = bytearray(EVICT_BYTES) if cold else None
 
     parts: dict[str, list[float]] = {"choose_pair": [], "decide": [], "prefill pick": [], "decode pick": [],
                                      "decision": []}
@@ -222,6 +241,8 @@ async def _replay(picker, routing, rounds: int, reqs: list) -> dict[str, list[fl
     for k in range(rounds):
         for req in reqs:
             body = {**req.body, "stream": True, "cache_salt": f"decision-{k}"}
+            if evict is not None:
+                _evict(evict)
             t0 = clock()
             pair = picker.choose_pair(body, chat=False, request_id="r", headers={})
             t1 = clock()
@@ -243,7 +264,7 @@ async def _replay(picker, routing, rounds: int, reqs: list) -> dict[str, list[fl
     return parts
 
 
-def _decision_run(rounds: int, mdir: str) -> dict:
+def _decision_run(rounds: int, mdir: str, cold: bool = False) -> dict:
     from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
     from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer
     from pdfleet.connector.router.router_state import RouterState
@@ -265,13 +286,27 @@ def _decision_run(rounds: int, mdir: str) -> dict:
         picker.set_endpoints([group])
         for engine in routing.states.values():
             engine.synced = True  # as after the replay of its event stream
-        parts = asyncio.run(_replay(picker, routing if policy == PREFIX_AWARE else None, rounds, reqs))
+        parts = asyncio.run(_replay(picker, routing if policy == PREFIX_AWARE else None, rounds, reqs, cold))
         out[policy] = {name: {"p50_us": round(pct(v, 0.5) * 1e6, 1), "p99_us": round(pct(v, 0.99) * 1e6, 1)}
                        for name, v in parts.items()}
         print(policy, json.dumps(out[policy]), flush=True)
     out["prefix_aware_over_baseline_p50"] = round(out[PREFIX_AWARE]["decision"]["p50_us"]
                                                   / out[LEAST_OUTSTANDING]["decision"]["p50_us"], 2)
     return out
+
+
+def _replay_beside(gateway: str, reqs: list, rounds: int) -> dict:
+    """The --decision replay as its own process while gateway rounds (not counted) keep the fleet busy."""
+    proc = subprocess.Popen([sys.executable, __file__, "--decision", str(rounds)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    k = 0
+    while proc.poll() is None:
+        asyncio.run(one_round(gateway, reqs, f"bench-load-{k}"))
+        k += 1
+    out = proc.stdout.read()
+    loaded = json.loads(out[out.index("\n{") + 1:])[PREFIX_AWARE]["decision"]
+    print(f"decision replay beside {k} gateway round(s): {loaded}", flush=True)
+    return loaded
 
 
 def main() -> int:
@@ -283,15 +318,22 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="with --fakes; default %(default)s")
     ap.add_argument("--decision", type=int, default=0, metavar="R",
                     help="instead of a fleet: R rounds of the EPP's decision core in this process (light)")
+    ap.add_argument("--cold", action="store_true", help="with --decision: the CPU caches evicted before each request")
+    ap.add_argument("--replay", type=int, default=10, metavar="R",
+                    help="on a fleet: the --decision replay before the fleet (quiet) and beside its load; 0: off")
     args = ap.parse_args()
     if args.decision:
-        print(json.dumps(_decision_run(args.decision, str(model_dir())), indent=2))
+        print(json.dumps(_decision_run(args.decision, str(model_dir()), args.cold), indent=2))
         return 0
     if args.fakes:
         print(json.dumps(asyncio.run(_fakes_run(args.fakes, args.concurrency, str(model_dir()))), indent=2))
         return 0
     reqs = workload()
     mdir = model_dir()
+    replay = {}
+    if args.replay:
+        replay = {temp: _decision_run(args.replay, str(mdir), cold)[PREFIX_AWARE]["decision"]
+                  for temp, cold in (("quiet", False), ("quiet_cold_caches", True))}
     with tempfile.TemporaryDirectory(prefix="pdfleet-gateway-bench-") as tmp:
         work = Path(tmp)
         cr = yaml.safe_load(TINY_CR.read_text())
@@ -347,6 +389,8 @@ def main() -> int:
                         print(f"round {k} {name}: {r['requests'] / r['wall_s'] * 60:.0f} req/min, TTFT p50 "
                               f"{statistics.median(r['ttft']) * 1e3:.0f} ms, failed {r['failed']}, "
                               f"fallback {r['fallback']}", flush=True)
+                if args.replay:
+                    replay["loaded"] = _replay_beside(gateway, reqs, args.replay)
             finally:
                 if envoy is not None:
                     envoy.stop()
@@ -364,6 +408,10 @@ def main() -> int:
     summary["gateway"]["envoy_cpu_ms_per_request"] = round(cpu_s["envoy"] / n * 1e3, 2)
     summary["epp_decision_ms"] = {"p50": round(quantile(hist, 0.5) * 1e3, 3), "p99": round(quantile(hist, 0.99) * 1e3, 3),
                                   "count": hist.get(float("inf"), 0)}
+    if replay:
+        replay["loaded_over_quiet_p50"] = round(replay["loaded"]["p50_us"] / replay["quiet"]["p50_us"], 2)
+        replay["cold_over_quiet_p50"] = round(replay["quiet_cold_caches"]["p50_us"] / replay["quiet"]["p50_us"], 2)
+        summary["decision_replay_us"] = replay
     summary["gateway_vs_router"] = {
         "req_per_min": round(summary["gateway"]["req_per_min"] / summary["router"]["req_per_min"], 3),
         "ttft_p50": round(summary["gateway"]["ttft_p50_ms"] / summary["router"]["ttft_p50_ms"], 3)}
