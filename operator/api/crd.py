@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from pdfleet.operator.api.conditions import READY
 from pdfleet.operator.api.rules import SPEC_RULES
 from pdfleet.operator.api.types import (
     CATEGORIES,
@@ -129,7 +130,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         col("Prefill", ".spec.prefill.replicas", "integer"),
         col("Decode-Ready", ".status.decode.readyReplicas", "integer"),
         col("Decode", ".spec.decode.replicas", "integer"),
-        col("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+        col(READY, f'.status.conditions[?(@.type=="{READY}")].status'),
         col("Canary", ".status.rollout.weight", "integer"),
         col("Revision", ".status.revision", priority=1),
         col("URL", ".status.url", priority=1),

@@ -230,7 +230,7 @@ def reconcile_plan(observed: Observed, gate: Optional[Gate] = None) -> Plan:
     canary = observed.canary
 
     decision = gate.decision
-    if canary.record is not None and canary.record.state.phase == PROMOTED and decision.phase == "Canary":
+    if canary.record is not None and canary.record.state.phase == PROMOTED and decision.phase == rollout.CANARY:
         decision = rollout.decide(target, gate.state, gate.pods, gate.present, now=now,
                                   drain_seconds=observed.settings.drain_seconds)
     on_abort = cr.spec.rollout.canary.on_abort if cr.spec.rollout.canary else "Keep"
@@ -260,7 +260,7 @@ def reconcile_plan(observed: Observed, gate: Optional[Gate] = None) -> Plan:
     if decision.state.serving != gate.state.serving and gate.state.serving is not None:
         events.append(Event(reasons.NORMAL, reasons.ROLLOUT_SWITCHED,
                             f"router switched from revision {gate.state.serving} to {decision.state.serving}"))
-    elif decision.phase == "RollingOut" and roll.get("targetRevision") != target:
+    elif decision.phase == rollout.ROLLING_OUT and roll.get("targetRevision") != target:
         events.append(Event(reasons.NORMAL, reasons.ROLLOUT_STARTED,
                             f"revision {target} is coming up beside {decision.serving}"))
 

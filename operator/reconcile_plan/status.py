@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pdfleet.contract.labels import ROLE_EPP
+from pdfleet.operator.api import conditions as condition
+from pdfleet.operator.api import event_reasons as reasons
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
 from pdfleet.operator.kube.observed import ObservedChild
 from pdfleet.operator.kube.pool_status import CONDITION_TYPE as POOL_ACCEPTED, pool_condition
 from pdfleet.operator.reconcile_plan.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
-from pdfleet.operator.rollout.paired import CanaryRecord, Decision, Endpoint, format_time
+from pdfleet.operator.rollout.paired import CANARY, DRAINING, ROLLING_OUT, CanaryRecord, Decision, Endpoint, format_time
 from pdfleet.operator.rollout import canary as canary_core
 
 
@@ -32,7 +34,7 @@ class Cond:
 def with_kstatus(conds: list[Cond]) -> list[Cond]:
     """Mirror Progressing as Reconciling and Degraded as Stalled, which kstatus reads."""
     by_type = {c.type: c for c in conds}
-    mirrors = (("Progressing", "Reconciling"), ("Degraded", "Stalled"))
+    mirrors = ((condition.PROGRESSING, condition.RECONCILING), (condition.DEGRADED, condition.STALLED))
     return conds + [Cond(kstatus, by_type[src].status, by_type[src].reason, by_type[src].message)
                     for src, kstatus in mirrors if src in by_type]
 
@@ -118,20 +120,20 @@ def canary_conditions(strategy: str, d: Decision, rec: Optional[CanaryRecord]) -
     if strategy != "Canary":
         return []
     if rec is None:
-        progressing = (Cond("RolloutProgressing", True, "RollingOut",
+        progressing = (Cond(condition.ROLLOUT_PROGRESSING, True, ROLLING_OUT,
                             f"waiting for revision {d.target}'s prefill and decode to be ready")
-                       if d.phase == "RollingOut" else Cond("RolloutProgressing", False, "NoCanary", ""))
+                       if d.phase == ROLLING_OUT else Cond(condition.ROLLOUT_PROGRESSING, False, condition.NO_CANARY, ""))
     elif rec.state.phase == canary_core.PROGRESSING:
-        progressing = (Cond("RolloutProgressing", True, "CanaryStep",
+        progressing = (Cond(condition.ROLLOUT_PROGRESSING, True, condition.CANARY_STEP,
                             f"step {rec.state.step + 1}: {rec.weight}% of new requests to revision {rec.revision}; "
-                            f"{rec.last_analysis}") if d.phase == "Canary" else
-                       Cond("RolloutProgressing", True, "CanaryWaiting",
+                            f"{rec.last_analysis}") if d.phase == CANARY else
+                       Cond(condition.ROLLOUT_PROGRESSING, True, condition.CANARY_WAITING,
                             f"revision {rec.revision} has no ready prefill and decode: the router sends it nothing"))
     else:
-        progressing = Cond("RolloutProgressing", False, rec.state.phase, rec.last_analysis)
-    aborted = (Cond("RolloutAborted", True, "Aborted", f"revision {rec.revision}: {rec.last_analysis}")
+        progressing = Cond(condition.ROLLOUT_PROGRESSING, False, rec.state.phase, rec.last_analysis)
+    aborted = (Cond(condition.ROLLOUT_ABORTED, True, condition.ABORTED, f"revision {rec.revision}: {rec.last_analysis}")
                if rec is not None and rec.state.phase == canary_core.ABORTED
-               else Cond("RolloutAborted", False, "NotAborted", ""))
+               else Cond(condition.ROLLOUT_ABORTED, False, condition.NOT_ABORTED, ""))
     return [progressing, aborted]
 
 
@@ -142,9 +144,9 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         out = {k: v for k, v in prev.items() if k not in ("conditions", "observedGeneration")}
         out["observedGeneration"] = inp.generation
         out["conditions"] = merge_conditions(prev.get("conditions"), with_kstatus([
-            Cond("Ready", False, "InvalidSpec", message),
-            Cond("Progressing", False, "InvalidSpec", "no child is changed until the spec is fixed"),
-            Cond("Degraded", True, "InvalidSpec", message),
+            Cond(condition.READY, False, reasons.INVALID_SPEC, message),
+            Cond(condition.PROGRESSING, False, reasons.INVALID_SPEC, "no child is changed until the spec is fixed"),
+            Cond(condition.DEGRADED, True, reasons.INVALID_SPEC, message),
         ]), now=now, generation=inp.generation)
         return out
 
@@ -173,14 +175,14 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     fabric_bad = fabric is not None and fabric.status == "False"
     conds: list[Cond] = []
     if inp.not_owned:
-        conds.append(Cond("Ready", False, "NotOwned", inp.not_owned))
+        conds.append(Cond(condition.READY, False, reasons.NOT_OWNED, inp.not_owned))
     elif inp.error:
-        conds.append(Cond("Ready", False, "ApplyFailed", inp.error))
+        conds.append(Cond(condition.READY, False, reasons.APPLY_FAILED, inp.error))
     elif fabric_bad and fabric is not None:
         # Serving over the wrong fabric (e.g. TCP where RDMA was asked) is not Ready, whatever the pods say.
-        conds.append(Cond("Ready", False, "KVTransportDegraded", f"KVTransport {fabric.reason}: {fabric.message}"))
+        conds.append(Cond(condition.READY, False, condition.KV_TRANSPORT_DEGRADED, f"KVTransport {fabric.reason}: {fabric.message}"))
     elif pairs_ready and have_prefill_endpoint and router_ready and epp_ready:
-        conds.append(Cond("Ready", True, "Ready" if complete else "Serving",
+        conds.append(Cond(condition.READY, True, condition.READY if complete else condition.SERVING,
                           f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"))
     else:
         missing = [r for r in ("prefill", "decode") if roles[r].ready == 0 and want.get(r, 0) > 0]
@@ -188,33 +190,33 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
             missing.append("router")
         if not epp_ready:
             missing.append("endpoint picker")
-        conds.append(Cond("Ready", False, "Waiting", "waiting for ready pods: " + ", ".join(missing or ["children"])))
+        conds.append(Cond(condition.READY, False, condition.WAITING, "waiting for ready pods: " + ", ".join(missing or ["children"])))
 
-    if d.phase == "RollingOut":
-        conds.append(Cond("Progressing", True, "RollingOut",
+    if d.phase == ROLLING_OUT:
+        conds.append(Cond(condition.PROGRESSING, True, ROLLING_OUT,
                           f"revision {d.target} coming up beside {serving}; router stays on {serving}"))
-    elif d.phase == "Canary":
+    elif d.phase == CANARY:
         weight = inp.canary.weight if inp.canary is not None else 0
-        conds.append(Cond("Progressing", True, "Canary",
+        conds.append(Cond(condition.PROGRESSING, True, CANARY,
                           f"revision {d.target} takes {weight}% of new requests beside {serving}"))
-    elif d.phase == "Draining":
-        conds.append(Cond("Progressing", True, "Draining",
+    elif d.phase == DRAINING:
+        conds.append(Cond(condition.PROGRESSING, True, DRAINING,
                           f"router switched to {serving}; draining revision {d.state.previous}"))
     elif not complete and not inp.error:
-        conds.append(Cond("Progressing", True, "Reconciling", "children are being created or updated"))
+        conds.append(Cond(condition.PROGRESSING, True, condition.RECONCILING, "children are being created or updated"))
     else:
-        conds.append(Cond("Progressing", False, "Complete" if complete else "Stalled", ""))
+        conds.append(Cond(condition.PROGRESSING, False, condition.COMPLETE if complete else condition.STALLED, ""))
 
     if inp.not_owned:
-        conds.append(Cond("Degraded", True, "NotOwned", inp.not_owned))
+        conds.append(Cond(condition.DEGRADED, True, reasons.NOT_OWNED, inp.not_owned))
     elif inp.error:
-        conds.append(Cond("Degraded", True, "ApplyFailed", inp.error))
+        conds.append(Cond(condition.DEGRADED, True, reasons.APPLY_FAILED, inp.error))
     elif fabric_bad and fabric is not None:
-        conds.append(Cond("Degraded", True, fabric.reason, fabric.message))
+        conds.append(Cond(condition.DEGRADED, True, fabric.reason, fabric.message))
     else:
-        conds.append(Cond("Degraded", False, "AsExpected", ""))
+        conds.append(Cond(condition.DEGRADED, False, condition.AS_EXPECTED, ""))
     if inp.scaling_condition is not None:
-        conds.append(Cond("ScalingLimited", *inp.scaling_condition))
+        conds.append(Cond(condition.SCALING_LIMITED, *inp.scaling_condition))
     conds += canary_conditions(inp.strategy, d, inp.canary)
     if inp.epp_enabled:  # informative: the router may serve while no gateway took the pool
         pools = [c for c in inp.children if c.ref.kind == "InferencePool" and not c.deleting]

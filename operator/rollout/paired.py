@@ -38,6 +38,8 @@ from pdfleet.operator.plan.kinds import DEPLOYMENT
 from pdfleet.operator.rollout import canary
 
 PAIRED_ROLES = ("prefill", "decode")
+# A paired rollout's phases (Decision.phase; status.rollout and the Progressing condition show them)
+STABLE, ROLLING_OUT, CANARY, DRAINING = "Stable", "RollingOut", "Canary", "Draining"
 FRONT_END_ROLES = (ROLE_ROUTER, ROLE_EPP)  # the engines' callers, which hold their API token
 
 
@@ -56,12 +58,12 @@ class Decision:
     target: str                   # the spec's revision
     keep: frozenset[str]          # revisions whose objects must not be pruned
     state: RolloutState           # to persist
-    phase: str                    # Stable | RollingOut | Canary | Draining
+    phase: str                    # STABLE | ROLLING_OUT | CANARY | DRAINING
     requeue_after: Optional[float] = None   # wake up when the drain period ends
 
     @property
     def in_progress(self) -> bool:
-        return self.phase != "Stable"
+        return self.phase != STABLE
 
 
 def parse_time(value: Optional[str]) -> Optional[datetime.datetime]:
@@ -111,8 +113,8 @@ def decide(
         switched = parse_time(new_state.switched_at) or now
         left = drain_seconds - (now - switched).total_seconds()
         if new_state.previous and new_state.previous != target and left > 0 and new_state.previous in present:
-            return Decision(target, target, frozenset({target, new_state.previous}), new_state, "Draining", left)
-        return Decision(target, target, frozenset({target}), RolloutState(serving=target), "Stable")
+            return Decision(target, target, frozenset({target, new_state.previous}), new_state, DRAINING, left)
+        return Decision(target, target, frozenset({target}), RolloutState(serving=target), STABLE)
 
     if serving is None or serving == target:
         return draining(RolloutState(serving=target, previous=state.previous, switched_at=state.switched_at))
@@ -124,7 +126,7 @@ def decide(
         return draining(switched)
     return Decision(serving, target, frozenset({serving, target}),
                     RolloutState(serving=serving, previous=state.previous, switched_at=state.switched_at),
-                    "Canary" if new_pair_ready and hold else "RollingOut")
+                    CANARY if new_pair_ready and hold else ROLLING_OUT)
 
 
 def front_ends_rolled(children: Iterable[ObservedChild]) -> bool:
@@ -187,11 +189,11 @@ class CanaryOutcome:
 def after_canary(decision: Decision, record: Optional[CanaryRecord], *, delete_on_abort: bool) -> Decision:
     """The rollout decision once the canary core spoke. Aborted: the serving pair is the fleet (the new
     pair kept for inspection, or not kept so that it is deleted); anything else: as decided."""
-    if (decision.phase not in ("Canary", "RollingOut") or record is None or record.revision != decision.target
+    if (decision.phase not in (CANARY, ROLLING_OUT) or record is None or record.revision != decision.target
             or record.state.phase != canary.ABORTED):
         return decision
     keep = {decision.serving} if delete_on_abort else {decision.serving, decision.target}
-    return Decision(decision.serving, decision.serving, frozenset(keep), decision.state, "Stable")
+    return Decision(decision.serving, decision.serving, frozenset(keep), decision.state, STABLE)
 
 
 def stale_serving_marks(children: Iterable[ObservedChild], serving: str) -> list[ObservedChild]:

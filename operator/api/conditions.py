@@ -1,0 +1,28 @@
+"""Every condition type and reason the operator writes to a fleet's status, declared once
+(`kubectl get`, `kubectl wait --for=condition=...`, kstatus, Flux and alerts match on them, so a
+rename is an API change). The KV transport's and the InferencePool's condition types are declared
+beside their readers: contract/fabric.py and kube/pool_status.py."""
+
+from __future__ import annotations
+
+# Types: Ready and Progressing / Degraded, with their kstatus spellings (kstatus reads only those).
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+RECONCILING = "Reconciling"  # kstatus's Progressing
+STALLED = "Stalled"  # kstatus's Degraded
+SCALING_LIMITED = "ScalingLimited"
+ROLLOUT_PROGRESSING = "RolloutProgressing"  # strategy Canary only
+ROLLOUT_ABORTED = "RolloutAborted"  # strategy Canary only
+
+# Reasons (some are also Events' reasons: api/event_reasons.py spells those, and they are the same word)
+SERVING = "Serving"  # Ready: pairs serve, children still settling
+WAITING = "Waiting"  # not Ready: no ready pods yet for some role
+KV_TRANSPORT_DEGRADED = "KVTransportDegraded"
+COMPLETE = "Complete"  # Progressing False: every child rolled out and ready
+AS_EXPECTED = "AsExpected"  # Degraded False
+NO_CANARY = "NoCanary"
+CANARY_STEP = "CanaryStep"
+CANARY_WAITING = "CanaryWaiting"
+ABORTED = "Aborted"
+NOT_ABORTED = "NotAborted"
