@@ -121,7 +121,9 @@ class PromptMemory:
             piece = first_piece_chars(self.hasher.config.block_size, hit.chars, len(tokens), done)
             while pos < len(prompt):
                 end = next_safe_cut(prompt, pos + piece)
-                tokens += self.tokenize.ids(prompt[pos:end], special and pos == 0)  # BOS at the start only
+                # encode, the GIL held (BOS at the start only): encode_batch_fast would skip the offsets but
+                # release the GIL mid-decision, to a thread (gRPC's, the worker) that may keep it a switch interval
+                tokens += self.tokenize.encode(prompt[pos:end], special and pos == 0).ids
                 pos, piece = end, min(2 * piece, _MAX_PIECE_CHARS)
                 for h in self.hasher.iter_hashes(tokens, salt, start_block=done, parent=parent):
                     done, parent = done + 1, h

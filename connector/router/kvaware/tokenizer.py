@@ -45,12 +45,6 @@ class Tokenizer:
     def encode(self, text: str, special: bool) -> _RustEncoding:
         return _RustEncoding(self._encode(text, add_special_tokens=special))
 
-    def ids(self, text: str, special: bool) -> list[int]:
-        """The ids of ``text`` alone, for scoring, the GIL held: encode_batch_fast skips the offsets
-        but releases the GIL, and mid-decision another thread (gRPC's, the remembering worker) may
-        then keep it for a switch interval."""
-        return self._encode(text, add_special_tokens=special).ids
-
     def encode_unlocked(self, text: str, special: bool) -> _RustEncoding:
         """``encode`` for a worker thread: encode_batch releases the GIL while it tokenizes."""
         return _RustEncoding(self._encode_batch([text], add_special_tokens=special)[0])

@@ -120,10 +120,6 @@ class CountingTokenizer:
         self.chars += len(text)
         return self.tok.encode(text, special)
 
-    def ids(self, text, special):  # scoring's: the ids without offsets
-        self.chars += len(text)
-        return self.tok.ids(text, special)
-
     def encode_unlocked(self, text, special):  # in the worker thread
         self.background += len(text)
         return self.tok.encode_unlocked(text, special)
