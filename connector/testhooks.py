@@ -104,11 +104,7 @@ def sink_nixl_agent(env: Mapping[str, str] = os.environ) -> Callable[..., NixlAg
 def corrupt_setting(value: Optional[str]) -> Optional[str]:
     """``PDFLEET_TEST_CORRUPT_PULLED_BLOCKS``'s value as None (off), "" (always on) or the file whose
     existence turns it on."""
-    if value == "1":
-        return ""
-    if value and os.path.isabs(value):
-        return value
-    return None
+    return "" if value == "1" else flag_path({TEST_CORRUPT_PULLED_BLOCKS: value or ""}, TEST_CORRUPT_PULLED_BLOCKS)
 
 
 class CorruptPulledBlocks:
