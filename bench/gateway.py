@@ -64,6 +64,7 @@ from local_throughput import workload  # noqa: E402
 
 from pdfleet.connector.epp.envoy_config import BUFFERED, message_timeout_for, render  # noqa: E402
 from pdfleet.connector.epp.envoy_process import Envoy, free_port  # noqa: E402
+from pdfleet.contract.metrics import EPP_DECISION  # noqa: E402
 from pdfleet.contract.routing import FALLBACK_HEADER, PREFIX_AWARE  # noqa: E402
 from pdfleet.contract.router_config import RouterConfig  # noqa: E402
 from pdfleet.operator.local.fleet import kv_events_endpoints  # noqa: E402
@@ -71,7 +72,6 @@ from pdfleet.operator.observability import metrics_text  # noqa: E402
 from pdfleet.operator.plan.engine import hash_seed  # noqa: E402
 
 CLIENTS = 4
-DECISION = "pdfleet_epp_decision_seconds"
 
 
 async def one_round(url: str, reqs: list, salt: str) -> dict:
@@ -105,7 +105,7 @@ async def one_round(url: str, reqs: list, salt: str) -> dict:
 
 
 def buckets(metrics_url: str) -> dict[float, float]:
-    return metrics_text.buckets(metrics_text.samples(httpx.get(metrics_url, timeout=10).text), DECISION)
+    return metrics_text.buckets(metrics_text.samples(httpx.get(metrics_url, timeout=10).text), EPP_DECISION)
 
 
 def quantile(hist: dict[float, float], q: float) -> float:

@@ -1,4 +1,5 @@
-"""Router metric names that the SLO planner (operator/autoscale/signals.py) and the dashboards read."""
+"""Router and Endpoint Picker metric names that the SLO planner (operator/autoscale/signals.py), the
+dashboards and the benchmarks read."""
 
 from __future__ import annotations
 
@@ -22,3 +23,6 @@ OUTCOME_FALLBACK = "kv_fallback"
 # counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
 # (connector/router/disaggregation.py); exposed with the suffix _total
 ROUTER_DISAGGREGATION_DECISIONS = "pdfleet_router_disaggregation_decisions"
+# histogram: the Endpoint Picker's time to choose a request's pair and endpoints (connector/epp/server.py;
+# bench/gateway.py reads it)
+EPP_DECISION = "pdfleet_epp_decision_seconds"

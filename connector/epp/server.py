@@ -28,6 +28,7 @@ from pdfleet.connector.router.app import Discovery, static_groups
 from pdfleet.connector.router.endpoints import DECODE, PREFILL
 from pdfleet.connector.router.router_state import RouterState
 from pdfleet.connector.router.upstream import json_encode
+from pdfleet.contract.metrics import EPP_DECISION
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.epp")
@@ -47,7 +48,7 @@ SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.http2.max_ping_strikes", 0)]
 
 class EppMetrics:
     def __init__(self, registry) -> None:
-        self.decision = Histogram("pdfleet_epp_decision_seconds", "EPP time to choose the pair and the endpoints "
+        self.decision = Histogram(EPP_DECISION, "EPP time to choose the pair and the endpoints "
                                   "of one request: the pair and every pick, prefill's and decode's, prefix-aware scoring "
                                   "included; the prefill leg's I/O excluded",
                                   buckets=_DECISION_BUCKETS, registry=registry)
