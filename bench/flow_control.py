@@ -300,9 +300,9 @@ def _old_discipline():
     import tempfile
     try:
         rev = subprocess.run(["git", "log", "-1", "--format=%H", "--grep", "the bounds flow control states",
-                              "--", "connector/router/flow/discipline.py"], cwd=ROOT, capture_output=True,
+                              "--", "connector/serving/flow/discipline.py"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()
-        src = subprocess.run(["git", "show", f"{rev}~1:connector/router/flow/discipline.py"], cwd=ROOT,
+        src = subprocess.run(["git", "show", f"{rev}~1:connector/serving/flow/discipline.py"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -359,7 +359,7 @@ def bounds_of(module, label: str) -> dict:
 
 
 def part_bounds() -> dict:
-    from pdfleet.connector.router.flow import discipline
+    from pdfleet.connector.serving.flow import discipline
 
     rows = [bounds_of(discipline, "this tree")]
     old = _old_discipline()
@@ -381,7 +381,7 @@ def part_bounds() -> dict:
 # dispatch, both legs and the router's own delays, as before issue 31).
 _UNREPORTED_ROUTER = """
 import sys
-from pdfleet.connector.router import picker
+from pdfleet.connector.serving import picker
 picker.decode_started = lambda: None
 from pdfleet.operator.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -458,8 +458,8 @@ async def _cost_run(fairness: str, seconds: float) -> dict:
     """Two tenants, same request rate, b asks 4x the tokens; decode time 5 ms per token, 8 slots."""
     from prometheus_client import CollectorRegistry
 
-    from pdfleet.connector.router.flow.cost import estimate_cost
-    from pdfleet.connector.router.flow.gate import FlowGate, Shed
+    from pdfleet.connector.serving.flow.cost import estimate_cost
+    from pdfleet.connector.serving.flow.gate import FlowGate, Shed
     from pdfleet.contract.flow_control import FlowControlConfig
 
     slots, per_token = 8, 0.005

@@ -231,7 +231,7 @@ async def _replay(picker, routing, rounds: int, reqs: list, cold: bool = False) 
     """The decision's parts per request, as exchange.py times them; ``routing``: fill the engines'
     indexes as their events would (prefix-aware), else None; ``cold``: the CPU caches evicted before
     each request, as other processes and the EPP's own I/O evict them between requests on a fleet."""
-    from pdfleet.connector.router.endpoints import DECODE, PREFILL
+    from pdfleet.connector.serving.endpoints import DECODE, PREFILL
 
     evict = bytearray(EVICT_BYTES) if cold else None
 
@@ -265,9 +265,9 @@ async def _replay(picker, routing, rounds: int, reqs: list, cold: bool = False) 
 
 
 def _decision_run(rounds: int, mdir: str, cold: bool = False) -> dict:
-    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
-    from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer
-    from pdfleet.connector.router.router_state import RouterState
+    from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, load_tokenizer
+    from pdfleet.connector.serving.router_state import RouterState
     from pdfleet.contract.routing import LEAST_OUTSTANDING
 
     tokenizer = load_tokenizer(mdir)

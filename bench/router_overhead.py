@@ -308,17 +308,17 @@ def _prefix_workloads(prompt: str, tokenize) -> dict[str, dict]:
 def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dict[str, float]:
     """Median microseconds of each step of one prefixAware choice, in this process."""
     from pdfleet.contract.router_config import RouterConfig
-    from pdfleet.connector.router.endpoints import pick_least_outstanding
-    from pdfleet.connector.router.metrics import RouterMetrics
-    from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
-    from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer
+    from pdfleet.connector.serving.endpoints import pick_least_outstanding
+    from pdfleet.connector.serving.metrics import RouterMetrics
+    from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
+    from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, load_tokenizer
 
     tokenize = load_tokenizer(model_dir)
     hasher = BlockHasher(HashConfig(PREFIX_BLOCK))
     tokens = tokenize(prompt)
     config = RouterConfig(prefill=("http://a", "http://b"), decode=("http://d",), block_size=PREFIX_BLOCK)
     routing = PrefixRouting(config, RouterMetrics(), tokenize=tokenize)
-    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 
     routing.set_endpoints([RevisionEndpoints("s", prefill=(Endpoint("http://a", kv_events="tcp://x:1"),
                                                            Endpoint("http://b", kv_events="tcp://x:2")))])
@@ -359,8 +359,8 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
 
 
 def prefix_scoring(args: argparse.Namespace) -> int:
-    from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
-    from pdfleet.connector.router.kvaware.prefix_routing import load_tokenizer
+    from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
+    from pdfleet.connector.serving.kvaware.prefix_routing import load_tokenizer
     from pdfleet.operator.local.tiny_model import ensure_tiny_model
 
     # aiohttp always: two of the workloads send a different body every request

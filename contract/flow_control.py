@@ -17,7 +17,7 @@ TENANT_HEADER = "x-gateway-inference-fairness-id"
 PRIORITY_HEADER = "x-gateway-inference-objective"
 DEFAULT_PRIORITY = "default"
 # What tenants (and classes) share: the estimated cost of their requests (prompt tokens + max_tokens,
-# router/flow/cost.py), the default, or the number of requests (every request costs 1).
+# serving/flow/cost.py), the default, or the number of requests (every request costs 1).
 FAIRNESS_COST, FAIRNESS_REQUESTS = "cost", "requests"
 FAIRNESS = (FAIRNESS_COST, FAIRNESS_REQUESTS)
 FLAG = "--flow-control"

@@ -9,7 +9,7 @@ ROUTER_LEGS_WAITING = "pdfleet_router_legs_waiting"  # gauge, label LEG: legs wa
 ROUTER_STREAMS = "pdfleet_router_streams"  # gauge: decode streams being relayed
 LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
 # counter, labels reason and outcome: releases of prefill leases that no decode will read, sent by the
-# router to the prefill that holds them (connector/router/lease_release.py)
+# router to the prefill that holds them (connector/serving/lease_release.py)
 ROUTER_KV_RELEASES = "pdfleet_router_kv_releases"
 # counter, labels revision and REVISION_OUTCOME: generate requests per revision pair, read by the canary analysis
 ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
@@ -18,10 +18,10 @@ OUTCOME_ANSWERED = "answered"  # answered below 500 (a client's 4xx is not the p
 OUTCOME_5XX = "5xx"  # answered 5xx by the router for this pair
 # answered below 500 by decode alone because the pair's KV path failed (its prefill leg failed, or the lease
 # expired before a decode retry), not by the disaggregation policy's choice: the canary's recompute rate
-# counts it (operator/rollout/signals.py reads it; router/timing.py counts it)
+# counts it (operator/rollout/signals.py reads it; serving/timing.py counts it)
 OUTCOME_FALLBACK = "kv_fallback"
 # counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
-# (connector/router/disaggregation.py); exposed with the suffix _total
+# (connector/serving/disaggregation.py); exposed with the suffix _total
 ROUTER_DISAGGREGATION_DECISIONS = "pdfleet_router_disaggregation_decisions"
 # histogram: the Endpoint Picker's time to choose a request's pair and endpoints (connector/epp/server.py;
 # bench/gateway.py reads it)

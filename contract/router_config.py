@@ -7,7 +7,7 @@ express (tests/unit/contract).
 
 Endpoints come either from ``prefill``/``decode`` (static base URLs, one revision named
 ``static``) or from Kubernetes EndpointSlices when ``kubernetes_fleet`` is set; the revision
-that serves is then the one the operator labels ``pdfleet.io/serving`` (see router/endpoints.py).
+that serves is then the one the operator labels ``pdfleet.io/serving`` (see serving/endpoints.py).
 """
 
 from __future__ import annotations
@@ -79,11 +79,11 @@ class RouterConfig:
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
     kv_index_max_blocks: int = 1_000_000  # per endpoint
     # The router's KV-event memory across all publishers: half ZMQ queues, half block indexes
-    # (connector/router/kvaware/kv_subscriber.py: plan_budget).
+    # (connector/serving/kvaware/kv_subscriber.py: plan_budget).
     kv_events_max_total_bytes: int = 512 * 1024 * 1024
     prompt_cache_max_bytes: int = 32 * 1024 * 1024  # prompt_tokens.PromptTokenCache, in bytes (LRU)
 
-    # spec.router.disaggregation (connector/router/disaggregation.py): remote prefill per request or always
+    # spec.router.disaggregation (connector/serving/disaggregation.py): remote prefill per request or always
     disaggregation_policy: str = DISAGGREGATION_ALWAYS
     min_remote_prefill_tokens: int = 128  # Conditional: fewer uncached prompt tokens are computed on decode
     prefill_busy_in_flight: int = 4  # Conditional: prefills this loaded (and decode less) -> decode alone
@@ -256,7 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
                          "bytes; default %(default)s")
     kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
                     help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
-    dis = parser.add_argument_group("disaggregation: remote prefill per request (router/disaggregation.py)")
+    dis = parser.add_argument_group("disaggregation: remote prefill per request (serving/disaggregation.py)")
     dis.add_argument("--disaggregation-policy", default=d["disaggregation_policy"].default,
                      choices=list(DISAGGREGATION_POLICIES),
                      help="Always: every request prefill -> decode; Conditional: decode alone when a remote "

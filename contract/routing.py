@@ -13,7 +13,7 @@ PREFIX_HASH_ALGO = "sha256_cbor"
 DEFAULT_HASH_SEED = "vllm-none-hash"
 
 # The longest id kv_transfer_params may carry (request ids, engine ids, hosts): decode refuses
-# longer ones, so the router keeps the request ids it makes under it (router/request_id.py).
+# longer ones, so the router keeps the request ids it makes under it (serving/request_id.py).
 MAX_ID_LEN = 256
 
 # Response headers the router adds (clients and the smoke check read them).
@@ -21,12 +21,12 @@ FALLBACK_HEADER = "x-pdfleet-fallback"  # served without P/D, and why (e.g. deco
 FALLBACK_DECODE_ONLY = "decode-only"
 REVISION_HEADER = "x-pdfleet-revision"  # the revision that served the request
 # Request header: the client's conversation id. The canary keeps every request carrying one id on
-# one revision pair (router/canary.py: ``conversation_key``); the first explicit key it looks for.
+# one revision pair (serving/canary.py: ``conversation_key``); the first explicit key it looks for.
 SESSION_HEADER = "x-session-id"
 
 # Whether a request's prompt is prefilled remotely (spec.router.disaggregation.policy).
 DISAGGREGATION_ALWAYS = "Always"  # every request prefill -> decode (decode alone only when P/D cannot serve it)
-DISAGGREGATION_CONDITIONAL = "Conditional"  # per request: remote prefill only when it pays (router/disaggregation.py)
+DISAGGREGATION_CONDITIONAL = "Conditional"  # per request: remote prefill only when it pays (serving/disaggregation.py)
 DISAGGREGATION_POLICIES = (DISAGGREGATION_ALWAYS, DISAGGREGATION_CONDITIONAL)
 # The decision per request: the decisions metric's label `decision` and the header below.
 REMOTE_PREFILL = "remote_prefill"

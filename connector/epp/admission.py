@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pdfleet.connector.router.flow.gate import FlowGate
+from pdfleet.connector.serving.flow.gate import FlowGate
 
 
 class Admission:

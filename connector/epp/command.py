@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(config, grpc_port: int) -> int:
     from pdfleet.connector.epp.server import EndpointPicker
 
-    from pdfleet.connector.router.engine_auth import EngineTokenError
+    from pdfleet.connector.serving.engine_auth import EngineTokenError
 
     try:
         epp = EndpointPicker(config)

@@ -30,15 +30,15 @@ from google.protobuf.json_format import MessageToDict
 
 from pdfleet.connector.epp import messages, protocol
 from pdfleet.connector.epp.admission import Admission
-from pdfleet.connector.router import lease_release
-from pdfleet.connector.router.lease_release import Lease
-from pdfleet.connector.router.endpoints import DECODE
-from pdfleet.connector.router.errors import error_body
-from pdfleet.connector.router.flow.cost import estimate_cost
-from pdfleet.connector.router.flow.gate import Shed
-from pdfleet.connector.router.fanout import FAN_OUT
-from pdfleet.connector.router.request_id import upstream_request_id
-from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_decode, json_encode
+from pdfleet.connector.serving import lease_release
+from pdfleet.connector.serving.lease_release import Lease
+from pdfleet.connector.serving.endpoints import DECODE
+from pdfleet.connector.serving.errors import error_body
+from pdfleet.connector.serving.flow.cost import estimate_cost
+from pdfleet.connector.serving.flow.gate import Shed
+from pdfleet.connector.serving.fanout import FAN_OUT
+from pdfleet.connector.serving.request_id import upstream_request_id
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, json_decode, json_encode
 from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
 
 log = logging.getLogger("pdfleet.epp")
@@ -234,7 +234,7 @@ class Exchange:
 
         kv_params = None
         started = time.perf_counter()
-        decision = self.picker.decide(group, body, chat=chat, decodes=decodes)  # router/disaggregation.py
+        decision = self.picker.decide(group, body, chat=chat, decodes=decodes)  # serving/disaggregation.py
         spent[0] += time.perf_counter() - started
         self.reply_headers[DISAGGREGATION_HEADER] = decision.header()
         if decision.reason == FAN_OUT:  # several engine requests: P/D cannot serve it (see fanout.py)

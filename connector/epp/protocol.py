@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pdfleet.connector.router import lease_release
+from pdfleet.connector.serving import lease_release
 from pdfleet.contract.gateway import SUBSET_HINT_KEY, SUBSET_HINT_NAMESPACE
 
 TAKEN = "taken"  # decode answered < 400: it reads the prefill's blocks (or releases them itself)

@@ -23,11 +23,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from pdfleet.connector.epp.exchange import Exchange, timed_pick
-from pdfleet.connector.router import engine_auth
-from pdfleet.connector.router.app import Discovery, static_groups
-from pdfleet.connector.router.endpoints import DECODE, PREFILL
-from pdfleet.connector.router.router_state import RouterState
-from pdfleet.connector.router.upstream import json_encode
+from pdfleet.connector.serving import engine_auth
+from pdfleet.connector.serving.router_state import Discovery, static_groups
+from pdfleet.connector.serving.endpoints import DECODE, PREFILL
+from pdfleet.connector.serving.router_state import RouterState
+from pdfleet.connector.serving.upstream import json_encode
 from pdfleet.contract.metrics import EPP_DECISION
 from pdfleet.contract.router_config import RouterConfig
 
@@ -73,7 +73,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.router.picker.pick = timed_pick(self.router.picker.pick)
         self._discovery = discovery
         if discovery is None and config.kubernetes_fleet:
-            from pdfleet.connector.router.discovery import kubernetes_discovery
+            from pdfleet.connector.serving.discovery import kubernetes_discovery
 
             self._discovery = kubernetes_discovery(config)
         if self._discovery is None:

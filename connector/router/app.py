@@ -38,45 +38,27 @@ or simply ``runner, port = await start_router(config, "127.0.0.1", 0)``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
-from pdfleet.connector.router.errors import error_body, error_response
+from pdfleet.connector.serving.errors import error_body, error_response
 from pdfleet.connector.router.handlers import Handlers
-from pdfleet.connector.router.router_state import RouterState
-from pdfleet.connector.router.upstream import REQUEST_ID_HEADER
+from pdfleet.connector.serving.router_state import Discovery, RouterState, static_groups
+from pdfleet.connector.router.decode_leg import DecodeLeg
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.contract.routing import FALLBACK_HEADER, REVISION_HEADER
 
-STATIC_REVISION = "static"
-
-# A discovery keeps the router's endpoints current until cancelled.
-Discovery = Callable[["Router"], Awaitable[None]]
-
-
 class Router(Handlers, RouterState):
-    """One router: its parts (router_state.py: the picker, the two legs, the lease releaser) and
-    what each route answers (handlers.py)."""
+    """One router: its parts (serving/router_state.py: the picker, the prefill leg, the lease releaser),
+    the decode leg it relays itself (decode_leg.py), and what each route answers (handlers.py)."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        super().__init__(config)
+        self.decode = DecodeLeg(config, self.picker, self.metrics, lambda: self.session, self.releases)
 
 
 ROUTER_KEY = web.AppKey("pdfleet_router", Router)
-
-
-def static_groups(config: RouterConfig) -> list[RevisionEndpoints]:
-    """The single revision made of the static --prefill/--decode lists."""
-    events = {u.rstrip("/"): e.split(",") for u, e in config.kv_events}
-
-    def endpoint(url: str) -> Endpoint:
-        pub = events.get(url.rstrip("/"), [None])
-        return Endpoint(url.rstrip("/"), kv_events=pub[0], kv_events_replay=pub[1] if len(pub) > 1 else None)
-
-    return [RevisionEndpoints(
-        revision=STATIC_REVISION,
-        prefill=tuple(endpoint(u) for u in config.prefill),
-        decode=tuple(endpoint(u) for u in config.decode),
-    )]
 
 
 def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> web.Application:
@@ -90,7 +72,7 @@ def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> we
     """
     router = Router(config)
     if discovery is None and config.kubernetes_fleet:
-        from pdfleet.connector.router.discovery import kubernetes_discovery
+        from pdfleet.connector.serving.discovery import kubernetes_discovery
 
         discovery = kubernetes_discovery(config)
     if discovery is None:
@@ -148,5 +130,5 @@ async def start_router(config: RouterConfig, host: str = "127.0.0.1", port: int 
     return runner, bound
 
 
-__all__ = ["Router", "RouterConfig", "build_app", "start_router", "static_groups", "ROUTER_KEY", "REQUEST_ID_HEADER",
+__all__ = ["Router", "RouterConfig", "Discovery", "build_app", "start_router", "static_groups", "ROUTER_KEY", "REQUEST_ID_HEADER",
            "FALLBACK_HEADER", "REVISION_HEADER", "error_body"]

@@ -12,14 +12,14 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp import web
 
-from pdfleet.connector.router import lease_release, timing
-from pdfleet.connector.router.endpoints import DECODE, RevisionEndpoints, lease_allows_reuse
-from pdfleet.connector.router.errors import error_response
-from pdfleet.connector.router.lease_release import Lease
-from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.outcome import StreamEnd
-from pdfleet.connector.router.picker import Picker
-from pdfleet.connector.router.upstream import (
+from pdfleet.connector.serving import lease_release, timing
+from pdfleet.connector.serving.endpoints import DECODE, RevisionEndpoints, lease_allows_reuse
+from pdfleet.connector.serving.errors import error_response
+from pdfleet.connector.serving.lease_release import Lease
+from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.outcome import StreamEnd
+from pdfleet.connector.serving.picker import Picker
+from pdfleet.connector.serving.upstream import (
     CLIENT_LEFT,
     DELIVERED,
     REQUEST_ID_HEADER,

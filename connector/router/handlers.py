@@ -13,15 +13,15 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdfleet.connector.router import timing
-from pdfleet.connector.router.lease_release import Lease
-from pdfleet.connector.router.endpoints import DECODE, PREFILL
-from pdfleet.connector.router.errors import error_response
-from pdfleet.connector.router.fanout import FAN_OUT
-from pdfleet.connector.router.flow.cost import estimate_cost
-from pdfleet.connector.router.outcome import CLIENT_CLOSED, recorded_status
-from pdfleet.connector.router.request_id import upstream_request_id
-from pdfleet.connector.router.upstream import (
+from pdfleet.connector.serving import timing
+from pdfleet.connector.serving.lease_release import Lease
+from pdfleet.connector.serving.endpoints import DECODE, PREFILL
+from pdfleet.connector.serving.errors import error_response
+from pdfleet.connector.serving.fanout import FAN_OUT
+from pdfleet.connector.serving.flow.cost import estimate_cost
+from pdfleet.connector.serving.outcome import CLIENT_CLOSED, recorded_status
+from pdfleet.connector.serving.request_id import upstream_request_id
+from pdfleet.connector.serving.upstream import (
     CLIENT_LEFT,
     DELIVERED,
     REQUEST_ID_HEADER,

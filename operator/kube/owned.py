@@ -18,7 +18,7 @@ endpoints in status) counts a pod only when the fleet's own workloads run it:
   label, so the reconcile lists them by the LWS's own label (reconcile/observe step).
 
 Services and EndpointSlices: the operator reads only children whose controller is the fleet (by
-uid); the router keeps the same rule for Services and slices in connector/router/ownership.py.
+uid); the router keeps the same rule for Services and slices in connector/serving/ownership.py.
 """
 
 from __future__ import annotations

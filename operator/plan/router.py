@@ -87,7 +87,7 @@ def front_end_deployment(ctx: Context, spec: DisaggregatedInferenceSpec, *, role
         "command": ["pdfleet"],
         "args": args,
         "ports": ports,
-        # only Services whose owner reference carries this uid are the fleet's (connector/router/ownership.py),
+        # only Services whose owner reference carries this uid are the fleet's (connector/serving/ownership.py),
         # and the engines answer only the fleet's API token (plan/auth.py), which only the front ends mount
         "env": [*([{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}] if ctx.owner else []),
                 client_api_token_env(ctx.fleet)],

@@ -21,7 +21,7 @@ canary's state as status.rollout keeps it, so an operator restart continues the 
 
 The operator alone says which revision serves: the plan labels the serving revision's
 engine Services ``pdfleet.io/serving=true`` and the router reads the label from their
-EndpointSlices (connector/router/endpoints.py has its rule for a serving revision without
+EndpointSlices (connector/serving/endpoints.py has its rule for a serving revision without
 ready endpoints). After a switch the old revision's Services, which the plan no longer
 renders, lose the label through ``unmark_serving`` (a merge patch).
 """

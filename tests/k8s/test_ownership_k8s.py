@@ -14,7 +14,7 @@ from operator_scenarios import STS, condition, fleet, scenario_create, wait_stat
 
 from pdfleet.connector.router.app import Router
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.discovery import kubernetes_discovery
+from pdfleet.connector.serving.discovery import kubernetes_discovery
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 

@@ -34,11 +34,17 @@ FORBIDDEN = {
     # The decisions are pure: no client, no HTTP, no kopf, no metrics registry, nothing of the I/O edge.
     "operator/reconcile_plan": PURE_DECISIONS,
     "operator/rollout": PURE_DECISIONS + ("pdfleet.operator.reconcile_plan",),
-    "connector/transfer": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.operator"),
-    "connector/router": ("vllm", "pdfleet.connector.adapter", "pdfleet.operator"),
-    "connector/epp": ("vllm", "pdfleet.connector.adapter", "pdfleet.operator"),
-    "connector/fabric": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.operator"),
-    "connector/adapter": ("pdfleet.connector.router", "pdfleet.operator"),
+    "connector/transfer": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router",
+                           "pdfleet.connector.serving", "pdfleet.connector.epp", "pdfleet.operator"),
+    # The serving pipeline is shared by both front ends and imports neither; each front end only it.
+    "connector/serving": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.connector.epp",
+                          "pdfleet.operator"),
+    "connector/router": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.epp", "pdfleet.operator"),
+    "connector/epp": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router", "pdfleet.operator"),
+    "connector/fabric": ("vllm", "pdfleet.connector.adapter", "pdfleet.connector.router",
+                         "pdfleet.connector.serving", "pdfleet.connector.epp", "pdfleet.operator"),
+    "connector/adapter": ("pdfleet.connector.router", "pdfleet.connector.serving", "pdfleet.connector.epp",
+                          "pdfleet.operator"),
     "contract": ("vllm", "pdfleet.operator", "pdfleet.connector"),
 }
 
@@ -94,8 +100,12 @@ def test_the_checks_catch_what_they_look_for() -> None:
      ["pdfleet.connector.adapter.params", "pdfleet.connector.adapter.params.MAX_ID_LEN"]),
     ("connector/router", "from pdfleet.contract.routing import MAX_ID_LEN\n", []),
     ("connector/epp", "from pdfleet.connector import adapter\n", ["pdfleet.connector.adapter"]),
-    ("contract", "from pdfleet.connector.router import canary\n",
-     ["pdfleet.connector.router", "pdfleet.connector.router.canary"]),
+    ("contract", "from pdfleet.connector.serving import canary\n",
+     ["pdfleet.connector.serving", "pdfleet.connector.serving.canary"]),
+    ("connector/epp", "from pdfleet.connector.router.app import ROUTER_KEY\n",
+     ["pdfleet.connector.router.app", "pdfleet.connector.router.app.ROUTER_KEY"]),
+    ("connector/serving", "from pdfleet.connector.epp import protocol\n",
+     ["pdfleet.connector.epp", "pdfleet.connector.epp.protocol"]),
 ])
 def test_the_connector_rules_catch_what_they_look_for(folder: str, source: str, caught: list[str]) -> None:
     """Negative controls: a test file that added `import vllm` to transfer/, or an adapter import to

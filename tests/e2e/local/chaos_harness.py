@@ -49,7 +49,7 @@ from pdfleet.contract.env import TEST_STUCK_READS, TEST_WALL_CLOCK_STEP
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
 from pdfleet.operator.local.health import healthy
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 
 LEASE_SECONDS = 20
 # pdfleet local restarts an engine that exits; faults make them exit many times.

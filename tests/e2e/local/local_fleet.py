@@ -131,7 +131,7 @@ async def canary_run(pairs: dict[str, tuple[str, str]], reqs: list[Req], weight:
     serves and whose second is a canary at ``weight``, handed over as discovery hands over the operator's
     labels; the answers, and the requests the router answered per pair (its own per-revision counter)."""
     from pdfleet.connector.router.app import ROUTER_KEY, start_router
-    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
     from pdfleet.contract import metrics as names
     from pdfleet.contract.router_config import RouterConfig
     from pdfleet.contract.routing import LEAST_OUTSTANDING

@@ -61,10 +61,10 @@ from local_fleet import (
 from pdfleet.connector.adapter.metric_names import exported_name
 from pdfleet.connector.router.app import start_router
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
-from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
-from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, load_tokenizer, match_lengths
+from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
+from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, load_tokenizer, match_lengths
 from pdfleet.operator.local.fleet import kv_events_endpoints
 from pdfleet.operator.local.tiny_model import build_corpus
 

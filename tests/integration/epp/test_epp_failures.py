@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from pdfleet.connector.epp.exchange import Exchange
-from pdfleet.connector.router import lease_release
+from pdfleet.connector.serving import lease_release
 from pdfleet.contract.gateway import FAIL_CLOSE, FAIL_OPEN
 from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER
 

@@ -23,7 +23,7 @@ from kube_fixture import FakeKube, eventually
 from operator_scenarios import CR_RESOURCE, DEPLOY, IMAGE, STS, condition, fleet, wait_status
 
 from pdfleet.connector.router.app import start_router
-from pdfleet.connector.router.ownership import MANAGED_BY_LABEL, SERVICE_NAME_LABEL, SLICE_CONTROLLER
+from pdfleet.connector.serving.ownership import MANAGED_BY_LABEL, SERVICE_NAME_LABEL, SLICE_CONTROLLER
 from pdfleet.contract import labels
 from pdfleet.contract import metrics as metric_names
 from pdfleet.contract.router_config import RouterConfig

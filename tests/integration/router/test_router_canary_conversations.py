@@ -16,7 +16,7 @@ import pytest
 import test_router_discovery
 from test_router_discovery import NS, apply, endpoint_slice, wait_health
 
-from pdfleet.connector.router.canary import to_canary
+from pdfleet.connector.serving.canary import to_canary
 from pdfleet.contract import labels
 
 pytestmark = pytest.mark.timeout(240)

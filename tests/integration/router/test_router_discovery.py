@@ -191,7 +191,7 @@ async def test_list_errors_keep_last_endpoints_and_watch_errors_relist():
 
     from pdfleet.connector.router.app import Router
     from pdfleet.contract.router_config import RouterConfig
-    from pdfleet.connector.router.discovery import ApiAccess, kubernetes_discovery
+    from pdfleet.connector.serving.discovery import ApiAccess, kubernetes_discovery
 
     class Engine:  # only its URL matters here
         def __init__(self, port):

@@ -10,7 +10,7 @@ import pytest
 from starlette.datastructures import Headers
 from vllm.entrypoints.serve.middleware.authenticate import GUARDED_PREFIX, AuthenticationMiddleware
 
-from pdfleet.connector.router.engine_auth import EngineTokenError, engine_token
+from pdfleet.connector.serving.engine_auth import EngineTokenError, engine_token
 from pdfleet.contract.env import ENGINE_API_KEY
 
 TOKEN = "3f" * 32  # as the operator generates it: 32 random bytes, hex

@@ -1,4 +1,4 @@
-"""Flow control in the router (connector/router/flow/), over real HTTP against fake engines on loopback:
+"""Flow control in the router (connector/serving/flow/), over real HTTP against fake engines on loopback:
 admission, the order queued requests reach decode (priority, then tenants round robin), 429 shedding
 with Retry-After in OpenAI's shape, queue timeouts, clients leaving while queued; none lost."""
 

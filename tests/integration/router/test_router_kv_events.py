@@ -14,10 +14,10 @@ import zmq
 from waits import until
 
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
-from pdfleet.connector.router.kvaware.kv_events import decode_message
+from pdfleet.connector.serving.kvaware.kv_events import decode_message
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
 
 
 BS = 4

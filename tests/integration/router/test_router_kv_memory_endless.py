@@ -25,9 +25,9 @@ import aiohttp
 import pytest
 from test_router_kv_memory_total import free_port, peak_rss_mib
 
-from pdfleet.connector.router.kvaware import kv_subscriber as ks
-from pdfleet.connector.router.kvaware import zmtp
-from pdfleet.connector.router.kvaware.kv_events import MAX_MESSAGE_BYTES
+from pdfleet.connector.serving.kvaware import kv_subscriber as ks
+from pdfleet.connector.serving.kvaware import zmtp
+from pdfleet.connector.serving.kvaware.kv_events import MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -20,8 +20,8 @@ import msgspec
 import pytest
 import zmq
 
-from pdfleet.connector.router.kvaware import kv_subscriber as ks
-from pdfleet.connector.router.kvaware.kv_events import MAX_MESSAGE_BYTES
+from pdfleet.connector.serving.kvaware import kv_subscriber as ks
+from pdfleet.connector.serving.kvaware.kv_events import MAX_MESSAGE_BYTES
 from ports import free_port  # noqa: F401 (also imported from here by this folder's tests)
 
 pytestmark = pytest.mark.timeout(300)

@@ -17,7 +17,7 @@ from waits import http_ok, until
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.metrics import RouterMetrics
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -383,7 +383,7 @@ async def test_metrics_exposed(fleet):
 
 async def test_in_flight_series_of_vanished_endpoints_are_dropped(fleet):
     from pdfleet.connector.router.app import ROUTER_KEY
-    from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 
     p = await fleet.engine("p0", "prefill")
     d = await fleet.engine("d0", "decode")

@@ -15,7 +15,7 @@ import zmq
 import zmtp_flood
 from transfer_harness import wait_for
 
-from pdfleet.connector.router.kvaware import kv_events
+from pdfleet.connector.serving.kvaware import kv_events
 from pdfleet.connector.transfer import wire
 from pdfleet.connector.transfer.sidechannel import SideChannelServer
 

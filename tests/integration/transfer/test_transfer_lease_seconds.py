@@ -18,7 +18,7 @@ from transfer_harness import wait_for
 from pdfleet.connector.adapter.config import parse_adapter_config
 from pdfleet.connector.adapter.signed_params import sign_params
 from pdfleet.connector.adapter.scheduler import SchedulerSide
-from pdfleet.connector.router.endpoints import lease_allows_reuse
+from pdfleet.connector.serving.endpoints import lease_allows_reuse
 from pdfleet.contract import kv_params as K
 
 BLOCK = 16

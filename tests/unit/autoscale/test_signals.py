@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.operator.autoscale.signals import interval_signals, interval_went_down, parse_router_metrics
 from pdfleet.operator.observability.metrics_text import MetricsError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.endpoints import lease_allows_reuse
+from pdfleet.connector.serving.endpoints import lease_allows_reuse
 from pdfleet.contract import kv_params
 from pdfleet.contract.kv_params import InvalidTransferParams, parse_remote_prefill, produce
 

@@ -7,7 +7,7 @@ import yaml
 
 from pdfleet.connector.epp import protocol
 from pdfleet.connector.epp.envoy_config import BUFFERED, FULL_DUPLEX, render
-from pdfleet.connector.router import lease_release
+from pdfleet.connector.serving import lease_release
 from pdfleet.contract.gateway import (
     DESTINATION_ENDPOINT_HEADER,
     FAIL_CLOSE,

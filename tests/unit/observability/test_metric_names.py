@@ -20,7 +20,7 @@ def registry_families(registry):
 
 def all_families():
     from pdfleet.connector.adapter.metric_names import COUNTERS, exported_name
-    from pdfleet.connector.router.metrics import RouterMetrics
+    from pdfleet.connector.serving.metrics import RouterMetrics
     from pdfleet.operator.reconcile.metrics import OperatorMetrics
 
     families = registry_families(OperatorMetrics().registry) + registry_families(RouterMetrics().registry)

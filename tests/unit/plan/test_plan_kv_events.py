@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from pdfleet.connector.router.command import add_arguments, config_from_args
-from pdfleet.connector.router.discovery import parse_slice
+from pdfleet.connector.serving.discovery import parse_slice
 from pdfleet.operator.api import InvalidResource, parse
 from pdfleet.operator.local.fleet import EnginePorts, kv_events_endpoints, plan_local
 from pdfleet.operator.plan import plan

@@ -8,7 +8,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract import labels
 from pdfleet.contract import metrics as names
 from pdfleet.operator.api import parse

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from pdfleet.connector.adapter.metric_names import exported_name
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
 from pdfleet.operator.api import parse
 from pdfleet.operator.reconcile.canary import CanaryEdge

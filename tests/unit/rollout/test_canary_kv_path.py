@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from pdfleet.connector.adapter.metric_names import exported_name
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
 from pdfleet.operator.observability.metrics_text import MetricsError
 from pdfleet.operator.rollout.canary import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
 from pdfleet.operator.observability.metrics_text import MetricsError
 from pdfleet.operator.rollout.canary import ABORT, PROMOTE, Signals, effective_override

@@ -1,4 +1,4 @@
-"""The canary's conversation key (connector/router/canary.py, issue 31): an explicit id first, else the
+"""The canary's conversation key (connector/serving/canary.py, issue 31): an explicit id first, else the
 conversation's first turn in full, so that conversations behind a long shared preamble are told apart
 and every turn of one conversation keeps its key, in chat and completions form."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 from multidict import CIMultiDict
 
-from pdfleet.connector.router.canary import conversation_key, explicit_key, prefix_key, to_canary
+from pdfleet.connector.serving.canary import conversation_key, explicit_key, prefix_key, to_canary
 from pdfleet.contract.routing import SESSION_HEADER
 
 SYSTEM = "You are a careful assistant. " * 40  # 1,120 characters, shared by every conversation

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router import timing
-from pdfleet.connector.router.canary import choose, parse_weight, prefix_key
-from pdfleet.connector.router.discovery import groups_from_slices, parse_slice
-from pdfleet.connector.router.endpoints import Endpoint, RevisionEndpoints, select_revision
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving import timing
+from pdfleet.connector.serving.canary import choose, parse_weight, prefix_key
+from pdfleet.connector.serving.discovery import groups_from_slices, parse_slice
+from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints, select_revision
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract import metrics as names
 
 

@@ -1,10 +1,10 @@
-"""The canary split (connector/router/canary.py): share, stickiness per conversation, monotone steps."""
+"""The canary split (connector/serving/canary.py): share, stickiness per conversation, monotone steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.canary import canary_share, prefix_key, to_canary
+from pdfleet.connector.serving.canary import canary_share, prefix_key, to_canary
 
 KEYS = [f"conversation {i}: system prompt and first question" for i in range(1000)]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.kvaware.chat_prompt import PARTS, STRING, content_format, plain_conversation
+from pdfleet.connector.serving.kvaware.chat_prompt import PARTS, STRING, content_format, plain_conversation
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
-from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, Tokenizer
+from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, Tokenizer
 from pdfleet.operator.local.tiny_model import TinyLlamaSpec, build_tokenizer
 
 SYS = {"role": "system", "content": "be brief"}

@@ -1,10 +1,10 @@
-"""Remote prefill or decode alone, per request (connector/router/disaggregation.py)."""
+"""Remote prefill or decode alone, per request (connector/serving/disaggregation.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.disaggregation import (
+from pdfleet.connector.serving.disaggregation import (
     ALWAYS,
     CACHED_ON_DECODE,
     FAN_OUT,

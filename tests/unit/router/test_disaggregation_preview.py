@@ -3,9 +3,9 @@ prompt's length, counted only as far as asked; and it neither counts nor remembe
 
 from __future__ import annotations
 
-from pdfleet.connector.router.endpoints import DECODE
-from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.endpoints import DECODE
+from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract.router_config import RouterConfig
 
 BLOCK = 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
+from pdfleet.connector.serving.endpoint_labels import UNKNOWN, EndpointLabels
 
 P, D = "prefill", "decode"
 

@@ -1,4 +1,4 @@
-"""The gate's front-end-agnostic admission (connector/router/flow/gate.py: ``admit``, ``Shed``), its
+"""The gate's front-end-agnostic admission (connector/serving/flow/gate.py: ``admit``, ``Shed``), its
 cost argument, and capacity counted from what decode holds (the pipeline ahead of decode)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pdfleet.connector.router.flow import gate as gate_module
-from pdfleet.connector.router.flow.gate import FlowGate, Shed
+from pdfleet.connector.serving.flow import gate as gate_module
+from pdfleet.connector.serving.flow.gate import FlowGate, Shed
 from pdfleet.contract.flow_control import FlowControlConfig, Priority
 
 TENANT, PRIORITY = "x-gateway-inference-fairness-id", "x-gateway-inference-objective"

@@ -1,10 +1,10 @@
-"""A request's estimated cost for flow control (connector/router/flow/cost.py) and the fairness setting."""
+"""A request's estimated cost for flow control (connector/serving/flow/cost.py) and the fairness setting."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.flow.cost import CHAT_DEFAULT_MAX_TOKENS, MAX_COST, estimate_cost
+from pdfleet.connector.serving.flow.cost import CHAT_DEFAULT_MAX_TOKENS, MAX_COST, estimate_cost
 from pdfleet.contract.flow_control import FlowControlConfig
 
 

@@ -1,10 +1,10 @@
-"""Flow control's queue discipline (connector/router/flow/discipline.py): admit, dispatch, shed."""
+"""Flow control's queue discipline (connector/serving/flow/discipline.py): admit, dispatch, shed."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.flow.discipline import FlowQueue, Item, headroom, retry_after_s
+from pdfleet.connector.serving.flow.discipline import FlowQueue, Item, headroom, retry_after_s
 
 
 def q(*weights: int, max_queued: int = 100, max_wait_s: float = 10.0) -> FlowQueue:

@@ -1,4 +1,4 @@
-"""The flow-control gate's own bookkeeping (connector/router/flow/gate.py), without a server: a slot is
+"""The flow-control gate's own bookkeeping (connector/serving/flow/gate.py), without a server: a slot is
 never leaked, whatever moment a client leaves at."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from pdfleet.contract.flow_control import FlowControlConfig
-from pdfleet.connector.router.flow.gate import FlowGate
+from pdfleet.connector.serving.flow.gate import FlowGate
 
 
 def gate(**kw) -> tuple[FlowGate, CollectorRegistry]:

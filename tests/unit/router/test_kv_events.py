@@ -7,8 +7,8 @@ import pickle
 import msgspec
 import pytest
 
-from pdfleet.connector.router.kvaware import kv_events as ke
-from pdfleet.connector.router.kvaware.kv_subscriber import Counters, EndpointState, EventSource, handle_message
+from pdfleet.connector.serving.kvaware import kv_events as ke
+from pdfleet.connector.serving.kvaware.kv_subscriber import Counters, EndpointState, EventSource, handle_message
 
 enc = msgspec.msgpack.encode
 

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 import zmq.asyncio
 
-from pdfleet.connector.router.kvaware import kv_events as ke
-from pdfleet.connector.router.kvaware import kv_subscriber as ks
+from pdfleet.connector.serving.kvaware import kv_events as ke
+from pdfleet.connector.serving.kvaware import kv_subscriber as ks
 
 
 @pytest.mark.parametrize("max_bytes, depth", [

@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 import pytest
 
-from pdfleet.connector.router import lease_release as lr
+from pdfleet.connector.serving import lease_release as lr
 from pdfleet.contract.kv_params import RELEASE_KEY, error_params, release_reply
 
 PARAMS = {"remote_engine_id": "p0", "remote_request_id": "cmpl-1", "pdfleet_signature": "v1.aa.bb"}

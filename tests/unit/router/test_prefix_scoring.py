@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
-from pdfleet.connector.router.kvaware.prefix_keys import LazyKeys
-from pdfleet.connector.router.kvaware.prefix_routing import match_lengths, prompt_text
-from pdfleet.connector.router.kvaware.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
+from pdfleet.connector.serving.kvaware.prefix_keys import LazyKeys
+from pdfleet.connector.serving.kvaware.prefix_routing import match_lengths, prompt_text
+from pdfleet.connector.serving.kvaware.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
 
 
 @pytest.mark.parametrize(
@@ -185,6 +185,6 @@ def test_prompt_text(body, chat, expected):
     (32, 1_000_000, 1_000, 31, 4096),  # 24 more at 1,000 characters a token: the ceiling
 ])
 def test_first_piece_reaches_about_one_block_past_the_cached_prefix(block, chars, tokens, blocks, want):
-    from pdfleet.connector.router.kvaware.prompt_memory import first_piece_chars
+    from pdfleet.connector.serving.kvaware.prompt_memory import first_piece_chars
 
     assert first_piece_chars(block, chars, tokens, blocks) == max(64, min(4096, int(want)))

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pytest
 
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, HashConfig
-from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting, Tokenizer
-from pdfleet.connector.router.kvaware.prompt_tokens import (
+from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
+from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, Tokenizer
+from pdfleet.connector.serving.kvaware.prompt_tokens import (
     PromptTokenCache,
     composes,
     is_safe_at,
@@ -135,7 +135,7 @@ def test_scoring_tokenizes_only_as_far_as_an_endpoint_matches_and_remembers_afte
 
     async def route() -> tuple[int, int, int]:
         keys = routing.keys_for({"prompt": prompt}, False)
-        from pdfleet.connector.router.kvaware.prefix_routing import match_lengths
+        from pdfleet.connector.serving.kvaware.prefix_routing import match_lengths
 
         n = match_lengths(keys.exact(hasher), {"http://p": held.__contains__})["http://p"]
         before = tok.chars, len(routing.prompts.cache)

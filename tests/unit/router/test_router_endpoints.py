@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.app import static_groups
-from pdfleet.connector.router.prefill_leg import PrefillLeg
+from pdfleet.connector.serving.router_state import static_groups
+from pdfleet.connector.serving.prefill_leg import PrefillLeg
 from pdfleet.contract import kv_params
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.endpoints import (
+from pdfleet.connector.serving.endpoints import (
     DECODE,
     PREFILL,
     Endpoint,

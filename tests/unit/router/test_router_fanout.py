@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.fanout import fan_out_reason
+from pdfleet.connector.serving.fanout import fan_out_reason
 
 
 @pytest.mark.parametrize("body, reason", [

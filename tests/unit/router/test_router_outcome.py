@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
+from pdfleet.connector.serving.outcome import CLIENT_CLOSED, StreamEnd, recorded_status
 
 CHUNK = b'data: {"choices":[{"index":0,"text":"hi"}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}\n\n'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.ownership import (
+from pdfleet.connector.serving.ownership import (
     needs_service_refresh,
     owned_services,
     owned_slices,

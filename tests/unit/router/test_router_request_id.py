@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.contract.routing import MAX_ID_LEN
-from pdfleet.connector.router.request_id import MAX_CLIENT_ID_LEN, upstream_request_id
+from pdfleet.connector.serving.request_id import MAX_CLIENT_ID_LEN, upstream_request_id
 
 
 def fresh():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.router.discovery import endpoint_usable, groups_from_slices, parse_slice
-from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, select_revision
+from pdfleet.connector.serving.discovery import endpoint_usable, groups_from_slices, parse_slice
+from pdfleet.connector.serving.endpoints import DECODE, PREFILL, Endpoint, select_revision
 
 
 def es(name, role, revision, addrs, *, fleet="f1", ports=(("http", 8000), ("kv", 5600)), created=None,

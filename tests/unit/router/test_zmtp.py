@@ -1,4 +1,4 @@
-"""The router's ZMTP 3.0 framing (connector/router/kvaware/zmtp.py), and its client against real libzmq peers."""
+"""The router's ZMTP 3.0 framing (connector/serving/kvaware/zmtp.py), and its client against real libzmq peers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import zmq
 
-from pdfleet.connector.router.kvaware import zmtp
+from pdfleet.connector.serving.kvaware import zmtp
 
 
 @pytest.mark.parametrize("size,more,command,expected", [

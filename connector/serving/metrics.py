@@ -30,7 +30,7 @@ class RouterMetrics:
         )
         self.disaggregation_decisions = Counter(
             names.ROUTER_DISAGGREGATION_DECISIONS, "Generate requests by the router's choice (remote_prefill: prefill "
-            "then decode; decode_only: decode alone) and its reason (connector/router/disaggregation.py)",
+            "then decode; decode_only: decode alone) and its reason (connector/serving/disaggregation.py)",
             ["decision", "reason"], registry=r,
         )
         self.retries = Counter(
@@ -71,7 +71,7 @@ class RouterMetrics:
             "pdfleet_router_serving_revision", "1 for the revision that serves new requests", ["revision"],
             registry=r,
         )
-        # SLO signals per revision (connector/router/timing.py), read by the operator's planner.
+        # SLO signals per revision (connector/serving/timing.py), read by the operator's planner.
         self.ttft = Histogram(
             names.ROUTER_TTFT, "Time to first token: request to decode's first answer byte relayed",
             ["revision"], buckets=_TTFT_BUCKETS, registry=r,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from pdfleet.connector.router.kvaware.kv_events import hash_key
+from pdfleet.connector.serving.kvaware.kv_events import hash_key
 from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
 
 DEFAULT_SEED = DEFAULT_HASH_SEED

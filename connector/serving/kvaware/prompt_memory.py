@@ -18,10 +18,10 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pdfleet.connector.router.kvaware import kv_events as ke
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher, text_keys
-from pdfleet.connector.router.kvaware.prefix_keys import PromptKeys, prompt_text
-from pdfleet.connector.router.kvaware.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
+from pdfleet.connector.serving.kvaware import kv_events as ke
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, text_keys
+from pdfleet.connector.serving.kvaware.prefix_keys import PromptKeys, prompt_text
+from pdfleet.connector.serving.kvaware.prompt_tokens import Cached, PromptTokenCache, next_safe_cut
 
 log = logging.getLogger("pdfleet.router.prefix")
 

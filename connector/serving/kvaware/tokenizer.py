@@ -6,8 +6,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pdfleet.connector.router.kvaware.chat_prompt import content_format, plain_conversation
-from pdfleet.connector.router.kvaware.prompt_tokens import composes
+from pdfleet.connector.serving.kvaware.chat_prompt import content_format, plain_conversation
+from pdfleet.connector.serving.kvaware.prompt_tokens import composes
 
 log = logging.getLogger("pdfleet.router.prefix")
 

@@ -21,9 +21,9 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from pdfleet.connector.router import canary, disaggregation, timing
-from pdfleet.connector.router.endpoint_labels import EndpointLabels
-from pdfleet.connector.router.endpoints import (
+from pdfleet.connector.serving import canary, disaggregation, timing
+from pdfleet.connector.serving.endpoint_labels import EndpointLabels
+from pdfleet.connector.serving.endpoints import (
     DECODE,
     PREFILL,
     Outstanding,
@@ -32,10 +32,10 @@ from pdfleet.connector.router.endpoints import (
     pick_least_outstanding,
     select_revision,
 )
-from pdfleet.connector.router.fanout import fan_out_reason
-from pdfleet.connector.router.flow.gate import FlowGate, decode_started
-from pdfleet.connector.router.kvaware.prefix_routing import PrefixRouting
-from pdfleet.connector.router.metrics import RouterMetrics
+from pdfleet.connector.serving.fanout import fan_out_reason
+from pdfleet.connector.serving.flow.gate import FlowGate, decode_started
+from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting
+from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.router")

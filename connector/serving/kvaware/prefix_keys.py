@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher
 
 _json = msgspec.json.Encoder()
 

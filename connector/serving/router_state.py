@@ -5,21 +5,41 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
 
-from pdfleet.connector.router import engine_auth, lease_release
-from pdfleet.connector.router.abandon import Abandoned
-from pdfleet.connector.router.decode_leg import DecodeLeg
-from pdfleet.connector.router.endpoints import RevisionEndpoints
-from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.picker import Picker
-from pdfleet.connector.router.prefill_leg import PrefillLeg
+from pdfleet.connector.serving import engine_auth, lease_release
+from pdfleet.connector.serving.abandon import Abandoned
+from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
+from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.picker import Picker
+from pdfleet.connector.serving.prefill_leg import PrefillLeg
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.router")
+
+
+STATIC_REVISION = "static"
+
+# A discovery keeps the router's endpoints current until cancelled.
+Discovery = Callable[["RouterState"], Awaitable[None]]
+
+
+def static_groups(config: RouterConfig) -> list[RevisionEndpoints]:
+    """The single revision made of the static --prefill/--decode lists."""
+    events = {u.rstrip("/"): e.split(",") for u, e in config.kv_events}
+
+    def endpoint(url: str) -> Endpoint:
+        pub = events.get(url.rstrip("/"), [None])
+        return Endpoint(url.rstrip("/"), kv_events=pub[0], kv_events_replay=pub[1] if len(pub) > 1 else None)
+
+    return [RevisionEndpoints(
+        revision=STATIC_REVISION,
+        prefill=tuple(endpoint(u) for u in config.prefill),
+        decode=tuple(endpoint(u) for u in config.decode),
+    )]
 
 
 class RouterState:
@@ -42,7 +62,6 @@ class RouterState:
         session = lambda: self.session  # noqa: E731 (opened later, in open())
         self.releases = lease_release.LeaseReleaser(self.metrics, session, prefill_timeout)
         self.prefill = PrefillLeg(config, self.picker, self.metrics, session)
-        self.decode = DecodeLeg(config, self.picker, self.metrics, session, self.releases)
         # Decode's first byte and idle gaps are bounded per read (see decode_leg.py).
         self._decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
         self._models_timeout = aiohttp.ClientTimeout(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.connector.router import fanout
+from pdfleet.connector.serving import fanout
 from pdfleet.contract.routing import (
     DECODE_ONLY,
     DISAGGREGATION_ALWAYS,

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, json_encode, target
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, json_encode, target
 from pdfleet.contract.kv_params import release_answer, release_request
 
 log = logging.getLogger("pdfleet.router")

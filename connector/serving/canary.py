@@ -42,7 +42,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from pdfleet.connector.router.endpoints import RevisionEndpoints, Selection
+from pdfleet.connector.serving.endpoints import RevisionEndpoints, Selection
 from pdfleet.contract.routing import SESSION_HEADER
 
 BUCKETS = 10_000  # weight resolution: 0.01 %

@@ -12,11 +12,11 @@ from typing import Any, Callable
 import aiohttp
 import msgspec
 
-from pdfleet.connector.router.abandon import one_token_body, release_body
-from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
-from pdfleet.connector.router.metrics import RouterMetrics
-from pdfleet.connector.router.picker import Picker
-from pdfleet.connector.router.upstream import REQUEST_ID_HEADER, RETRYABLE_4XX, json_decode, json_encode, target
+from pdfleet.connector.serving.abandon import one_token_body, release_body
+from pdfleet.connector.serving.endpoints import DECODE, PREFILL, RevisionEndpoints
+from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.picker import Picker
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, RETRYABLE_4XX, json_decode, json_encode, target
 from pdfleet.contract.kv_params import remote_decode_request
 from pdfleet.contract.router_config import RouterConfig
 

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pdfleet.connector.router.kvaware import kv_events as ke
-from pdfleet.connector.router.kvaware import zmtp
+from pdfleet.connector.serving.kvaware import kv_events as ke
+from pdfleet.connector.serving.kvaware import zmtp
 
 log = logging.getLogger("pdfleet.router.kv_events")
 

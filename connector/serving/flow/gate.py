@@ -38,9 +38,9 @@ from typing import Optional
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pdfleet.connector.router.errors import error_response
+from pdfleet.connector.serving.errors import error_response
 from pdfleet.contract.flow_control import FAIRNESS_COST, FlowControlConfig
-from pdfleet.connector.router.flow.discipline import (
+from pdfleet.connector.serving.flow.discipline import (
     DISPLACED,
     QUEUE_FULL,
     QUEUE_TIMEOUT,

@@ -40,9 +40,9 @@ import msgspec
 from pdfleet.contract import labels as label_keys
 from pdfleet.contract import ports as ports_contract
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.connector.router.canary import parse_weight
-from pdfleet.connector.router.endpoints import DECODE, PREFILL, Endpoint, RevisionEndpoints
-from pdfleet.connector.router.ownership import needs_service_refresh, owned_services, owned_slices
+from pdfleet.connector.serving.canary import parse_weight
+from pdfleet.connector.serving.endpoints import DECODE, PREFILL, Endpoint, RevisionEndpoints
+from pdfleet.connector.serving.ownership import needs_service_refresh, owned_services, owned_slices
 
 log = logging.getLogger("pdfleet.router.discovery")
 

@@ -23,16 +23,16 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from pdfleet.connector.router.kvaware import kv_events as ke
-from pdfleet.connector.router.endpoint_labels import UNKNOWN, EndpointLabels
-from pdfleet.connector.router.endpoints import DECODE, PREFILL, RevisionEndpoints
-from pdfleet.connector.router.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
-from pdfleet.connector.router.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig
-from pdfleet.connector.router.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
-from pdfleet.connector.router.kvaware.prefix_scoring import Choice, RoutedIndex, choose_endpoint
+from pdfleet.connector.serving.kvaware import kv_events as ke
+from pdfleet.connector.serving.endpoint_labels import UNKNOWN, EndpointLabels
+from pdfleet.connector.serving.endpoints import DECODE, PREFILL, RevisionEndpoints
+from pdfleet.connector.serving.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
+from pdfleet.connector.serving.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig
+from pdfleet.connector.serving.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
+from pdfleet.connector.serving.kvaware.prefix_scoring import Choice, RoutedIndex, choose_endpoint
 from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
-from pdfleet.connector.router.kvaware.prompt_memory import CHARS_PER_TOKEN as _CHARS_PER_TOKEN, PromptMemory
-from pdfleet.connector.router.kvaware.tokenizer import Tokenizer, load_tokenizer
+from pdfleet.connector.serving.kvaware.prompt_memory import CHARS_PER_TOKEN as _CHARS_PER_TOKEN, PromptMemory
+from pdfleet.connector.serving.kvaware.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("pdfleet.router.prefix")
 

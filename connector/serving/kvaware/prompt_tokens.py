@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from pdfleet.connector.router.kvaware.kv_events import hash_key
-from pdfleet.connector.router.kvaware.prefix_hash import BlockHasher
+from pdfleet.connector.serving.kvaware.kv_events import hash_key
+from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher
 
 DEFAULT_CHUNK_CHARS = 256
 SUB_CHARS = 32  # the continuation's granularity (characters); a chunk has chunk_chars // SUB_CHARS - 1 sub-cuts
