@@ -319,6 +319,11 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
     config = RouterConfig(prefill=("http://a", "http://b"), decode=("http://d",), block_size=PREFIX_BLOCK)
     routing = PrefixRouting(config, RouterMetrics(), tokenize=tokenize)
     from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
+    from pdfleet.connector.serving.picking import chain, profiles
+    from pdfleet.connector.serving.picking.chain import PickRequest, PickState
+    from pdfleet.contract.routing import PREFIX_AWARE
+
+    prefix_profile = profiles.profile(PREFIX_AWARE, routing, config.prefix_max_imbalance)  # the prefill leg's chain
 
     routing.set_endpoints([RevisionEndpoints("s", prefill=(Endpoint("http://a", kv_events="tcp://x:1"),
                                                            Endpoint("http://b", kv_events="tcp://x:2")))])
@@ -345,8 +350,9 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
 
     def pick(workload: str):
         bodies = iter([json.loads(workloads[workload]["body"](i)) for i in range(rounds)])  # parsed untimed
-        return lambda: routing.pick("prefill", ("http://a", "http://b"), next(bodies), chat=False,
-                                    outstanding={}, exclude=(), ejected=(), tiebreak=0)
+        return lambda: chain.run(("http://a", "http://b"), PickState({}), prefix_profile.filters,
+                                 prefix_profile.scorers, PickRequest("prefill", next(bodies)),
+                                 max_imbalance=prefix_profile.max_imbalance).url
 
     return {
         "tokenize": timed(lambda: tokenize(prompt)),

@@ -6,7 +6,8 @@ HTTP handlers (handlers.py) and the gateway's Endpoint Picker (connector/epp/). 
 - the fleet's revisions and the one that serves, with its canary beside it (endpoints.py:
   ``select_revision``), and the per-request pairing (canary.py: ``choose``);
 - the endpoints' load (requests in flight) and the ones ejected after a failure;
-- KV-cache-aware scoring (kvaware/prefix_routing.py) and its index of the engines' KV events;
+- each role's picking chain (picking/: filters -> scorers -> picker), whose prefix scorer reads
+  KV-cache-aware state (kvaware/prefix_routing.py) and its index of the engines' KV events;
 - flow control (flow/gate.py), the gate a request passes before either leg.
 
 It does no HTTP of its own. The rules live in the pure modules it calls; this object keeps their
@@ -29,13 +30,14 @@ from pdfleet.connector.serving.endpoints import (
     Outstanding,
     RevisionEndpoints,
     Selection,
-    pick_least_outstanding,
     select_revision,
 )
 from pdfleet.connector.serving.fanout import fan_out_reason
 from pdfleet.connector.serving.flow.gate import FlowGate, decode_started
 from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting
 from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.picking import chain, profiles
+from pdfleet.connector.serving.picking.chain import PickRequest, PickState
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.router")
@@ -49,18 +51,34 @@ class Picker:
         self.metrics = metrics
         self.outstanding = Outstanding()
         self.labels = EndpointLabels()  # what endpoints are called in metrics (never their URL: a pod IP)
-        self.prefix = PrefixRouting(config, metrics, labels=self.labels)
+        self._prefix = PrefixRouting(config, metrics, labels=self.labels)
         self.flow = FlowGate(config.flow_control, metrics.registry)  # open when disabled
         self.selection = Selection(None, "no endpoints known yet")
         self.disaggregation = disaggregation.Policy(
             config.disaggregation_policy, config.min_remote_prefill_tokens, config.prefill_busy_in_flight,
             config.block_size)
+        self.profiles = self._profiles()
         self._decisions: dict[tuple[str, str], Any] = {}
         self._groups: dict[str, RevisionEndpoints] = {}
         self._ejected: dict[str, float] = {}
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         # prometheus children resolved once: labels() costs more than the update itself
         self._in_flight: dict[tuple[str, str], Any] = {}
+
+    @property
+    def prefix(self) -> PrefixRouting:
+        """KV-cache-aware state: what the prefix scorer reads."""
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, routing: PrefixRouting) -> None:  # benchmarks and replays bring their own
+        self._prefix = routing
+        self.profiles = self._profiles()
+
+    def _profiles(self) -> dict[str, profiles.Profile]:
+        c = self.config
+        return {role: profiles.profile(policy, self._prefix, c.prefix_max_imbalance)
+                for role, policy in ((PREFILL, c.prefill_policy), (DECODE, c.decode_policy))}
 
     # ---- endpoints -------------------------------------------------------
 
@@ -112,20 +130,21 @@ class Picker:
 
     def pick(self, role: str, candidates: Collection[str], tried: Collection[str] = (),
              body: Mapping[str, Any] | None = None, chat: bool = False) -> str | None:
-        """The endpoint of ``role`` among ``candidates`` that takes a leg, never one in ``tried``:
-        KV-cache-aware when a body is given and the role's policy asks for it, else the least
-        loaded. Recently failed endpoints are taken only when nothing else is left."""
+        """The endpoint of ``role`` among ``candidates`` that takes a leg, never one in ``tried``: the
+        role's picking chain (picking/: filters, scorers such as the cached prefix when a body is
+        given and the role's policy asks for it, the load-bounded picker). Recently failed endpoints
+        are taken only when nothing else is left."""
+        state = PickState(self.outstanding.counts, tried, self._ejected_now(), next(self._tiebreak[role]))
+        request = PickRequest(role, body, chat) if body is not None else None
+        p = self.profiles[role]
+        return chain.run(tuple(candidates), state, p.filters, p.scorers, request, max_imbalance=p.max_imbalance).url
+
+    def _ejected_now(self) -> list[str]:
         now = time.monotonic()
         ejected = [u for u, until in self._ejected.items() if until > now]
         if len(ejected) != len(self._ejected):
             self._ejected = {u: self._ejected[u] for u in ejected}
-        candidates = tuple(candidates)
-        if body is not None and self.prefix.enabled(role):
-            return self.prefix.pick(role, candidates, body, chat=chat, outstanding=self.outstanding.counts,
-                                    exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role]))
-        return pick_least_outstanding(
-            candidates, self.outstanding.counts, exclude=tried, ejected=ejected, tiebreak=next(self._tiebreak[role])
-        )
+        return ejected
 
     def decide(self, group: RevisionEndpoints, body: Mapping[str, Any], *, chat: bool,
                decodes: Collection[str] | None = None) -> disaggregation.Decision:
@@ -138,13 +157,14 @@ class Picker:
         fan_out = fan_out_reason(body) is not None  # type: ignore[arg-type]
         tokens = cached = decode_load = 0
         if policy.policy == disaggregation.DISAGGREGATION_CONDITIONAL and not fan_out:
-            now = time.monotonic()
-            ejected = [u for u, until in self._ejected.items() if until > now]
             candidates = tuple(group.ready(DECODE) if decodes is None else decodes)
-            url, cached, tokens = self.prefix.preview(DECODE, candidates, body, chat=chat,
-                                                      outstanding=counts, ejected=ejected, tiebreak=0,
-                                                      enough=policy.tokens_wanted)
-            decode_load = counts.get(url, 0) if url is not None else 0
+            # What the decode pick would choose now, without counting or remembering it.
+            p = self.profiles[DECODE]
+            picked = chain.run(candidates, PickState(counts, (), self._ejected_now(), 0), p.filters, p.scorers,
+                               PickRequest(DECODE, body, chat), max_imbalance=p.max_imbalance, notify=False)
+            cached = int(picked.score)
+            tokens = self.prefix.prompt_tokens(body, chat=chat, want=policy.tokens_wanted(cached))
+            decode_load = counts.get(picked.url, 0) if picked.url is not None else 0
         decision = disaggregation.decide(policy, disaggregation.Request(tokens, cached, prefills, decode_load, fan_out))
         key = (decision.decision, decision.reason)
         counter = self._decisions.get(key)

@@ -8,7 +8,8 @@ For each leg under ``prefixAware`` the router
 2. scores every candidate by its cached prefix: from the engine's own KV
    events when every candidate's stream is synced, else from what the router
    routed itself (RoutedIndex), else nothing (then least outstanding);
-3. lets prefix_scoring.choose_endpoint pick under the load bound.
+3. scores each candidate by the prompt prefix it holds (``score``), for the picking chain
+   (picking/prefix.py, picking/chain.py) that picks under the load bound.
 
 Subscribers (kv_subscriber.py) run for every endpoint that advertises a KV
 event endpoint, in the router's event loop. A request's keys come from
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pdfleet.connector.serving.kvaware import kv_events as ke
@@ -29,7 +30,7 @@ from pdfleet.connector.serving.endpoints import DECODE, PREFILL, RevisionEndpoin
 from pdfleet.connector.serving.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
 from pdfleet.connector.serving.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig
 from pdfleet.connector.serving.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
-from pdfleet.connector.serving.kvaware.prefix_scoring import Choice, RoutedIndex, choose_endpoint
+from pdfleet.connector.serving.kvaware.prefix_scoring import Choice, RoutedIndex
 from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
 from pdfleet.connector.serving.kvaware.prompt_memory import CHARS_PER_TOKEN as _CHARS_PER_TOKEN, PromptMemory
 from pdfleet.connector.serving.kvaware.tokenizer import Tokenizer, load_tokenizer
@@ -62,6 +63,17 @@ class _MetricCounters(Counters):
 
     def index_size(self, url: str, size: int) -> None:
         self.m.kv_index_blocks.labels(self._label(url)).set(size)
+
+
+class CachedPrefix(dict):
+    """Cached prompt-prefix tokens per endpoint (a dict), with what scored them (``source``) and the
+    prompt's keys."""
+
+    __slots__ = ("source", "keys")
+
+    def __init__(self, cached: dict[str, int], source: str | None, keys: PromptKeys) -> None:
+        super().__init__(cached)
+        self.source, self.keys = source, keys
 
 
 class PrefixRouting:
@@ -213,39 +225,31 @@ class PrefixRouting:
         """Until prompts being remembered are stored (tests and benchmarks)."""
         await self.prompts.settle()
 
-    def pick(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
-             outstanding: Mapping[str, int], exclude: Collection[str], ejected: Collection[str],
-             tiebreak: int) -> str | None:
+    def score(self, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool) -> CachedPrefix:
+        """Each candidate's cached prefix of this prompt, in tokens (the prefix scorer's score,
+        picking/prefix.py), with what scored it and the prompt's keys."""
         keys = self.keys_for(body, chat)
-        allowed = [c for c in candidates if c not in exclude]
-        cached, source = self._cached(allowed, keys)
-        choice = choose_endpoint(candidates, cached, outstanding, exclude=exclude, ejected=ejected,
-                                 max_imbalance=self.config.prefix_max_imbalance, tiebreak=tiebreak)
-        self._account(role, source, choice)
-        if choice.url is not None and keys.text:
-            self.routed.record(choice.url, keys.text)
-        return choice.url
+        cached, source = self._cached(candidates, keys)
+        return CachedPrefix(cached, source, keys)
 
-    def preview(self, role: str, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool,
-                outstanding: Mapping[str, int], ejected: Collection[str], tiebreak: int,
-                enough: Callable[[int], int]) -> tuple[str | None, int, int]:
-        """What ``pick`` would choose among ``candidates``, without counting or remembering the choice:
-        (url, its cached prefix in tokens, the prompt's tokens). The prompt is counted in whole blocks and
-        only as far as ``enough(cached)`` tokens (a long prompt is not tokenized to its end for this);
-        without a tokenizer it is estimated from its text, and assumed long when there is none."""
+    def chosen(self, role: str, url: str | None, scored: CachedPrefix, candidates: Sequence[str]) -> None:
+        """A pick took ``url``: count what it reused and what was on offer, and remember where the prompt
+        went (the estimate for endpoints without an event stream)."""
+        best = max((scored.get(c, 0) for c in candidates), default=0)
+        self._account(role, scored.source, Choice(url, scored.get(url, 0) if url else 0, best))
+        if url is not None and scored.keys.text:
+            self.routed.record(url, scored.keys.text)
+
+    def prompt_tokens(self, body: Mapping[str, Any], *, chat: bool, want: int) -> int:
+        """The prompt's tokens counted in whole blocks and only as far as ``want`` (a long prompt is not
+        tokenized to its end for this); without a tokenizer estimated from its text, and assumed long
+        when there is none."""
         keys = self.keys_for(body, chat)
-        allowed = list(candidates)
-        cached, _ = self._cached(allowed, keys) if self.enabled(role) else ({}, None)
-        choice = choose_endpoint(candidates, cached, outstanding, ejected=ejected,
-                                 max_imbalance=self.config.prefix_max_imbalance, tiebreak=tiebreak)
-        want = enough(choice.cached_tokens)
         if keys.has_exact:
             block = self.config.block_size
-            tokens = len(keys.lazy(self.hasher).first(-(-want // block))) * block
-        else:
-            text = prompt_text(body, chat)
-            tokens = len(text) // _CHARS_PER_TOKEN if text is not None else want
-        return choice.url, choice.cached_tokens, tokens
+            return len(keys.lazy(self.hasher).first(-(-want // block))) * block
+        text = prompt_text(body, chat)
+        return len(text) // _CHARS_PER_TOKEN if text is not None else want
 
     def _cached(self, allowed: Sequence[str], keys: PromptKeys) -> tuple[dict[str, int], str | None]:
         """Cached prompt-prefix tokens per endpoint, and what scored them."""

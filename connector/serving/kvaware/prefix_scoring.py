@@ -1,17 +1,14 @@
-"""Which endpoint takes a leg when prefixes are cached (pure; table-tested).
+"""What a cached prefix is worth (pure; table-tested): the prompt's leading blocks an index holds, the
+outcome of a pick for the metrics, and the router's own record of what it sent where.
 
-The score of a candidate is the number of prompt tokens it already holds as a
-cached prefix. Load bounds it: a candidate with more than ``max_imbalance``
-requests in flight above the least loaded candidate is not preferred for its
-cache, so one hot prefix cannot pile every request onto one replica (the
-others then compute that prefix once and share the load). Equal scores go to
-the least loaded, then rotate (``tiebreak``), as pick_least_outstanding does.
+The score of a candidate is the number of prompt tokens it already holds as a cached prefix; the
+picking chain (serving/picking/chain.py) takes the best score within the load bound.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -32,36 +29,6 @@ def matched_prefix(keys: Iterable[int], holds: Callable[[int], bool]) -> int:
             break
         n += 1
     return n
-
-
-def choose_endpoint(
-    candidates: Sequence[str],
-    cached_tokens: Mapping[str, int],
-    outstanding: Mapping[str, int],
-    *,
-    exclude: Collection[str] = (),
-    ejected: Collection[str] = (),
-    max_imbalance: int = 4,
-    tiebreak: int = 0,
-) -> Choice:
-    """The candidate with the longest cached prefix within the load bound.
-
-    ``exclude``: already tried for this request (never chosen). ``ejected``:
-    failed recently; chosen only when nothing else is left.
-    """
-    allowed = [c for c in candidates if c not in exclude]
-    if not allowed:
-        return Choice(None, 0, 0)
-    healthy = [c for c in allowed if c not in ejected] or allowed
-    least = min(outstanding.get(c, 0) for c in healthy)
-    within = [c for c in healthy if outstanding.get(c, 0) <= least + max_imbalance]
-    best_anywhere = max(cached_tokens.get(c, 0) for c in healthy)
-    top = max(cached_tokens.get(c, 0) for c in within)
-    tied = [c for c in within if cached_tokens.get(c, 0) == top]
-    load = min(outstanding.get(c, 0) for c in tied)
-    tied = [c for c in tied if outstanding.get(c, 0) == load]
-    url = tied[tiebreak % len(tied)]
-    return Choice(url, cached_tokens.get(url, 0), best_anywhere)
 
 
 class RoutedIndex:

@@ -60,7 +60,7 @@ def _groups() -> list[RevisionEndpoints]:
 def _workload(seed: int, n: int) -> list[dict[str, Any]]:
     rnd = random.Random(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         chat = rnd.random() < 0.4
         text = rnd.choice(SYSTEMS) + f"Tell me about {rnd.choice(TOPICS)}. " * rnd.randint(1, 4)
         if rnd.random() < 0.15:

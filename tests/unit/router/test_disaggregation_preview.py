@@ -1,12 +1,16 @@
-"""PrefixRouting.preview, what Picker.decide weighs: the decode pick would choose, its cached prefix and the
-prompt's length, counted only as far as asked; and it neither counts nor remembers a choice."""
+"""What Picker.decide weighs: the decode the pick would choose (its chain run without notifying the
+scorers), its cached prefix and the prompt's length (PrefixRouting.prompt_tokens), counted only as far
+as asked; and it neither counts nor remembers a choice."""
 
 from __future__ import annotations
 
 from pdfleet.connector.serving.endpoints import DECODE
 from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting
 from pdfleet.connector.serving.metrics import RouterMetrics
+from pdfleet.connector.serving.picking import chain, profiles
+from pdfleet.connector.serving.picking.chain import PickRequest, PickState
 from pdfleet.contract.router_config import RouterConfig
+from pdfleet.contract.routing import PREFIX_AWARE
 
 BLOCK = 16
 D1, D2 = "http://d1", "http://d2"
@@ -17,8 +21,11 @@ def routing() -> PrefixRouting:
 
 
 def preview(r: PrefixRouting, body, enough=lambda cached: cached + 128, outstanding=None):
-    return r.preview(DECODE, (D1, D2), body, chat=False, outstanding=outstanding or {}, ejected=(), tiebreak=0,
-                     enough=enough)
+    p = profiles.profile(PREFIX_AWARE, r, r.config.prefix_max_imbalance)
+    picked = chain.run((D1, D2), PickState(outstanding or {}), p.filters, p.scorers, PickRequest(DECODE, body),
+                       max_imbalance=p.max_imbalance, notify=False)
+    cached = int(picked.score)
+    return picked.url, cached, r.prompt_tokens(body, chat=False, want=enough(cached))
 
 
 def decisions(r: PrefixRouting) -> float:
@@ -39,8 +46,9 @@ def test_text_without_a_tokenizer_is_estimated_and_routed_prefixes_count_as_cach
     url, cached, tokens = preview(r, body, outstanding={D1: 0, D2: 3})
     assert (url, cached, tokens) == (D1, 0, 1000)  # the least loaded, as pick would choose
     assert decisions(r) == 0 and not r.routed._keys  # a preview is neither counted nor remembered
-    assert r.pick(DECODE, (D1, D2), body, chat=False, outstanding={D1: 0, D2: 3}, exclude=(), ejected=(),
-                  tiebreak=0) == D1
+    p = profiles.profile(PREFIX_AWARE, r, r.config.prefix_max_imbalance)
+    assert chain.run((D1, D2), PickState({D1: 0, D2: 3}), p.filters, p.scorers, PickRequest(DECODE, body),
+                     max_imbalance=p.max_imbalance).url == D1
     assert decisions(r) == 1  # negative control: a pick is counted and remembered
     url, cached, _ = preview(r, {"prompt": "word " * 800 + "and a new question"}, outstanding={D1: 1, D2: 0})
     assert url == D1 and cached >= 900  # the later turn: decode D1 holds its prefix (routed there)

@@ -9,45 +9,7 @@ import pytest
 from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig, cbor, text_keys
 from pdfleet.connector.serving.kvaware.prefix_keys import LazyKeys
 from pdfleet.connector.serving.kvaware.prefix_routing import match_lengths, prompt_text
-from pdfleet.connector.serving.kvaware.prefix_scoring import RoutedIndex, choose_endpoint, matched_prefix
-
-
-@pytest.mark.parametrize(
-    "cached, outstanding, exclude, ejected, imbalance, tiebreak, expected, chosen_tokens, best",
-    [
-        ({}, {}, (), (), 4, 0, "a", 0, 0),  # nothing cached: least outstanding, rotate ties
-        ({}, {}, (), (), 4, 1, "b", 0, 0),
-        ({}, {"a": 1}, (), (), 4, 0, "b", 0, 0),
-        ({"b": 320}, {}, (), (), 4, 0, "b", 320, 320),  # longest cached prefix wins
-        ({"a": 64, "b": 320}, {"b": 3}, (), (), 4, 0, "b", 320, 320),  # ...even with some load
-        ({"a": 64, "b": 320}, {"b": 5}, (), (), 4, 0, "a", 64, 320),  # ...but not beyond the bound
-        ({"a": 64, "b": 320}, {"b": 5, "a": 1}, (), (), 4, 0, "b", 320, 320),  # bound is relative
-        ({"b": 320}, {"b": 1}, (), (), 0, 0, "a", 0, 320),  # bound 0: load alone
-        ({"a": 320, "b": 320}, {"a": 2, "b": 1}, (), (), 4, 0, "b", 320, 320),  # equal cache: lighter
-        ({"a": 320, "b": 320}, {}, (), (), 4, 1, "b", 320, 320),  # equal everything: rotate
-        ({"b": 320}, {}, ("b",), (), 4, 0, "a", 0, 0),  # tried already: never again
-        ({"b": 320}, {}, (), ("b",), 4, 0, "a", 0, 0),  # failed recently: avoided
-        ({"b": 320}, {}, ("a",), ("b",), 4, 0, "b", 320, 320),  # ...unless nothing else is left
-        ({"a": 1, "b": 1}, {}, ("a", "b"), (), 4, 0, None, 0, 0),
-    ],
-)
-def test_choose_endpoint(cached, outstanding, exclude, ejected, imbalance, tiebreak, expected, chosen_tokens, best):
-    got = choose_endpoint(("a", "b"), cached, outstanding, exclude=exclude, ejected=ejected,
-                          max_imbalance=imbalance, tiebreak=tiebreak)
-    assert (got.url, got.cached_tokens, got.best_tokens) == (expected, chosen_tokens, best)
-
-
-def test_hot_prefix_spreads_once_the_bound_is_reached():
-    """One prefix, many concurrent requests: the cached replica takes 1 + bound more, then the rest spread."""
-    outstanding: dict[str, int] = {}
-    picks = []
-    for i in range(12):
-        url = choose_endpoint(("a", "b", "c"), {"a": 640}, outstanding, max_imbalance=2, tiebreak=i).url
-        outstanding[url] = outstanding.get(url, 0) + 1
-        picks.append(url)
-    assert picks[:3] == ["a", "a", "a"]
-    assert max(outstanding.values()) - min(outstanding.values()) <= 3
-    assert outstanding["a"] > outstanding["b"]
+from pdfleet.connector.serving.kvaware.prefix_scoring import RoutedIndex, matched_prefix
 
 
 @pytest.mark.parametrize("held, keys, expected", [
