@@ -21,6 +21,7 @@ from pdfleet.operator.api.types import (
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
+    NAME_MESSAGE,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -34,7 +35,7 @@ _OPTIONAL = "x-pdfleet-optional"  # internal marker, removed before output
 _KEEP = {
     "type", "description", "properties", "required", "items", "enum", "default", "format",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
-    "pattern", "minItems", "maxItems", "additionalProperties",
+    "pattern", "minItems", "maxItems", "additionalProperties", "x-kubernetes-validations",
 }  # fmt: skip
 
 
@@ -154,8 +155,7 @@ def crd() -> dict[str, Any]:
             {
                 "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}"
                 f" && self.metadata.name.matches('{DNS1035_LABEL}')",
-                "message": f"metadata.name: must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
-                "(lower-case letters, digits and '-', starting with a letter)",
+                "message": f"metadata.name: {NAME_MESSAGE}",
             }
         ],
     }

@@ -8,15 +8,18 @@ Kubernetes (camelCase) names; Python attributes are snake_case.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 from pdfleet.contract import ports, routing
 from pdfleet.contract import gateway
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, GPU_NIXL_THREADS, MAX_NIXL_THREADS
 from pdfleet.contract.flow_control import FAIRNESS_COST, FAIRNESS_REQUESTS
+from pdfleet.operator.api import cidr
 
 GROUP = "pdfleet.io"
 VERSION = "v1alpha1"
@@ -56,7 +59,7 @@ class SecretKeyRef(Model):
 
 
 class LocalObjectReference(Model):
-    name: ObjectName
+    name: ObjectName = Field(description="Name of an object in the resource's namespace.")
 
 
 class PVCSource(Model):
@@ -74,8 +77,8 @@ class HFSource(Model):
 class ModelSource(Model):
     """Where the weights come from: exactly one of pvc or hf."""
 
-    pvc: Optional[PVCSource] = None
-    hf: Optional[HFSource] = None
+    pvc: Optional[PVCSource] = Field(default=None, description="Weights on a PersistentVolumeClaim (no download).")
+    hf: Optional[HFSource] = Field(default=None, description="Weights downloaded from the Hugging Face Hub.")
 
 
 class ModelSpec(Model):
@@ -85,30 +88,44 @@ class ModelSpec(Model):
     served_model_name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
         default=None, description="Name clients use in requests; defaults to name."
     )
-    source: Optional[ModelSource] = None
-    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
-    max_model_len: Optional[Annotated[int, Field(ge=16, le=10_000_000)]] = None
+    source: Optional[ModelSource] = Field(
+        default=None, description="Where the weights come from (pvc or hf); unset: vLLM downloads name from the Hub."
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        default="auto", description="Weight and activation dtype (vLLM --dtype); auto: the model's own."
+    )
+    max_model_len: Optional[Annotated[int, Field(ge=16, le=10_000_000)]] = Field(
+        default=None, description="Longest prompt plus output in tokens (vLLM --max-model-len); unset: the model's."
+    )
 
 
 class EnvVar(Model):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=ENV_NAME)]
-    value: str = ""
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=ENV_NAME)] = Field(
+        description="Environment variable name."
+    )
+    value: str = Field(default="", description="Its value (a literal string).")
 
 
 class Resources(Model):
     gpus: Optional[Annotated[int, Field(ge=0, le=64)]] = Field(
         default=None, description="nvidia.com/gpu per pod; defaults to tensorParallelSize."
     )
-    cpu: Optional[Quantity] = None
-    memory: Optional[Quantity] = None
+    cpu: Optional[Quantity] = Field(default=None, description="CPU request and limit per pod (a quantity, e.g. 8).")
+    memory: Optional[Quantity] = Field(
+        default=None, description="Memory request and limit per pod (a quantity, e.g. 64Gi)."
+    )
 
 
 class Toleration(Model):
-    key: Optional[str] = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: Optional[str] = None
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
-    toleration_seconds: Optional[int] = None
+    key: Optional[str] = Field(default=None, description="Taint key to tolerate; unset with Exists: every taint.")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Equal: key and value match; Exists: key.")
+    value: Optional[str] = Field(default=None, description="Taint value to match (operator Equal).")
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = Field(
+        default=None, description="Taint effect to match; unset: every effect."
+    )
+    toleration_seconds: Optional[int] = Field(
+        default=None, description="NoExecute only: how long the pod stays on a node after the taint appears."
+    )
 
 
 class AutoscalingSpec(Model):
@@ -127,15 +144,21 @@ class RoleSpec(Model):
     autoscaling: Optional[AutoscalingSpec] = Field(
         default=None, description="Scale this role through its DisaggregatedInferenceScaler (HPA, KEDA, planner)."
     )
-    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
-    resources: Resources = Field(default_factory=Resources)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=1, description="Tensor-parallel ranks per replica (vLLM --tensor-parallel-size)."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="Per-pod GPUs, CPU and memory; gpus: 0 runs CPU engines."
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels this role's pods need.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints this role's pods tolerate.")
     affinity: Optional[dict[str, Any]] = Field(default=None, description="A core/v1 Affinity, passed through.")
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments for this role only.")
-    env: list[EnvVar] = Field(default_factory=list)
-    pod_annotations: dict[str, str] = Field(default_factory=dict)
-    pod_labels: dict[str, str] = Field(default_factory=dict)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment of this role's engine container.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on this role's pods.")
+    pod_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels on this role's pods (not under pdfleet.io/ or app.kubernetes.io/)."
+    )
     nodes_per_replica: Annotated[int, Field(ge=1, le=64)] = Field(
         default=1,
         description="Pods (nodes) one replica spans; above 1 the role runs as a LeaderWorkerSet and "
@@ -149,7 +172,7 @@ class EngineSpec(Model):
         default=16, description="Tokens per KV block; CPU engines need a multiple of 32."
     )
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM arguments for both roles.")
-    env: list[EnvVar] = Field(default_factory=list)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment of both roles' engine containers.")
 
 
 class KVTransferSpec(Model):
@@ -171,7 +194,10 @@ class KVTransferSpec(Model):
         description="Secret key holding the shared side-channel key. Unset: the operator generates one per fleet"
         " (Secret <name>-kv-auth); the side channel is always signed.",
     )
-    load_failure_policy: Literal["recompute", "fail"] = "recompute"
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        default="recompute",
+        description="When decode cannot pull a request's KV: recompute the prompt on decode, or fail the request.",
+    )
     nixl_threads: Optional[Annotated[int, Field(ge=0, le=MAX_NIXL_THREADS)]] = Field(
         default=None,
         description="Threads with which decode posts one KV read's descriptors at once, each with its own UCX worker"
@@ -204,12 +230,16 @@ class PreflightSpec(Model):
 
 
 class NetworkSpec(Model):
-    rdma: Optional[RDMASpec] = None
-    preflight: PreflightSpec = Field(default_factory=PreflightSpec)
+    rdma: Optional[RDMASpec] = Field(
+        default=None, description="RDMA devices the engine pods request; unset: UCX uses what it finds (e.g. TCP)."
+    )
+    preflight: PreflightSpec = Field(
+        default_factory=PreflightSpec, description="The fabric check each engine pod runs before vLLM starts."
+    )
     ucx_transports: list[Annotated[str, StringConstraints(pattern=r"^\^?[a-z0-9_]+$")]] = Field(
         default_factory=list, description="UCX_TLS entries, e.g. rc, ud, cuda_copy, tcp."
     )
-    host_network: bool = False
+    host_network: bool = Field(default=False, description="Run engine pods in the node's network namespace.")
     network_policy: bool = Field(
         default=True, description="Allow only the fleet's pods and its router to reach http and side-channel ports."
     )
@@ -222,7 +252,7 @@ class GangSpec(Model):
 
 
 class SchedulingSpec(Model):
-    gang: GangSpec = Field(default_factory=GangSpec)
+    gang: GangSpec = Field(default_factory=GangSpec, description="Gang scheduling of multi-node replicas.")
     queue_name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS1123_SUBDOMAIN)]] = (
         Field(default=None, description="Kueue LocalQueue, or Volcano queue, the fleet's pods are admitted through.")
     )
@@ -320,10 +350,14 @@ class DisaggregationSpec(Model):
 
 
 class RouterSpec(Model):
-    enabled: bool = True
-    replicas: Replicas = 1
-    port: Port = ports.ROUTER_HTTP
-    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    enabled: bool = Field(
+        default=True, description="Run the P/D router (Deployment and Service <name>-router) in front of the fleet."
+    )
+    replicas: Replicas = Field(default=1, description="Router replicas.")
+    port: Port = Field(default=ports.ROUTER_HTTP, description="The router's HTTP port (container and Service).")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Type of the router's Service."
+    )
     prefill_policy: RoutingPolicy = Field(
         default=routing.PREFIX_AWARE,
         description=f"How the router picks a prefill: {routing.PREFIX_AWARE} (longest cached prompt prefix, from the"
@@ -339,13 +373,15 @@ class RouterSpec(Model):
 
 
 class PDBSpec(Model):
-    max_unavailable: Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=r"^[0-9]+%$")]] = 1
+    max_unavailable: Union[Annotated[int, Field(ge=0)], Annotated[str, StringConstraints(pattern=r"^[0-9]+%$")]] = (
+        Field(default=1, description="Pods of the role a voluntary disruption may take at once (a number or a percent).")
+    )
 
 
 class DisruptionSpec(Model):
-    enabled: bool = True
-    prefill: PDBSpec = Field(default_factory=PDBSpec)
-    decode: PDBSpec = Field(default_factory=PDBSpec)
+    enabled: bool = Field(default=True, description="Render a PodDisruptionBudget per role.")
+    prefill: PDBSpec = Field(default_factory=PDBSpec, description="The prefill pods' PodDisruptionBudget.")
+    decode: PDBSpec = Field(default_factory=PDBSpec, description="The decode pods' PodDisruptionBudget.")
 
 
 Ratio = Annotated[float, Field(ge=0.01, le=100)]
@@ -354,14 +390,14 @@ Ratio = Annotated[float, Field(ge=0.01, le=100)]
 class RatioSpec(Model):
     """Bounds of prefill replicas / decode replicas; either may be left out."""
 
-    min: Optional[Ratio] = None
-    max: Optional[Ratio] = None
+    min: Optional[Ratio] = Field(default=None, description="Fewest prefill replicas per decode replica.")
+    max: Optional[Ratio] = Field(default=None, description="Most prefill replicas per decode replica.")
 
 
 class PlannerSpec(Model):
     """pdfleet's SLO planner: reads the router's metrics and sets the scalers' replicas."""
 
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="Run the planner for this fleet.")
     ttft_ms: Annotated[int, Field(ge=1, le=3_600_000)] = Field(default=800, description="p90 time to first token target.")
     itl_ms: Annotated[int, Field(ge=1, le=60_000)] = Field(default=60, description="p90 inter-token latency target.")
     interval_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(default=30, description="How often it decides.")
@@ -371,8 +407,10 @@ class PlannerSpec(Model):
 
 
 class ScalingSpec(Model):
-    ratio: Optional[RatioSpec] = None
-    planner: Optional[PlannerSpec] = None
+    ratio: Optional[RatioSpec] = Field(
+        default=None, description="Bounds of prefill/decode replicas that every scaling decision keeps."
+    )
+    planner: Optional[PlannerSpec] = Field(default=None, description="pdfleet's SLO planner.")
 
 
 class CanaryStep(Model):
@@ -425,15 +463,43 @@ class RolloutSpec(Model):
         description="Paired: the new pair takes every request once it is ready. Canary: it takes a growing share, "
         "step by step, while the router's figures for it pass the analysis.",
     )
-    canary: Optional[CanarySpec] = None
+    canary: Optional[CanarySpec] = Field(default=None, description="Steps and analysis; required with Canary.")
+
+
+def _cidr(value: str) -> str:
+    if not cidr.is_cidr(value):
+        raise PydanticCustomError("cidr", cidr.MESSAGE)
+    return value
+
+
+# Checked here (ipaddress) and by the CRD (cidr.cel_rule), in the same words.
+Cidr = Annotated[
+    str, StringConstraints(max_length=cidr.MAX_LENGTH), AfterValidator(_cidr),
+    Field(json_schema_extra={"x-kubernetes-validations": [cidr.cel_rule()]}),
+]
+
+
+class IPBlock(Model):
+    """A networking.k8s.io/v1 IPBlock, its CIDRs checked before apply."""
+
+    cidr: Cidr = Field(description="The addresses admitted, e.g. 10.0.0.0/8.")
+    except_: Optional[Annotated[list[Cidr], Field(max_length=32)]] = Field(
+        default=None, alias="except", description="CIDRs inside cidr that are not admitted."
+    )
+
+    @model_validator(mode="after")
+    def _except_within(self) -> "IPBlock":
+        if any(not cidr.within(e, self.cidr) for e in self.except_ or ()):
+            raise PydanticCustomError("cidr_except", cidr.EXCEPT_MESSAGE)
+        return self
 
 
 class NetworkPolicyPeer(Model):
-    """A networking.k8s.io/v1 NetworkPolicyPeer: selectors and ipBlock pass through as written."""
+    """A networking.k8s.io/v1 NetworkPolicyPeer: selectors pass through as written."""
 
     pod_selector: Optional[dict[str, Any]] = Field(default=None, description="A LabelSelector of pods.")
     namespace_selector: Optional[dict[str, Any]] = Field(default=None, description="A LabelSelector of namespaces.")
-    ip_block: Optional[dict[str, Any]] = Field(default=None, description="An IPBlock (cidr, except).")
+    ip_block: Optional[IPBlock] = Field(default=None, description="An IPBlock (cidr, except).")
 
 
 class InferencePoolSpec(Model):
@@ -474,28 +540,38 @@ class InferencePoolSpec(Model):
 
 
 class GatewaySpec(Model):
-    inference_pool: InferencePoolSpec = Field(default_factory=InferencePoolSpec)
+    inference_pool: InferencePoolSpec = Field(
+        default_factory=InferencePoolSpec, description="An InferencePool and Endpoint Picker for a cluster Gateway."
+    )
 
 
 class DisaggregatedInferenceSpec(Model):
-    model: ModelSpec
+    model: ModelSpec = Field(description="The model both roles serve.")
     image: Optional[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
         default=None, description="Runtime image; defaults to the operator's configured image."
     )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
-    engine: EngineSpec = Field(default_factory=EngineSpec)
-    prefill: RoleSpec = Field(default_factory=RoleSpec)
-    decode: RoleSpec = Field(default_factory=RoleSpec)
-    kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
-    network: NetworkSpec = Field(default_factory=NetworkSpec)
-    router: RouterSpec = Field(default_factory=RouterSpec)
-    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-    placement: PlacementSpec = Field(default_factory=PlacementSpec)
-    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Pull policy of every pod's image."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, description="Secrets (in the fleet's namespace) for pulling the images."
+    )
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM settings both roles share.")
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="The prefill role: computes prompts' KV.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="The decode role: pulls the KV and generates.")
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=KVTransferSpec, description="How the KV cache moves from prefill to decode (NIXL)."
+    )
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="RDMA, UCX, preflight, NetworkPolicy.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="The P/D router in front of the fleet.")
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec, description="PodDisruptionBudgets per role.")
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Ratio bounds and the SLO planner.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How a new revision takes over.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Gang scheduling and queues.")
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec, description="Where decode pods go relative to prefill pods."
+    )
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The fleet behind a cluster Gateway.")
 
     def role(self, role: str) -> RoleSpec:
         return {"prefill": self.prefill, "decode": self.decode}[role]
@@ -589,12 +665,25 @@ class DisaggregatedInferenceStatus(Model):
     scaling: Optional[ScalingStatus] = None
 
 
+# The CRD's rule on metadata.name says this too (crd.py), so that validate and the API server agree word for word.
+NAME_MESSAGE = (
+    f"must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters (lower-case letters, digits and '-', "
+    "starting with a letter)"
+)
+
+
+def _fleet_name(value: str) -> str:
+    if len(value) > MAX_NAME_LENGTH or not re.fullmatch(DNS1035_LABEL, value):
+        raise PydanticCustomError("fleet_name", NAME_MESSAGE)
+    return value
+
+
 class ObjectMeta(Model):
     """The part of metadata pdfleet reads; everything else passes through."""
 
     model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=DNS1035_LABEL)]
+    name: Annotated[str, AfterValidator(_fleet_name)]
     namespace: Optional[str] = None
     uid: Optional[str] = None
     generation: Optional[int] = None

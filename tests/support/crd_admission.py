@@ -88,6 +88,21 @@ def admission_errors(resource: dict[str, Any]) -> list[str]:
         return errors
     errors = _cel(schema["x-kubernetes-validations"], obj)
     errors += _cel(schema["properties"]["spec"]["x-kubernetes-validations"], obj["spec"])
+    return errors + _field_cel(obj["spec"], schema["properties"]["spec"])
+
+
+def _field_cel(value: Any, schema: dict[str, Any]) -> list[str]:
+    """The rules set on fields below the spec (e.g. a CIDR's), each with the value at its field as self."""
+    errors: list[str] = []
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                errors += _cel(sub.get("x-kubernetes-validations", []), value[name])
+                errors += _field_cel(value[name], sub)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            errors += _cel(schema["items"].get("x-kubernetes-validations", []), item)
+            errors += _field_cel(item, schema["items"])
     return errors
 
 
