@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -22,8 +23,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _version() -> str:
+    """The installed package's version (pyproject.toml), as pip knows it."""
+    try:
+        return importlib.metadata.version("pdfleet")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object | None]:
     parser = argparse.ArgumentParser(prog="pdfleet", description="vLLM prefill/decode fleets over NIXL")
+    parser.add_argument("--version", action="version", version=f"pdfleet {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     module = None

@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from pdfleet.operator.api import InvalidResource, parse
-from pdfleet.operator.commands.files import load_documents
+from pdfleet.operator.commands.files import fleet_documents, load_documents
 from pdfleet.operator.plan import DEFAULT_IMAGE, PlanOptions, plan
 
 
@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        resources = [parse(doc) for doc in load_documents(args.filename)]
+        fleets, notes = fleet_documents(load_documents(args.filename))
+        resources = [parse(doc) for _, doc in fleets]
     except InvalidResource as exc:
         for error in exc.errors:
             print(f"{args.filename}: {error}", file=sys.stderr)
@@ -28,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError) as exc:
         print(f"{args.filename}: {exc}", file=sys.stderr)
         return 1
+    for note in notes:
+        print(f"{args.filename}: {note}", file=sys.stderr)
     options = PlanOptions(default_image=args.image, namespace=args.namespace)
     children = [obj for resource in resources for obj in plan(resource, options)]
     sys.stdout.write(yaml.safe_dump_all(children, sort_keys=False, width=120))

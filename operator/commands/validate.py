@@ -1,14 +1,15 @@
 """`pdfleet validate -f CR.yaml`: exit 0; exit 1 with one line per error naming the field;
 exit 2 with one line saying why when the input is not resources at all (unreadable, not
-UTF-8, not YAML, a document that is not a mapping). Never a traceback."""
+UTF-8, not YAML, a document that is not a mapping). Never a traceback. Documents of other kinds are
+skipped with a note naming them, and a `kind: List` is read item by item, so a GitOps folder's file validates."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pdfleet.operator.api import errors_of
-from pdfleet.operator.commands.files import UnreadableInput, document_name, load_documents
+from pdfleet.operator.api import KIND, errors_of
+from pdfleet.operator.commands.files import UnreadableInput, fleet_documents, load_documents
 
 INVALID, UNREADABLE = 1, 2
 
@@ -26,23 +27,28 @@ def run(args: argparse.Namespace) -> int:
     if not docs:
         print(f"{args.filename}: no resource found", file=sys.stderr)
         return UNREADABLE
+    fleets, notes = fleet_documents(docs)
+    for note in notes:
+        print(f"{args.filename}: {note}", file=sys.stderr)
     code = 0
-    for index, doc in enumerate(docs):
-        name = document_name(doc, index)
-        if not isinstance(doc, dict):
-            print(f"{args.filename}: {name}: not a resource: a YAML mapping is expected, got {type(doc).__name__}",
-                  file=sys.stderr)
-            code = UNREADABLE
-            continue
-        try:
-            errors = errors_of(doc)
-        except Exception as exc:  # noqa: BLE001 - a bug in a rule must not print a traceback at the user
-            print(f"{args.filename}: {name}: cannot be validated: {type(exc).__name__}: {exc}", file=sys.stderr)
-            code = UNREADABLE
-            continue
-        for error in errors:
-            code = code or INVALID
-            print(f"{args.filename}: {name}: {error}", file=sys.stderr)
+    for name, doc in fleets:
+        code = max(code, _check(args.filename, name, doc))
     if not code:
-        print(f"{args.filename}: valid")
+        print(f"{args.filename}: valid" if fleets else f"{args.filename}: valid (no {KIND} in it)")
     return code
+
+
+def _check(filename: str, name: str, doc: object) -> int:
+    """Print each error of one document; the exit code it asks for."""
+    if not isinstance(doc, dict):
+        print(f"{filename}: {name}: not a resource: a YAML mapping is expected, got {type(doc).__name__}",
+              file=sys.stderr)
+        return UNREADABLE
+    try:
+        errors = errors_of(doc)
+    except Exception as exc:  # noqa: BLE001 - a bug in a rule must not print a traceback at the user
+        print(f"{filename}: {name}: cannot be validated: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return UNREADABLE
+    for error in errors:
+        print(f"{filename}: {name}: {error}", file=sys.stderr)
+    return INVALID if errors else 0
