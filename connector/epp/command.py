@@ -14,13 +14,16 @@ import signal
 import sys
 
 from pdfleet.contract import router_config
-from pdfleet.contract.gateway import EPP_GRPC, GRPC_PORT_FLAG
+from pdfleet.contract.gateway import EPP_GRPC, EPP_METRICS, GRPC_PORT_FLAG
 
 log = logging.getLogger("pdfleet.epp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     router_config.add_arguments(parser)
+    # The router's --port serves its API; the EPP's serves /health and /metrics, on the port the plan renders.
+    health = parser._option_string_actions["--port"]  # noqa: SLF001 - argparse has no public way to re-word a flag
+    health.default, health.help = EPP_METRICS, "port of /health and /metrics (HTTP); default %(default)s"
     parser.add_argument(GRPC_PORT_FLAG, type=int, default=EPP_GRPC, dest="grpc_port",
                         help="the ext_proc gRPC port the gateway dials (InferencePool endpointPickerRef.port); "
                              "default %(default)s")
