@@ -24,6 +24,14 @@ EPP_METRICS = 9090  # the EPP's /metrics and /health (HTTP)
 GRPC_PORT_FLAG = "--grpc-port"
 GRPC_PORT_NAME = "grpc"  # the ext_proc port's name on the EPP's container and Service
 
+# Who may call the EPP (docs/gateway.md, "Who may call the Endpoint Picker"): the gateway sends the fleet's
+# EPP caller token in this gRPC metadata key on every ext_proc stream (Envoy: grpc_service.initial_metadata);
+# the EPP refuses any other caller with UNAUTHENTICATED (connector/epp/caller_auth.py).
+CALLER_TOKEN_METADATA = "x-pdfleet-epp-token"
+# `pdfleet epp` refuses to start without a caller token (contract.env.EPP_CALLER_TOKEN) unless given this
+# flag, which serves every caller: only for a port that nothing but the local gateway can reach.
+INSECURE_ANY_CALLER_FLAG = "--insecure-any-caller"
+
 FAIL_OPEN = "FailOpen"  # InferencePool endpointPickerRef.failureMode: the proxy routes on without the EPP
 FAIL_CLOSE = "FailClose"  # the proxy answers 5xx when the EPP cannot be reached
 FAILURE_MODES = (FAIL_OPEN, FAIL_CLOSE)

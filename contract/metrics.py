@@ -23,6 +23,23 @@ OUTCOME_FALLBACK = "kv_fallback"
 # counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
 # (connector/serving/disaggregation.py); exposed with the suffix _total
 ROUTER_DISAGGREGATION_DECISIONS = "pdfleet_router_disaggregation_decisions"
+# gauge, label TOKENIZER_REASON: 1 once the router (and the Endpoint Picker, which exposes the router's metrics) hashes
+# prompts with the served model's tokenizer as the engines do; 0 while it loads or once it could not, and prefix
+# routing falls back to text chunks; one series at a time, its reason one of TOKENIZER_REASONS
+# (connector/serving/kvaware/tokenizer.py sets it; `pdfleet local` prints it)
+ROUTER_TOKENIZER_LOADED = "pdfleet_router_tokenizer_loaded"
+TOKENIZER_REASON = "reason"
+TOKENIZER_LOADED = "Loaded"
+TOKENIZER_LOADING = "Loading"
+TOKENIZER_GATED = "Gated"  # the Hub refused: a gated or private model without a token that may read it
+TOKENIZER_NOT_FOUND = "NotFound"  # no such model id, or a path without tokenizer files (a PVC not mounted?)
+TOKENIZER_UNREACHABLE = "Unreachable"  # the Hub cannot be reached and the files are in no cache (air-gapped?)
+TOKENIZER_CACHE_NOT_WRITABLE = "CacheNotWritable"  # HF_HOME is not writable (read-only root without a cache volume)
+TOKENIZER_NO_TRANSFORMERS = "NoTransformers"  # the image lacks transformers
+TOKENIZER_FAILED = "Failed"  # anything else (the router's log has the error)
+TOKENIZER_NOT_CONFIGURED = "NotConfigured"  # no --tokenizer
+TOKENIZER_REASONS = (TOKENIZER_LOADED, TOKENIZER_LOADING, TOKENIZER_NOT_CONFIGURED, TOKENIZER_GATED, TOKENIZER_NOT_FOUND,
+                     TOKENIZER_UNREACHABLE, TOKENIZER_CACHE_NOT_WRITABLE, TOKENIZER_NO_TRANSFORMERS, TOKENIZER_FAILED)
 # histogram: the Endpoint Picker's time to choose a request's pair and endpoints (connector/epp/server.py;
 # bench/gateway.py reads it)
 EPP_DECISION = "pdfleet_epp_decision_seconds"

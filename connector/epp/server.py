@@ -5,7 +5,7 @@ prefill_leg.py, lease_release.py), driven by exchange.py instead of the router's
 
 Embedding (tests)::
 
-    epp = EndpointPicker(RouterConfig(prefill=(...), decode=(...)))
+    epp = EndpointPicker(RouterConfig(prefill=(...), decode=(...)), caller_token=token)
     port = await epp.start("127.0.0.1", 0)
     ...
     await epp.stop()
@@ -22,6 +22,7 @@ from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
+from pdfleet.connector.epp import caller_auth
 from pdfleet.connector.epp.exchange import Exchange, timed_pick
 from pdfleet.connector.serving import engine_auth
 from pdfleet.connector.serving.router_state import Discovery, static_groups
@@ -61,14 +62,19 @@ class EppMetrics:
 
 
 class EndpointPicker(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, config: RouterConfig, *, discovery: Discovery | None = None) -> None:
+    def __init__(self, config: RouterConfig, *, discovery: Discovery | None = None, caller_token: str | None = None,
+                 any_caller: bool = False) -> None:
+        """``caller_token``: what every ext_proc caller must send (caller_auth.py); ``any_caller`` serves
+        callers without it instead. One of the two is required (caller_auth.CallerTokenError)."""
         self.config = config
+        caller_token = caller_auth.caller_token(caller_token, any_caller=any_caller)
         self.router = RouterState(config)  # the router's parts, without its HTTP handlers
         # The decode request is the proxy's: the EPP sets the fleet's engine token on it (replacing a
         # client's Authorization), as the router's session does on its own legs (engine_auth.py).
         token = engine_auth.engine_token(os.environ)
         self.engine_authorization = f"Bearer {token}" if token else None
         self.metrics = EppMetrics(self.router.metrics.registry)
+        self._interceptors = caller_auth.interceptors(caller_token, self.router.metrics.registry)
         # Every pick this EPP's requests make (the prefill leg's too) counts in their decision time.
         self.router.picker.pick = timed_pick(self.router.picker.pick)
         self._discovery = discovery
@@ -103,9 +109,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         await self.router.picker.start()
         if self._discovery is not None:
             self._task = asyncio.create_task(self._discovery(self.router))
-        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        self._server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=self._interceptors)
         pb_grpc.add_ExternalProcessorServicer_to_server(self, self._server)
-        bound = self._server.add_insecure_port(f"{host}:{port}")
+        bound = self._server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")  # a v6 pod IP
         if bound == 0:
             raise OSError(f"cannot bind the EPP's gRPC port {host}:{port}")
         await self._server.start()

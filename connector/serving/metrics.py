@@ -15,6 +15,11 @@ _ITL_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.
 
 
 class RouterMetrics:
+    def tokenizer_state(self, reason: str) -> None:
+        """The tokenizer's state as one series: loaded (1) or why not (0)."""
+        self.tokenizer_loaded.clear()
+        self.tokenizer_loaded.labels(reason).set(1 if reason == names.TOKENIZER_LOADED else 0)
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -99,6 +104,11 @@ class RouterMetrics:
             "refused, unsupported, failed, skipped)", ["reason", names.REVISION_OUTCOME], registry=r,
         )
         # KV-cache-aware routing (prefix_routing.py)
+        self.tokenizer_loaded = Gauge(
+            names.ROUTER_TOKENIZER_LOADED, "1: prompts are hashed with the served model's tokenizer, as the engines "
+            "hash them; 0: not (loading, or it could not load: prefix routing falls back to text chunks), the reason "
+            "says which", [names.TOKENIZER_REASON], registry=r,
+        )
         self.prefix_decisions = Counter(
             "pdfleet_router_prefix_decisions", f"{PREFIX_AWARE} choices, by leg and what scored them "
             "(events: the engines' KV events; routed: what the router sent where; mixed: events for the endpoints "

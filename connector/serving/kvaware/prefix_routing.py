@@ -33,7 +33,8 @@ from pdfleet.connector.serving.kvaware.prefix_keys import LazyKeys, PromptKeys, 
 from pdfleet.connector.serving.kvaware.prefix_scoring import Choice, RoutedIndex
 from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
 from pdfleet.connector.serving.kvaware.prompt_memory import CHARS_PER_TOKEN as _CHARS_PER_TOKEN, PromptMemory
-from pdfleet.connector.serving.kvaware.tokenizer import Tokenizer, load_tokenizer
+from pdfleet.connector.serving.kvaware.tokenizer import Tokenizer, load_tokenizer, load_tokenizer_reporting
+from pdfleet.contract.metrics import TOKENIZER_LOADED, TOKENIZER_LOADING
 
 log = logging.getLogger("pdfleet.router.prefix")
 
@@ -91,6 +92,7 @@ class PrefixRouting:
         self.prompts = PromptMemory(self.hasher, config.prompt_cache_max_bytes, tokenize)
         self._tokenizer_loaded = tokenize is not None
         self._tokenizer_task: asyncio.Task | None = None
+        self.tokenizer_reason: str | None = TOKENIZER_LOADED if tokenize is not None else None  # None: not needed
         self.routed = RoutedIndex()
         self.states: dict[str, EndpointState] = {}
         self._tasks: dict[str, asyncio.Task] = {}
@@ -178,10 +180,16 @@ class PrefixRouting:
         if not self._tokenizer_loaded:
             # In the background: the router serves (scoring from its routed index) while it loads.
             self._tokenizer_loaded = True
+            self._tokenizer_state(TOKENIZER_LOADING)
             self._tokenizer_task = asyncio.create_task(self._load_tokenizer())
 
+    def _tokenizer_state(self, reason: str) -> None:
+        self.tokenizer_reason = reason
+        self.metrics.tokenizer_state(reason)
+
     async def _load_tokenizer(self) -> None:
-        tokenize = await asyncio.to_thread(load_tokenizer, self.config.tokenizer)
+        tokenize, reason = await asyncio.to_thread(load_tokenizer_reporting, self.config.tokenizer)
+        self._tokenizer_state(reason)
         if tokenize is not None:
             self.prompts.use(tokenize)
             log.info("prefix routing hashes prompts with the tokenizer of %s (prompt token cache %s)",
@@ -212,6 +220,7 @@ class PrefixRouting:
         return {
             "prefill_policy": self.policies[PREFILL], "decode_policy": self.policies[DECODE],
             "tokenizer": self.prompts.tokenize is not None,
+            "tokenizer_reason": self.tokenizer_reason,  # metrics.TOKENIZER_REASONS; None: no leg is prefixAware
             "streams": {url: {"synced": s.synced, "batches": s.received, "blocks": len(s.index),
                               "last_seq": s.tracker.last} for url, s in self.states.items()},
         }

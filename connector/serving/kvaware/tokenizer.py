@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pdfleet.connector.serving.kvaware.chat_prompt import content_format, plain_conversation
 from pdfleet.connector.serving.kvaware.prompt_tokens import composes
+from pdfleet.contract import metrics
 
 log = logging.getLogger("pdfleet.router.prefix")
 
@@ -70,19 +72,53 @@ _COMPOSE_SAMPLE = ("You are a careful assistant.  Answer in JSON, please: {\"a\"
 
 def load_tokenizer(name: str | None) -> Callable[[str], list[int]] | None:
     """The served model's tokenizer as vLLM applies it to a completion prompt, or None."""
+    return load_tokenizer_reporting(name)[0]
+
+
+def load_tokenizer_reporting(name: str | None) -> tuple[Callable[[str], list[int]] | None, str]:
+    """The tokenizer (or None) and the reason for the metric: metrics.TOKENIZER_LOADED, or why not."""
     if not name:
-        return None
+        return None, metrics.TOKENIZER_NOT_CONFIGURED
     try:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(name)
     except Exception as exc:  # no transformers, no files, no network: route without exact hashes
-        log.warning("no tokenizer for %s (%r): prefix routing uses what the router routed itself", name, exc)
-        return None
+        reason = failure_reason(exc)
+        log.warning("no tokenizer for %s (%s: %r): prefix routing uses what the router routed itself", name, reason,
+                    exc)
+        return None, reason
     backend = getattr(tok, "_tokenizer", None) if getattr(tok, "is_fast", False) else None
     if backend is not None:
-        return Tokenizer(backend, chat=tok)
-    return lambda text: tok(text, add_special_tokens=True)["input_ids"]
+        return Tokenizer(backend, chat=tok), metrics.TOKENIZER_LOADED
+    return (lambda text: tok(text, add_special_tokens=True)["input_ids"]), metrics.TOKENIZER_LOADED
 
 
-__all__ = ["Tokenizer", "load_tokenizer"]
+_MAX_CHAIN = 16  # causes followed at most (transformers wraps the Hub's errors in OSError, twice)
+_GATED = {"GatedRepoError"}
+_UNREACHABLE = {"LocalEntryNotFoundError", "ConnectError", "ConnectTimeout", "ConnectionError", "gaierror",
+                "TimeoutError", "ReadTimeout", "OfflineModeIsEnabled"}
+_NOT_FOUND = {"RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError", "HFValidationError"}
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a tokenizer did not load, from the exception and its causes (pure): the first cause that says it."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < _MAX_CHAIN:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    names = {type(e).__name__ for e in chain}
+    if names & _GATED or any("gated repo" in str(e) for e in chain):
+        return metrics.TOKENIZER_GATED
+    if any(isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES) for e in chain):
+        return metrics.TOKENIZER_CACHE_NOT_WRITABLE
+    if names & _UNREACHABLE:
+        return metrics.TOKENIZER_UNREACHABLE
+    if names & _NOT_FOUND or any(isinstance(e, ValueError) and "backend tokenizer" in str(e) for e in chain):
+        return metrics.TOKENIZER_NOT_FOUND
+    if any(isinstance(e, ImportError) for e in chain):
+        return metrics.TOKENIZER_NO_TRANSFORMERS
+    return metrics.TOKENIZER_FAILED
+
+
+__all__ = ["Tokenizer", "failure_reason", "load_tokenizer", "load_tokenizer_reporting"]
