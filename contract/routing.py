@@ -16,6 +16,14 @@ DEFAULT_HASH_SEED = "vllm-none-hash"
 # longer ones, so the router keeps the request ids it makes under it (serving/request_id.py).
 MAX_ID_LEN = 256
 
+# The routes a fleet's front ends (the router, the gateway's Endpoint Picker) serve, and nothing else
+# (404): generate routes run the P/D pipeline (path -> whether the body is a chat request); a
+# passthrough route goes to a ready decode unchanged (path -> its method). The shipped HTTPRoutes
+# send exactly these paths.
+GENERATE_ROUTES = {"/v1/completions": False, "/v1/chat/completions": True}
+PASSTHROUGH_ROUTES = {"/v1/models": "GET"}
+SERVED_ROUTES = (*GENERATE_ROUTES, *PASSTHROUGH_ROUTES)
+
 # Response headers the router adds (clients and the smoke check read them).
 FALLBACK_HEADER = "x-pdfleet-fallback"  # served without P/D, and why (e.g. decode-only)
 FALLBACK_DECODE_ONLY = "decode-only"

@@ -38,16 +38,18 @@ or simply ``runner, port = await start_router(config, "127.0.0.1", 0)``.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from aiohttp import web
 
 from pdfleet.connector.serving.errors import error_body, error_response
+from pdfleet.connector.serving.request import refuse, route_refusal
 from pdfleet.connector.router.handlers import Handlers
 from pdfleet.connector.serving.router_state import Discovery, RouterState, static_groups
 from pdfleet.connector.router.decode_leg import DecodeLeg
 from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.contract.routing import FALLBACK_HEADER, REVISION_HEADER
+from pdfleet.contract.routing import FALLBACK_HEADER, GENERATE_ROUTES, REVISION_HEADER
 
 class Router(Handlers, RouterState):
     """One router: its parts (serving/router_state.py: the picker, the prefill leg, the lease releaser),
@@ -93,8 +95,8 @@ def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> we
         await router.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/completions", router.handle_completions)
-    app.router.add_post("/v1/chat/completions", router.handle_chat)
+    for path in GENERATE_ROUTES:  # the fleet's routes (contract/routing.py), as the Endpoint Picker serves them
+        app.router.add_post(path, functools.partial(router.handle_generate, path=path))
     app.router.add_get("/v1/models", router.handle_models)
     app.router.add_get("/health", router.handle_health)
     app.router.add_get("/metrics", router.handle_metrics)
@@ -102,17 +104,21 @@ def build_app(config: RouterConfig, *, discovery: Discovery | None = None) -> we
     return app
 
 
-_ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
-           "/health": "GET", "/metrics": "GET"}
+_OWN_ROUTES = {"/health": "GET", "/metrics": "GET"}  # the router's own, beside the fleet's routes
 
 
 async def _unknown_route(request: web.Request) -> web.Response:
-    """404/405 in OpenAI's shape rather than aiohttp's plain text."""
-    allowed = _ROUTES.get(request.path)
+    """404/405 in OpenAI's shape rather than aiohttp's plain text, by the rule the Endpoint Picker
+    follows too (serving/request.py: route_refusal)."""
+    allowed = _OWN_ROUTES.get(request.path)
     if allowed is not None:
         return error_response(405, f"{request.method} is not allowed on {request.path}; use {allowed}",
                               headers={"Allow": allowed})
-    return error_response(404, f"no route {request.path}; the router serves {', '.join(sorted(_ROUTES))}")
+    refusal = route_refusal(request.method, request.path)
+    if refusal is None:  # cannot happen: served routes are registered above
+        refusal = refuse(500, f"{request.method} {request.path} has no handler", "no_handler")
+    return web.Response(status=refusal.status, body=refusal.body, content_type=refusal.content_type,
+                        headers=refusal.headers)
 
 
 async def start_router(config: RouterConfig, host: str = "127.0.0.1", port: int = 0, *,

@@ -34,6 +34,7 @@ from pdfleet.connector.serving.endpoints import (
 )
 from pdfleet.connector.serving.fanout import fan_out_reason
 from pdfleet.connector.serving.flow.gate import FlowGate, decode_started
+from pdfleet.connector.serving.flow.room import decode_filters
 from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting
 from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.connector.serving.picking import chain, profiles
@@ -77,7 +78,8 @@ class Picker:
 
     def _profiles(self) -> dict[str, profiles.Profile]:
         c = self.config
-        return {role: profiles.profile(policy, self._prefix, c.prefix_max_imbalance)
+        room = decode_filters(c.flow_control)  # flow control's per-decode bound (flow/room.py)
+        return {role: profiles.profile(policy, self._prefix, c.prefix_max_imbalance, room if role == DECODE else ())
                 for role, policy in ((PREFILL, c.prefill_policy), (DECODE, c.decode_policy))}
 
     # ---- endpoints -------------------------------------------------------
@@ -134,10 +136,13 @@ class Picker:
         role's picking chain (picking/: filters, scorers such as the cached prefix when a body is
         given and the role's policy asks for it, the load-bounded picker). Recently failed endpoints
         are taken only when nothing else is left."""
+        started = time.perf_counter()
         state = PickState(self.outstanding.counts, tried, self._ejected_now(), next(self._tiebreak[role]))
         request = PickRequest(role, body, chat) if body is not None else None
         p = self.profiles[role]
-        return chain.run(tuple(candidates), state, p.filters, p.scorers, request, max_imbalance=p.max_imbalance).url
+        url = chain.run(tuple(candidates), state, p.filters, p.scorers, request, max_imbalance=p.max_imbalance).url
+        timing.decision_time(time.perf_counter() - started)  # the request's decision time (the EPP's histogram)
+        return url
 
     def _ejected_now(self) -> list[str]:
         now = time.monotonic()

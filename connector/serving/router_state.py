@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import aiohttp
 
@@ -15,6 +14,7 @@ from pdfleet.connector.serving.abandon import Abandoned
 from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.connector.serving.picker import Picker
+from pdfleet.connector.serving.pipeline import Pipeline
 from pdfleet.connector.serving.prefill_leg import PrefillLeg
 from pdfleet.contract.router_config import RouterConfig
 
@@ -55,13 +55,13 @@ class RouterState:
         self.labels = self.picker.labels
         self.prefix = self.picker.prefix
         self.flow = self.picker.flow
-        self._requests: dict[tuple[str, int], Any] = {}
         self._session: aiohttp.ClientSession | None = None
         self.abandoned = Abandoned()
         prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s)
         session = lambda: self.session  # noqa: E731 (opened later, in open())
         self.releases = lease_release.LeaseReleaser(self.metrics, session, prefill_timeout)
         self.prefill = PrefillLeg(config, self.picker, self.metrics, session)
+        self.pipeline = Pipeline(self)  # the steps every front end runs, over these parts
         # Decode's first byte and idle gaps are bounded per read (see decode_leg.py).
         self._decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
         self._models_timeout = aiohttp.ClientTimeout(

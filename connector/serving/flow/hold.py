@@ -1,7 +1,7 @@
-"""A request's place in the flow gate (flow/gate.py ``admit``), held from admission until its
-exchange ends: an EPP request is not one coroutine but a gRPC stream whose end comes later (decode's
-answer is relayed by the proxy), so the gate's context manager is entered and left by hand, in the
-stream's task."""
+"""A request's place in the flow gate (gate.py ``admit``), held from admission until the request ends
+(pipeline.py: ``admit`` ... ``finished``): a gateway request is not one coroutine but a gRPC stream
+whose end comes later (decode's answer is relayed by the proxy), so for every front end the gate's
+context manager is entered and left by hand, in the task that serves the request."""
 
 from __future__ import annotations
 
@@ -33,3 +33,9 @@ class Admission:
         cm, self._cm, self._hold = self._cm, None, None
         if cm is not None:
             await cm.__aexit__(None, None, None)
+
+    async def wait_for_decode(self) -> None:
+        """Until the request may start its decode leg under the gate's decode bound."""
+        wait = getattr(self.gate, "wait_for_decode", None)  # INTEGRATION: flow control's decode bound
+        if self._hold is not None and wait is not None:
+            await wait(self._hold)

@@ -116,7 +116,8 @@ def test_finished_counts_the_outcome_against_the_requests_revision() -> None:
     import contextvars
 
     def one(rev: str, status: int) -> None:
-        timing.begin(metrics, rev)
+        timing.begin(metrics)
+        timing.serving(rev)
         timing.finished(status)
 
     for rev, status in (("a", 200), ("a", 502), ("b", 200), ("b", 400), ("b", 503), ("a", 200)):
