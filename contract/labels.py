@@ -30,4 +30,5 @@ ROLE_PREFILL = "prefill"
 ROLE_DECODE = "decode"
 ROLE_ROUTER = "router"
 ROLE_EPP = "epp"  # the Endpoint Picker behind a Gateway (spec.gateway.inferencePool)
+FRONT_END_ROLES = (ROLE_ROUTER, ROLE_EPP)  # the engines' callers: they hold the API token, serve the pipeline
 ENGINE_ROLES = (ROLE_PREFILL, ROLE_DECODE)

@@ -9,7 +9,6 @@ writing one replica count undo each other.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ from pdfleet.operator.autoscale.planner import PlannerConfig, PlannerState, deci
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
 from pdfleet.operator.autoscale.signals import RouterSample, interval_signals, interval_went_down, parse_router_metrics
 from pdfleet.operator.observability.metrics_text import WENT_DOWN, MetricsError
-from pdfleet.operator.plan import naming
+from pdfleet.operator.kube import front_ends
 from pdfleet.operator.kube.observed import ObservedPod
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.api import event_reasons as reasons
@@ -114,7 +113,7 @@ class PlannerEdge:
         cur, failures = await self._scrape(pods, cr)
         prev = self._samples.get(key)
         if not cur:
-            why = "; ".join(failures) or "no ready router pod"
+            why = "; ".join(failures) or front_ends.NONE_READY
             return self._keep(key, interval, f"waiting: no router metrics ({why})")
         self._samples[key] = cur
         if prev is None:
@@ -150,15 +149,6 @@ class PlannerEdge:
 
     async def _scrape(self, pods: Sequence[ObservedPod], cr: DisaggregatedInference,
                       ) -> tuple[dict[str, RouterSample], list[str]]:
-        routers = [p for p in pods if p.role == naming.ROUTER and p.ready and p.ip and not p.deleting]
-
-        async def one(pod: ObservedPod) -> tuple[str, Any]:
-            port = dict(pod.ports).get("http", cr.spec.router.port)
-            try:
-                return pod.name, parse_router_metrics(await self.fetch(f"http://{pod.ip}:{port}/metrics"))
-            except (MetricsError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                return pod.name, f"{pod.name}: {type(exc).__name__} {exc}".strip()
-
-        results = await asyncio.gather(*(one(p) for p in routers))
-        samples = {name: r for name, r in results if isinstance(r, RouterSample)}
-        return samples, [r for _, r in results if isinstance(r, str)]
+        """Every ready front end's figures: the routers' and the Endpoint Pickers' (kube/front_ends.py)."""
+        return await front_ends.scrape(front_ends.metrics_targets(pods, cr.spec.router.port), self.fetch,
+                                       parse_router_metrics)

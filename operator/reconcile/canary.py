@@ -24,7 +24,7 @@ from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.autoscale.planner_edge import _fetch
 from pdfleet.operator.observability.metrics_text import WENT_DOWN, MetricsError
-from pdfleet.operator.plan import naming
+from pdfleet.operator.kube import front_ends
 from pdfleet.operator.reconcile_plan.children import ObservedPod
 from pdfleet.operator.api import event_reasons as reasons
 from pdfleet.operator.rollout.paired import CanaryOutcome, CanaryRecord, Decision
@@ -150,7 +150,7 @@ class CanaryEdge:
         snapshot: Optional[Snapshot] = None
         if not routers:
             signals = canary.Signals(0, 0)
-            trouble = f"waiting: no router metrics ({'; '.join(failures) or 'no ready router pod'})"
+            trouble = f"waiting: no router metrics ({'; '.join(failures) or front_ends.NONE_READY})"
         elif trouble is not None:  # a window never starts on figures it cannot see in full
             signals = canary.Signals(0, 0)
         else:
@@ -190,16 +190,7 @@ class CanaryEdge:
 
     async def _scrape(self, pods: Sequence[ObservedPod], cr: DisaggregatedInference,
                       revision: str) -> tuple[dict[str, RevisionSample], list[str]]:
-        routers = [p for p in pods if p.role == naming.ROUTER and p.ready and p.ip and not p.deleting]
-
-        async def one(pod: ObservedPod) -> tuple[str, Any]:
-            port = dict(pod.ports).get("http", cr.spec.router.port)
-            try:
-                text = await self.fetch(f"http://{pod.ip}:{port}/metrics")
-                return pod.name, parse_revision_sample(text, revision)
-            except (MetricsError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                return pod.name, f"{pod.name}: {type(exc).__name__} {exc}".strip()
-
-        results = await asyncio.gather(*(one(p) for p in routers))
-        return ({name: r for name, r in results if isinstance(r, RevisionSample)},
-                [r for _, r in results if isinstance(r, str)])
+        """Every ready front end's figures for the revision: the routers' and the Endpoint Pickers'
+        (kube/front_ends.py), so a canary served through the Gateway is judged on what it served."""
+        return await front_ends.scrape(front_ends.metrics_targets(pods, cr.spec.router.port), self.fetch,
+                                       lambda text: parse_revision_sample(text, revision))

@@ -32,7 +32,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from pdfleet.contract.labels import ROLE_EPP, ROLE_ROUTER
+from pdfleet.contract.labels import FRONT_END_ROLES
 from pdfleet.operator.kube.observed import HASH_ANNOTATION, SERVING_LABEL, ObservedChild, ObservedPod
 from pdfleet.operator.plan.kinds import DEPLOYMENT
 from pdfleet.operator.rollout import canary
@@ -40,7 +40,6 @@ from pdfleet.operator.rollout import canary
 PAIRED_ROLES = ("prefill", "decode")
 # A paired rollout's phases (Decision.phase; status.rollout and the Progressing condition show them)
 STABLE, ROLLING_OUT, CANARY, DRAINING = "Stable", "RollingOut", "Canary", "Draining"
-FRONT_END_ROLES = (ROLE_ROUTER, ROLE_EPP)  # the engines' callers, which hold their API token
 
 
 @dataclass(frozen=True)
