@@ -44,6 +44,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -64,12 +66,17 @@ from local_throughput import workload  # noqa: E402
 
 from pdfleet.connector.epp.envoy_config import BUFFERED, message_timeout_for, render  # noqa: E402
 from pdfleet.connector.epp.envoy_process import Envoy, free_port  # noqa: E402
+from pdfleet.contract.env import EPP_CALLER_TOKEN  # noqa: E402
 from pdfleet.contract.metrics import EPP_DECISION  # noqa: E402
 from pdfleet.contract.routing import FALLBACK_HEADER, PREFIX_AWARE  # noqa: E402
 from pdfleet.contract.router_config import RouterConfig  # noqa: E402
 from pdfleet.operator.local.fleet import kv_events_endpoints  # noqa: E402
 from pdfleet.operator.observability import metrics_text  # noqa: E402
 from pdfleet.operator.plan.engine import hash_seed  # noqa: E402
+
+# the `pdfleet epp` processes serve only the Envoy that sends this run's caller token
+CALLER_TOKEN = secrets.token_hex(32)
+EPP_ENV = {**os.environ, EPP_CALLER_TOKEN: CALLER_TOKEN}
 
 CLIENTS = 4
 
@@ -152,7 +159,8 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
         router = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "router", *router_cfg.to_argv(),
                                    "--log-level", "WARNING"], stderr=subprocess.DEVNULL)
         epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *epp_cfg.to_argv(),
-                                "--grpc-port", str(grpc_port), "--log-level", "WARNING"], stdout=subprocess.DEVNULL)
+                                "--grpc-port", str(grpc_port), "--log-level", "WARNING"], stdout=subprocess.DEVNULL,
+                               env=EPP_ENV)
         procs += [router, epp]
         async with httpx.AsyncClient(timeout=60) as client:
             for port in (router_cfg.port, epp_cfg.port):
@@ -164,7 +172,8 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
                     except (httpx.HTTPError, ValueError, KeyError):
                         pass
                     await asyncio.sleep(0.2)
-        envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0, decode_only=base.decode))
+        envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0, caller_token=CALLER_TOKEN,
+                             decode_only=base.decode))
         envoy.start()
         listen = envoy.listener_port()
         procs.append(envoy)
@@ -354,7 +363,7 @@ def main() -> int:
             grpc_port = free_port()
             epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *config.to_argv(),
                                     "--grpc-port", str(grpc_port), "--log-level", "WARNING"],
-                                   stdout=subprocess.PIPE, text=True)
+                                   stdout=subprocess.PIPE, text=True, env=EPP_ENV)
             envoy = None
             try:
                 line = epp.stdout.readline()
@@ -366,7 +375,7 @@ def main() -> int:
                         break
                     time.sleep(0.2)
                 envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0,
-                                     decode_only=config.decode,
+                                     caller_token=CALLER_TOKEN, decode_only=config.decode,
                                      message_timeout_s=message_timeout_for(config.prefill_timeout_s,
                                                                            config.prefill_attempts)))
                 envoy.start()

@@ -36,5 +36,9 @@ TEST_CORRUPT_PULLED_BLOCKS = "PDFLEET_TEST_CORRUPT_PULLED_BLOCKS"
 # upstream request. Both come from the fleet's generated Secret through secretKeyRef.
 VLLM_API_KEY = "VLLM_API_KEY"
 ENGINE_API_KEY = "PDFLEET_ENGINE_API_KEY"
+# The Endpoint Picker's caller token (docs/gateway.md, "Who may call the Endpoint Picker"): `pdfleet epp` serves
+# only ext_proc streams that carry it (gateway.CALLER_TOKEN_METADATA); in a cluster from the fleet's generated
+# Secret <fleet>-epp-caller through secretKeyRef.
+EPP_CALLER_TOKEN = "PDFLEET_EPP_CALLER_TOKEN"
 # Every test-only hook's name starts so: a fleet spec may never set one (validate, CRD, plan refuse it).
 TEST_PREFIX = "PDFLEET_TEST_"

@@ -43,3 +43,6 @@ TOKENIZER_REASONS = (TOKENIZER_LOADED, TOKENIZER_LOADING, TOKENIZER_NOT_CONFIGUR
 # histogram: the Endpoint Picker's time to choose a request's pair and endpoints (connector/epp/server.py;
 # bench/gateway.py reads it)
 EPP_DECISION = "pdfleet_epp_decision_seconds"
+# counter, label reason (caller_auth.MISSING | MISMATCH | REPEATED): gRPC calls the Endpoint Picker refused
+# with UNAUTHENTICATED (connector/epp/caller_auth.py); exposed with the suffix _total
+EPP_UNAUTHENTICATED = "pdfleet_epp_unauthenticated"

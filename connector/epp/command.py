@@ -2,7 +2,8 @@
 
 It takes the router's flags (contract/router_config.py: static --prefill/--decode or Kubernetes
 discovery, picking policies, limits, flow control); its --host/--port serve /health and /metrics,
-and --grpc-port the ext_proc stream the gateway opens.
+and --grpc-port the ext_proc stream the gateway opens, for callers that send the caller token
+(PDFLEET_EPP_CALLER_TOKEN; caller_auth.py), or for any caller with --insecure-any-caller.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
 from pdfleet.contract import router_config
-from pdfleet.contract.gateway import EPP_GRPC, EPP_METRICS, GRPC_PORT_FLAG
+from pdfleet.contract.env import EPP_CALLER_TOKEN
+from pdfleet.contract.gateway import (
+    CALLER_TOKEN_METADATA, EPP_GRPC, EPP_METRICS, GRPC_PORT_FLAG, INSECURE_ANY_CALLER_FLAG,
+)
 
 log = logging.getLogger("pdfleet.epp")
 
@@ -27,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(GRPC_PORT_FLAG, type=int, default=EPP_GRPC, dest="grpc_port",
                         help="the ext_proc gRPC port the gateway dials (InferencePool endpointPickerRef.port); "
                              "default %(default)s")
+    parser.add_argument(INSECURE_ANY_CALLER_FLAG, action="store_true", dest="any_caller",
+                        help=f"serve ext_proc callers without the caller token ({EPP_CALLER_TOKEN}, sent in the gRPC "
+                             f"metadata {CALLER_TOKEN_METADATA}); without this flag the EPP refuses to start with no "
+                             "token. Only where nothing but your gateway can reach the port")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -49,17 +58,19 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"pdfleet epp: needs pdfleet[gateway] (grpcio, xds-protos): {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(config, args.grpc_port))
+    return asyncio.run(_serve(config, args.grpc_port, any_caller=args.any_caller))
 
 
-async def _serve(config, grpc_port: int) -> int:
+async def _serve(config, grpc_port: int, *, any_caller: bool) -> int:
+    from pdfleet.connector.epp.caller_auth import CallerTokenError
     from pdfleet.connector.epp.server import EndpointPicker
 
     from pdfleet.connector.serving.engine_auth import EngineTokenError
 
     try:
-        epp = EndpointPicker(config)
-    except EngineTokenError as exc:
+        # an empty value counts as unset (a Secret key that holds nothing)
+        epp = EndpointPicker(config, caller_token=os.environ.get(EPP_CALLER_TOKEN) or None, any_caller=any_caller)
+    except (EngineTokenError, CallerTokenError) as exc:
         print(f"pdfleet epp: {exc}", file=sys.stderr)
         return 2
     try:

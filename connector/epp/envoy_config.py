@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from importlib import resources
 from string import Template
 
+from pdfleet.connector.epp import caller_auth
 from pdfleet.connector.epp.protocol import endpoint_address
-from pdfleet.contract.gateway import FAIL_CLOSE, FAIL_OPEN, FAILURE_MODES
+from pdfleet.contract.gateway import CALLER_TOKEN_METADATA, FAIL_CLOSE, FAIL_OPEN, FAILURE_MODES
 from pdfleet.contract.routing import FALLBACK_DECODE_ONLY, FALLBACK_HEADER
 
 BUFFERED = "buffered"
@@ -38,13 +39,15 @@ KEEPALIVE_INTERVAL_S = 10.0
 KEEPALIVE_TIMEOUT_S = 5.0
 
 
-def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decode_only: Sequence[str] = (),
-           failure_mode: str = FAIL_CLOSE, message_timeout_s: float = 300.0, connect_timeout_s: float = 3.0,
+def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, caller_token: str,
+           decode_only: Sequence[str] = (), failure_mode: str = FAIL_CLOSE, message_timeout_s: float = 300.0,
+           connect_timeout_s: float = 3.0,
            stream_idle_timeout_s: float = 300.0, keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
            keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S, host: str = "127.0.0.1",
            epp_host: str = "127.0.0.1") -> str:
     """The Envoy bootstrap for ``mode`` (BUFFERED or FULL_DUPLEX).
 
+    ``caller_token``: the EPP's caller token (caller_auth.py), sent on every ext_proc stream.
     ``decode_only``: decode base URLs that serve when the EPP is down under FailOpen.
     ``message_timeout_s`` must outlast a whole prefill leg (the EPP runs it while Envoy waits).
     ``keepalive_interval_s`` / ``keepalive_timeout_s``: HTTP/2 PINGs on the connection to the EPP, which
@@ -59,6 +62,7 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decod
     for name, value in (("keepalive_interval_s", keepalive_interval_s), ("keepalive_timeout_s", keepalive_timeout_s)):
         if not value >= 0.001:  # Envoy's floor (1 ms); NaN refused too
             raise ValueError(f"{name} must be >= 0.001 s, got {value}")
+    caller_token = caller_auth.caller_token(caller_token, any_caller=False)  # a bad one would fail every request
     endpoints = []
     for url in decode_only:
         ip, _, port = endpoint_address(url).rpartition(":")
@@ -66,6 +70,7 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, decod
                                                                        "port_value": int(port)}}}})
     text = resources.files("pdfleet.connector.epp").joinpath("envoy", MODES[mode]).read_text()
     return Template(text).substitute(
+        caller_token_key=CALLER_TOKEN_METADATA, caller_token=caller_token,
         host=host, listen_port=listen_port, admin_port=admin_port, epp_host=epp_host, epp_port=epp_port,
         failure_mode_allow="true" if failure_mode == FAIL_OPEN else "false",
         message_timeout=_duration(message_timeout_s), connect_timeout=_duration(connect_timeout_s),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import aiohttp
 import pytest
@@ -31,6 +32,8 @@ class Gateway:
         self.url = ""
         self.session: aiohttp.ClientSession | None = None
         self.config: RouterConfig | None = None
+        # the EPP's caller token: Envoy sends it, the EPP requires it (connector/epp/caller_auth.py)
+        self.caller_token = secrets.token_hex(32)
 
     async def engine(self, name: str, role: str, **kw) -> FakeEngine:
         e = FakeEngine(name=name, role=role, **kw)
@@ -40,7 +43,7 @@ class Gateway:
 
     async def start_epp(self, port: int = 0) -> int:
         assert self.config is not None
-        self.epp = EndpointPicker(self.config)
+        self.epp = EndpointPicker(self.config, caller_token=self.caller_token)
         self.epp_port = await self.epp.start("127.0.0.1", port)
         return self.epp_port
 
@@ -67,8 +70,9 @@ class Gateway:
         return await self.start_envoy()
 
     async def start_envoy(self, **changes) -> str:
-        """(Re)start Envoy, with ``changes`` to the arguments of the last start."""
-        args = dict(self._envoy_args, **changes)
+        """(Re)start Envoy, with ``changes`` to the arguments of the last start (``caller_token``: another
+        token than the EPP's)."""
+        args = {"caller_token": self.caller_token, **self._envoy_args, **changes}
         extra_filters = args.pop("extra_filters")
         config = render(args.pop("mode"), listen_port=0, epp_port=self.epp_port, admin_port=0,
                         connect_timeout_s=args.pop("connect_timeout_s", 1.0), **args)

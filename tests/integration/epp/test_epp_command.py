@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -10,19 +11,35 @@ import sys
 import pytest
 
 from pdfleet.connector.epp.envoy_process import free_port
+from pdfleet.contract.env import EPP_CALLER_TOKEN
+from pdfleet.contract.gateway import INSECURE_ANY_CALLER_FLAG
 
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--grpc-port", "0", "--prefill", "http://a:1", "--decode", "http://c:3"], "--grpc-port must be 1..65535"),
-    (["--grpc-port", "8000", "--port", "8000", "--prefill", "http://a:1", "--decode", "http://c:3"], "must differ"),
-    (["--prefill", "a:1", "--decode", "http://c:3"], "must start with http://"),
+GOOD = ["--prefill", "http://a:1", "--decode", "http://c:3"]
+TOKEN = "t" * 64
+
+
+@pytest.mark.parametrize("argv, token, needle", [
+    (["--grpc-port", "0", *GOOD], TOKEN, "--grpc-port must be 1..65535"),
+    (["--grpc-port", "8000", "--port", "8000", *GOOD], TOKEN, "must differ"),
+    (["--prefill", "a:1", "--decode", "http://c:3"], TOKEN, "must start with http://"),
+    # the caller token (connector/epp/caller_auth.py): none and no flag saying every caller is served,
+    # one too short to be the operator's, or both
+    (GOOD, None, f"{EPP_CALLER_TOKEN} is not set"),
+    (GOOD, "", f"{EPP_CALLER_TOKEN} is not set"),
+    (GOOD, "t" * 31, "at least 32 characters"),
+    (GOOD, "t" * 31 + " ", "at least 32 characters"),
+    ([*GOOD, INSECURE_ANY_CALLER_FLAG], TOKEN, "exclude each other"),
 ])
-def test_bad_flags_exit_2_naming_the_flag(argv, needle):
+def test_bad_flags_exit_2_naming_the_flag(argv, token, needle):
+    env = {k: v for k, v in os.environ.items() if k != EPP_CALLER_TOKEN}
+    if token is not None:
+        env[EPP_CALLER_TOKEN] = token
     proc = subprocess.run([sys.executable, "-m", "pdfleet.operator.cli", "epp", *argv], capture_output=True,
-                          text=True, timeout=30)
-    assert proc.returncode == 2 and needle in proc.stderr
+                          text=True, timeout=30, env=env)
+    assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
 
 
 async def test_epp_process_serves_p_d_through_envoy(gw):
@@ -32,7 +49,8 @@ async def test_epp_process_serves_p_d_through_envoy(gw):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pdfleet.operator.cli", "epp", "--prefill", p.url, "--decode", d.url,
         "--grpc-port", str(grpc_port), "--port", str(http_port), "--log-level", "WARNING",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, EPP_CALLER_TOKEN: gw.caller_token})
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert b"epp: ext_proc on" in line, line

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import yaml
 
 from pdfleet.connector.epp import protocol
 from pdfleet.connector.epp.envoy_config import BUFFERED, FULL_DUPLEX, render
+from pdfleet.connector.epp.envoy_process import envoy_binary
 from pdfleet.connector.serving import lease_release
 from pdfleet.contract.gateway import (
+    CALLER_TOKEN_METADATA,
     DESTINATION_ENDPOINT_HEADER,
     FAIL_CLOSE,
     FAIL_OPEN,
@@ -86,8 +90,12 @@ def test_header_map_lowercases_and_decodes():
         "x-request-id": "a", ":path": "/v1/completions"}
 
 
+TOKEN = "0123456789abcdef" * 4
+
+
 def _config(mode=BUFFERED, **kw):
-    args = dict(listen_port=10000, epp_port=9002, admin_port=9901, decode_only=("http://10.0.0.8:8000",))
+    args = dict(listen_port=10000, epp_port=9002, admin_port=9901, decode_only=("http://10.0.0.8:8000",),
+                caller_token=TOKEN)
     args.update(kw)
     return yaml.safe_load(render(mode, **args))
 
@@ -151,8 +159,28 @@ def test_the_epp_connection_is_pinged(mode):
     (dict(keepalive_interval_s=0), "keepalive_interval_s"),
     (dict(keepalive_timeout_s=0.0001), "keepalive_timeout_s"),
     (dict(keepalive_timeout_s=float("nan")), "keepalive_timeout_s"),
+    (dict(caller_token="short"), "PDFLEET_EPP_CALLER_TOKEN must be at least 32"),
+    (dict(caller_token=TOKEN[:-1] + '"'), "a letter, a digit"),  # not a char that would break the YAML either
 ])
 def test_bad_arguments_name_the_field(kw, match):
     mode = kw.pop("mode", BUFFERED)
     with pytest.raises(ValueError, match=match):
         _config(mode, **kw)
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, FULL_DUPLEX])
+def test_every_ext_proc_stream_carries_the_caller_token(mode):
+    """The EPP serves only callers that send the fleet's token (connector/epp/caller_auth.py)."""
+    grpc_service = _ext_proc(_config(mode))[1]["envoy.filters.http.ext_proc"]["grpc_service"]
+    assert grpc_service["initial_metadata"] == [{"key": CALLER_TOKEN_METADATA, "value": TOKEN}]
+
+
+@pytest.mark.parametrize("mode", [BUFFERED, FULL_DUPLEX])
+def test_envoy_accepts_the_rendered_config(mode, tmp_path):
+    """Envoy's own check of the whole bootstrap (--mode validate), initial_metadata included."""
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render(mode, listen_port=10000, epp_port=9002, admin_port=9901, caller_token=TOKEN,
+                           decode_only=("http://10.0.0.8:8000",)))
+    proc = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
