@@ -14,13 +14,16 @@ from typing import Any, Mapping, Optional
 
 def fleet_state(*, runner_pid: int, healthy: bool, router: Optional[str], run_dir: Path,
                 watchdog_pid: Optional[int], kv_transport: Mapping[str, Any], launches: Mapping[str, Any],
-                children: Mapping[str, Any], restarts: Mapping[str, int]) -> dict[str, Any]:
+                children: Mapping[str, Any], restarts: Mapping[str, int],
+                gateway: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The file's content: one entry per started engine (``children``: name -> processes.Child), with
-    its launch (``launches``: name -> fleet.EngineLaunch) and restarts so far."""
+    its launch (``launches``: name -> fleet.EngineLaunch) and restarts so far; with --gateway, the
+    gateway's URL and its Endpoint Picker's /metrics."""
     return {
         "runner_pid": runner_pid,
         "healthy": healthy,
         "router": router,
+        "gateway": dict(gateway) if gateway else None,
         "run_dir": str(run_dir),
         "watchdog_pid": watchdog_pid,
         "conditions": [dict(kv_transport)] if kv_transport else [],

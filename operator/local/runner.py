@@ -100,6 +100,8 @@ class LocalRunner:
         say(f"router: {self.router_url}")
         if self.args.gateway:
             say(f"gateway: {await self._start_gateway()}")
+            say(f"gateway metrics: {self.gateway.metrics_url}")  # the EPP's: requests served through Envoy
+            self._write_state(healthy=True)
         if self.args.smoke:
             return await self._smoke()
         await self._supervise()
@@ -166,7 +168,8 @@ class LocalRunner:
         write_state(self.args.state_file, fleet_state(
             runner_pid=os.getpid(), healthy=healthy, router=self.router_url, run_dir=self.run_dir,
             watchdog_pid=self.watchdog.proc.pid if self.watchdog else None, kv_transport=self.kv_transport,
-            launches=self.launches, children=self.children, restarts=self.restarts))
+            launches=self.launches, children=self.children, restarts=self.restarts,
+            gateway={"url": self.gateway.url, "metrics": self.gateway.metrics_url} if self.gateway is not None else None))
 
     # --- health -------------------------------------------------------------
 

@@ -65,7 +65,9 @@ from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
 from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, load_tokenizer, match_lengths
+from pdfleet.contract import metrics as metric_names
 from pdfleet.operator.local.fleet import kv_events_endpoints
+from pdfleet.operator.observability.metrics_text import samples, total
 from pdfleet.operator.local.tiny_model import build_corpus
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -575,7 +577,9 @@ async def _gateway_run(fleet, tiny_model_dir, reqs: list[Req], prefix: dict[str,
             after = await asyncio.to_thread(prefill_counters, list(prefills))
             hits[path] = (after[0] - mid[0], later_answers)
         decisions = gateway.epp.metrics.decision
-        return answers, pulls, hits, decisions
+        async with httpx.AsyncClient(timeout=10) as http:  # what the canary and the planner would read
+            epp_metrics = (await http.get(gateway.metrics_url)).text
+        return answers, pulls, hits, decisions, epp_metrics
     finally:
         await gateway.stop()
 
@@ -595,7 +599,8 @@ def test_openai_client_through_envoy_and_the_endpoint_picker(fleet, prompts, ref
         q.stream and q.path == "/v1/completions" for q in reqs)
     # negative control of the identity check: the plain server's answers differ from prompt to prompt
     assert len({tuple(reference[q.label].token_ids) for q in reqs}) > len(reqs) // 2
-    answers, pulls, hits, _ = asyncio.run(_gateway_run(fleet, tiny_model_dir, reqs, prompts.prefix_workload))
+    answers, pulls, hits, _, epp_metrics = asyncio.run(_gateway_run(fleet, tiny_model_dir, reqs,
+                                                                     prompts.prefix_workload))
     problems = [f"{q.label}: {ids} != reference {reference[q.label].token_ids}"
                 for q, (ids, _, _) in zip(reqs, answers) if ids != reference[q.label].token_ids]
     problems += [f"{q.label}: fallback {fb}" for q, (_, fb, _) in zip(reqs, answers) if fb]
@@ -615,6 +620,12 @@ def test_openai_client_through_envoy_and_the_endpoint_picker(fleet, prompts, ref
     for path, (_, later_answers) in hits.items():
         assert [a.token_ids for a in later_answers] == [reference[q.label].token_ids for q in later], path
     assert ratio["gateway"] >= ratio["router"] - 0.05, ratio
+    # Issue 38: gateway requests count in the per-revision series the canary and the planner read, on the
+    # EPP's /metrics as on the router's (the serving pipeline's timing hook), every one answered.
+    served = len(reqs) + sum(len(w) for w in prompts.prefix_workload["prefixAware"])
+    counted = total(samples(epp_metrics), f"{metric_names.ROUTER_REVISION_REQUESTS}_total", revision="static",
+                    **{metric_names.REVISION_OUTCOME: metric_names.OUTCOME_ANSWERED})
+    assert counted == served, (counted, served)
 
 
 def test_fault_suite_ci_subset(fleet, tmp_path, prompts, reference):

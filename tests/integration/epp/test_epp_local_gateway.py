@@ -4,18 +4,33 @@ from __future__ import annotations
 
 from pdfleet.connector.epp.envoy_config import message_timeout_for
 from pdfleet.connector.epp.local_gateway import LocalGateway
+from pdfleet.contract import metrics as names
 from pdfleet.contract.router_config import RouterConfig
+from pdfleet.operator.observability.metrics_text import samples, total
 
 
-async def test_local_gateway_serves_p_d(gw):
+async def test_local_gateway_serves_p_d_and_counts_like_the_router(gw):
+    """Served through Envoy and the EPP, and counted as the router counts (issue 38): the per-revision
+    series the canary and the planner read, TTFT and the route's requests, on the EPP's /metrics that
+    `pdfleet local --gateway` names. Negative control: before one pipeline served both front ends, the
+    EPP wrote none of these series (the counts below were 0)."""
     p = await gw.engine("p1", "prefill")
     d = await gw.engine("d1", "decode")
     local = LocalGateway(RouterConfig(prefill=(p.url,), decode=(d.url,)))
     try:
         url = await local.start()
-        async with gw.session.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
-            assert r.status == 200
-            assert (await r.json())["kv_seen"]["remote_engine_id"] == "p1"
+        for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True})):
+            async with gw.session.post(url + path, json=body) as r:
+                assert r.status == 200
+                await r.read()
+        async with gw.session.get(local.metrics_url) as r:
+            found = samples(await r.text())
+        answered = {names.REVISION_OUTCOME: names.OUTCOME_ANSWERED}
+        assert total(found, f"{names.ROUTER_REVISION_REQUESTS}_total", revision="static", **answered) == 3
+        assert total(found, "pdfleet_router_requests_total", route="/v1/completions", code="200") == 2
+        assert total(found, f"{names.ROUTER_TTFT}_count", revision="static") == 3
     finally:
         await local.stop()
 
