@@ -176,7 +176,7 @@ async def scenario_status_follows_children(d: Driver) -> None:
     revision = (await status_of(d, "llama"))["revision"]
     await make_fleet_ready(d, "llama")
     st = await wait_status(d, "llama", lambda s: condition(s, "Ready")["status"] == "True", "Ready=True")
-    assert st["prefill"] == {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
+    assert st["prefill"] == {"replicas": 1, "desiredReplicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
     assert st["decode"]["readyReplicas"] == 1 and st["router"]["readyReplicas"] == 1
     (endpoint,) = st["endpoints"]["prefill"]
     pod = await d.get("v1/pods", endpoint["pod"])

@@ -26,3 +26,14 @@ CANARY_STEP = "CanaryStep"
 CANARY_WAITING = "CanaryWaiting"
 ABORTED = "Aborted"
 NOT_ABORTED = "NotAborted"
+
+# Why pods are not ready (issue 39): Ready's reason names the first cause of a role without a ready pod
+# (the message names each role's causes); the same words are the Warning events' reasons.
+UNSCHEDULABLE = "Unschedulable"  # PodScheduled=False: the scheduler's short message (e.g. Insufficient rdma/ib)
+IMAGE_PULL_BACK_OFF = "ImagePullBackOff"  # ImagePullBackOff or ErrImagePull (they alternate): the image
+CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"  # a Secret or ConfigMap (key) the pod needs is missing
+CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"  # the last termination: exit code, reason, message (clipped)
+POD_CAUSES = (UNSCHEDULABLE, IMAGE_PULL_BACK_OFF, CREATE_CONTAINER_CONFIG_ERROR, CRASH_LOOP_BACK_OFF)
+SECRET_MISSING = "SecretMissing"  # Ready False, Progressing True: a Secret the spec names is absent or lacks its key
+# Progressing False and Degraded (Stalled) True: spec.progressDeadlineSeconds passed without the fleet complete
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"

@@ -127,11 +127,13 @@ def _printer_columns() -> list[dict[str, Any]]:
 
     return [
         col("Model", ".spec.model.name"),
+        # As the status reports them (an autoscaler's choice, not spec.<role>.replicas, the starting size).
         col("Prefill-Ready", ".status.prefill.readyReplicas", "integer"),
-        col("Prefill", ".spec.prefill.replicas", "integer"),
+        col("Prefill", ".status.prefill.desiredReplicas", "integer"),
         col("Decode-Ready", ".status.decode.readyReplicas", "integer"),
-        col("Decode", ".spec.decode.replicas", "integer"),
+        col("Decode", ".status.decode.desiredReplicas", "integer"),
         col(READY, f'.status.conditions[?(@.type=="{READY}")].status'),
+        col("Reason", f'.status.conditions[?(@.type=="{READY}")].reason'),
         col("Canary", ".status.rollout.weight", "integer"),
         col("Revision", ".status.revision", priority=1),
         col("URL", ".status.url", priority=1),

@@ -3,6 +3,8 @@ alerts and runbooks match on them, so a rename is an API change)."""
 
 from __future__ import annotations
 
+from pdfleet.operator.api import conditions
+
 # An Event's type: Kubernetes knows these two.
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -14,6 +16,15 @@ CREATED = "Created"
 UPDATED = "Updated"
 DELETED = "Deleted"
 APPLY_FAILED = "ApplyFailed"  # Warning
+
+# Why pods are not ready and what the fleet waits for (Warnings, one per new cause; the same words as
+# the Ready condition's reasons in api/conditions.py)
+UNSCHEDULABLE = conditions.UNSCHEDULABLE
+IMAGE_PULL_BACK_OFF = conditions.IMAGE_PULL_BACK_OFF
+CREATE_CONTAINER_CONFIG_ERROR = conditions.CREATE_CONTAINER_CONFIG_ERROR
+CRASH_LOOP_BACK_OFF = conditions.CRASH_LOOP_BACK_OFF
+SECRET_MISSING = conditions.SECRET_MISSING
+PROGRESS_DEADLINE_EXCEEDED = conditions.PROGRESS_DEADLINE_EXCEEDED
 
 # Rollouts (reconcile/reconciler.py, reconcile/canary.py)
 ROLLOUT_STARTED = "RolloutStarted"

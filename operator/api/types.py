@@ -33,6 +33,9 @@ CATEGORIES = ["pdfleet", "inference"]
 # The fleet's child names append "-prefill-<revision>" and StatefulSet pods add
 # "-<ordinal>" plus a controller-revision-hash label: 40 keeps them within 63.
 MAX_NAME_LENGTH = 40
+# spec.progressDeadlineSeconds' default: a large model's download and load on a slow link (issue 39)
+DEFAULT_PROGRESS_DEADLINE_SECONDS = 1800
+MAX_PROGRESS_DEADLINE_SECONDS = 7 * 24 * 3600
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -573,6 +576,13 @@ class DisaggregatedInferenceSpec(Model):
     )
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The fleet behind a cluster Gateway.")
 
+    progress_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_PROGRESS_DEADLINE_SECONDS)] = Field(
+        default=DEFAULT_PROGRESS_DEADLINE_SECONDS,
+        description="Seconds after the current generation started progressing (status.progressingSince) after "
+        "which a fleet that is still not complete is Stalled=True (reason ProgressDeadlineExceeded), so that "
+        "Argo CD and Flux stop waiting; sized for a model download. Cleared when the fleet is Ready.",
+    )
+
     def role(self, role: str) -> RoleSpec:
         return {"prefill": self.prefill, "decode": self.decode}[role]
 
@@ -601,6 +611,8 @@ class KVTransportStatus(Model):
 
 class RoleStatus(Model):
     replicas: int = 0
+    desired_replicas: int = Field(default=0, description="Replicas the role's workloads ask for (an autoscaler's "
+                                  "choice under autoscaling), of the serving revision.")
     ready_replicas: int = 0
     updated_replicas: int = 0
     kv_transport: Optional[KVTransportStatus] = None
@@ -663,6 +675,9 @@ class DisaggregatedInferenceStatus(Model):
     url: Optional[str] = None
     rollout: Optional[RolloutStatus] = None
     scaling: Optional[ScalingStatus] = None
+    progressing_since: Optional[str] = Field(
+        default=None, description="When the fleet started progressing towards the current generation "
+        "(spec.progressDeadlineSeconds counts from here); unset while it is complete.")
 
 
 # The CRD's rule on metadata.name says this too (crd.py), so that validate and the API server agree word for word.

@@ -24,7 +24,7 @@ import aiohttp
 import kopf
 
 from pdfleet.operator.kube.observed import ChildRef, kind_of
-from pdfleet.operator.plan.kinds import EVENT, Kind
+from pdfleet.operator.plan.kinds import EVENT, SECRET, Kind
 
 logger = logging.getLogger("pdfleet.operator")
 
@@ -186,6 +186,18 @@ class KubeClient:
             raise
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         return {k: meta.get(k) for k in ("name", "namespace", "uid", "ownerReferences")} if isinstance(meta, dict) else {}
+
+    async def get_secret_keys(self, namespace: str, name: str) -> Optional[frozenset[str]]:
+        """The key names of a Secret the spec names, None if absent; the values are dropped here and never
+        leave this method (reconcile/referenced_secrets.py)."""
+        try:
+            obj = await self._call("get", SECRET.plural, "get", SECRET.path(namespace, name), final_statuses=(404,))
+        except ApiFailure as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data = obj.get("data") if isinstance(obj, dict) else None
+        return frozenset(str(k) for k in data) if isinstance(data, dict) else frozenset()
 
     async def list_labelled(self, kind: Kind, namespace: str, selector: str) -> list[dict[str, Any]]:
         """LIST by a label selector: for objects no watch of the operator sees (another controller's)."""

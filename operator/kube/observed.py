@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional
 
 from pdfleet.contract import fabric
 from pdfleet.contract import labels as label_keys
+from pdfleet.operator.kube.pod_causes import PodCause, pod_cause
 from pdfleet.operator.kube.pool_status import ParentCondition, parse_parents
 from pdfleet.operator.plan.kinds import INFERENCE_POOL, OWNED_KINDS, POD_GROUP_KINDS, Kind
 
@@ -119,6 +120,7 @@ class ObservedPod:
     template_hash: Optional[str] = None            # pod-template-hash (a Deployment's pods)
     revision_hash: Optional[str] = None            # controller-revision-hash (a StatefulSet's pods)
     lws_name: Optional[str] = None                 # the LeaderWorkerSet that made it, by its label
+    cause: Optional[PodCause] = None               # why it does not run (kube/pod_causes.py), None: no cause
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         template_hash=labels.get(POD_TEMPLATE_HASH_LABEL),
         revision_hash=labels.get(CONTROLLER_REVISION_HASH_LABEL),
         lws_name=labels.get(LWS_NAME_LABEL),
+        cause=pod_cause(status),
     )
 
 

@@ -32,6 +32,7 @@ from pdfleet.operator.reconcile_plan.plan import (
 from pdfleet.operator.rollout import paired as rollout
 from pdfleet.operator.reconcile.canary import CanaryEdge
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
+from pdfleet.operator.reconcile.referenced_secrets import ReferencedSecrets
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
 from pdfleet.operator.reconcile.logs import fleet_extra
 from pdfleet.operator.reconcile_plan.ownership import ownership
@@ -93,10 +94,13 @@ class Reconciler:
         self.recently_applied: dict[Key, dict[ch.ChildRef, str]] = {}
         self._reported: dict[Key, tuple[Any, ...]] = {}
         self._not_owned_reported: dict[Key, Optional[str]] = {}
+        self._secret_missing_reported: dict[Key, Optional[str]] = {}
+        self._causes_reported: dict[Key, frozenset[tuple[str, str, str]]] = {}  # pods' causes with an event
         self._unowned_seen: dict[Key, set[tuple[str, str, str]]] = {}  # (kind, name, uid) counted and logged
         self.replicasets = replicasets
         self.queue = WorkQueue(self.reconcile, workers=options.workers)
         self.auth_secrets = AuthSecrets(client)
+        self.referenced_secrets = ReferencedSecrets(client)
         self._apply_slots = asyncio.Semaphore(options.apply_concurrency)
         self.runs = 0
         self.scalers = scalers
@@ -130,6 +134,9 @@ class Reconciler:
             self.recently_applied.pop(key, None)
             self._reported.pop(key, None)
             self._not_owned_reported.pop(key, None)
+            self._secret_missing_reported.pop(key, None)
+            self._causes_reported.pop(key, None)
+            self.referenced_secrets.forget(key[0])
             self._unowned_seen.pop(key, None)
             self.scaling.forget(key)
             self.planner.forget(key)
@@ -186,7 +193,8 @@ class Reconciler:
         children, pods = self.snapshot(key)
         return Observed(body=body, now=self.clock(), settings=self.settings, children=tuple(children),
                         pods=tuple(pods), replicasets=tuple(self.replicasets(key)), scalers=tuple(self.scalers(key)),
-                        recently_applied=self.recently_applied.get(key, {}), reported=self._reported.get(key))
+                        recently_applied=self.recently_applied.get(key, {}), reported=self._reported.get(key),
+                        causes_reported=self._causes_reported.get(key, frozenset()))
 
     async def _reconcile(self, key: Key, body: Mapping[str, Any]) -> tuple[Optional[float], str]:
         """gather -> plan (pure) -> execute -> settle (pure) -> status write (reconcile_plan/plan.py)."""
@@ -221,8 +229,15 @@ class Reconciler:
         foreign, unchecked, errs = await self._foreign(plan.actions.apply, observed.children, plan.gate.owned,
                                                        recent, observed.uid)
         errors += errs
+        # The Secrets the spec names (read, their key names kept): no workload is written while one is missing.
+        seen = await self.referenced_secrets.check(namespace, plan.secret_refs)
         guarded = guard(plan, foreign=foreign, unchecked=unchecked, secret_foreign=secret_foreign, name=name,
-                        last_not_owned=self._not_owned_reported.get(key))
+                        last_not_owned=self._not_owned_reported.get(key), secrets_seen=seen,
+                        last_secret_missing=self._secret_missing_reported.get(key))
+        if self._secret_missing_reported.get(key) != guarded.secret_missing:
+            self._secret_missing_reported[key] = guarded.secret_missing
+            if guarded.secret_missing:
+                log.warning("%s", guarded.secret_missing)
         if self._not_owned_reported.get(key) != guarded.not_owned:  # one event per change, not per retry
             self._not_owned_reported[key] = guarded.not_owned
             if guarded.not_owned:
@@ -250,6 +265,7 @@ class Reconciler:
         done = settle(plan, guarded, now=observed.now, errors=errors, planner_status=planned.status,
                       planner_requeue=planned.requeue_after, scaling_condition=scaling_condition(plan.scaling))
         await self._post(body, done.events)
+        self._causes_reported[key] = done.causes_reported
         await self._write_status(key, body, plan.previous, done.status)
         self.metrics.observe_fleet(namespace, name, done.status, plan.want)
         if done.error:  # retried with backoff: the user may remove what is in the way

@@ -25,15 +25,19 @@ from typing import Any, Mapping, Optional, Sequence
 
 from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
+from pdfleet.operator.api import conditions as condition
 from pdfleet.operator.api import event_reasons as reasons
 from pdfleet.operator.autoscale.scalers import ObservedScaler, ScalingPlan, plan_scaling
 from pdfleet.operator.kube.observed import ObservedReplicaSet
 from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
 from pdfleet.operator.plan import kinds
+from pdfleet.operator.reconcile_plan import causes as pod_causes
 from pdfleet.operator.reconcile_plan import children as ch
+from pdfleet.operator.reconcile_plan import progress
 from pdfleet.operator.reconcile_plan import status as st
 from pdfleet.operator.reconcile_plan.kvtransport import RoleTransport, role_transport
 from pdfleet.operator.reconcile_plan.ownership import not_owned_message
+from pdfleet.operator.reconcile_plan.secret_refs import SecretRef, Seen, missing_message, referenced_secrets
 from pdfleet.operator.reconcile_plan.planning import (
     desired_children,
     revision_kv_events_ports,
@@ -74,6 +78,7 @@ class Observed:
     recently_applied: Mapping[ch.ChildRef, str] = field(default_factory=dict)  # ref -> hash, not yet watched
     canary: CanaryOutcome = CanaryOutcome()     # the canary edge's answer to this reconcile's gate
     reported: Optional[tuple[Any, ...]] = None  # the refusal last reported (one event per change)
+    causes_reported: frozenset[pod_causes.CauseKey] = frozenset()  # pods' causes with an event already
 
     @property
     def key(self) -> tuple[str, str]:
@@ -132,6 +137,9 @@ class Plan:
     url: Optional[str] = None
     kv_transport: Mapping[str, RoleTransport] = field(default_factory=dict)
     status: Optional[dict[str, Any]] = None      # a refusal's status (a plan's own is settled after the writes)
+    causes: tuple[pod_causes.RoleCause, ...] = ()  # why the fleet's own pods are not ready
+    causes_reported: frozenset[pod_causes.CauseKey] = frozenset()  # as observed: those with an event already
+    secret_refs: tuple[SecretRef, ...] = ()      # the Secrets the spec names: the executor reads them before guard
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,7 @@ class Guarded:
     events_after: tuple[Event, ...]      # Created / Updated / Deleted, once the writes went
     created: int = 0
     updated: int = 0
+    secret_missing: Optional[str] = None  # the SecretMissing message (None: every Secret the spec names is there)
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,7 @@ class Settlement:
     error: Optional[str]                 # raise: retried with backoff
     requeue_after: Optional[float]
     result: str                          # changed | unchanged
+    causes_reported: frozenset[pod_causes.CauseKey] = frozenset()  # to hand to the next reconcile
 
 
 def owned_children(children: Sequence[ch.ObservedChild], uid: str) -> list[ch.ObservedChild]:
@@ -279,23 +289,32 @@ def reconcile_plan(observed: Observed, gate: Optional[Gate] = None) -> Plan:
     return Plan(generation, previous, gate=gate, decision=decision, canary=canary, cr=cr, scaling=scaling,
                 owner=owner, desired=tuple(desired), caught_up=caught_up, actions=actions, unmark=tuple(unmark),
                 events=tuple(events), want=want, endpoints=tuple(endpoints), url=router_url(desired, cr),
-                kv_transport=kv_transport)
+                kv_transport=kv_transport, causes=pod_causes.role_causes(gate.pods),
+                causes_reported=observed.causes_reported, secret_refs=referenced_secrets(cr.spec))
 
 
 def guard(plan: Plan, *, foreign: Sequence[ch.ChildRef] = (), unchecked: Sequence[ch.ChildRef] = (),
-          secret_foreign: Optional[str] = None, name: str, last_not_owned: Optional[str] = None) -> Guarded:
+          secret_foreign: Optional[str] = None, name: str, last_not_owned: Optional[str] = None,
+          secrets_seen: Mapping[str, Seen] = {}, last_secret_missing: Optional[str] = None) -> Guarded:
     """Step 3. Objects of a child's name that the fleet does not own (``foreign``) and those whose owner could
     not be checked (``unchecked``) are never written; while the key Secret is someone else's
-    (``secret_foreign``), no workload is written at all: engines must never sign with a key another made."""
+    (``secret_foreign``), no workload is written at all: engines must never sign with a key another made.
+    Nor while a Secret the spec names is absent or lacks its key (``secrets_seen``: what the executor read
+    of ``plan.secret_refs``): its pods could not start; what already runs is left as it is."""
     actions = plan.actions
-    if foreign or unchecked or secret_foreign:
+    namespace = (plan.cr.metadata.namespace if plan.cr is not None else None) or ""
+    secret_missing = missing_message(plan.secret_refs, secrets_seen, namespace)
+    hold = bool(secret_foreign or secret_missing)
+    if foreign or unchecked or hold:
         skip = set(foreign) | set(unchecked)
         actions = dataclasses.replace(actions, apply=tuple(
             o for o in actions.apply if ch.ChildRef.of(o) not in skip
-            and not (secret_foreign and o["kind"] in ch.WORKLOAD_KINDS)))
+            and not (hold and o["kind"] in ch.WORKLOAD_KINDS)))
     foreign_names = [str(r) for r in foreign] + ([secret_foreign] if secret_foreign else [])
     not_owned = not_owned_message(name, foreign_names) if foreign_names else None
     before = (Event(reasons.WARNING, reasons.NOT_OWNED, not_owned),) if not_owned and not_owned != last_not_owned else ()
+    if secret_missing and secret_missing != last_secret_missing:
+        before += (Event(reasons.WARNING, reasons.SECRET_MISSING, secret_missing),)
     after: list[Event] = []
     created = updated = 0
     if actions.apply or actions.delete:
@@ -309,7 +328,7 @@ def guard(plan: Plan, *, foreign: Sequence[ch.ChildRef] = (), unchecked: Sequenc
             after.append(Event(reasons.NORMAL, reasons.UPDATED, summary("updated", changed)))
         if actions.delete:
             after.append(Event(reasons.NORMAL, reasons.DELETED, summary("deleted", [str(c.ref) for c in actions.delete])))
-    return Guarded(actions, not_owned, before, tuple(after), created, updated)
+    return Guarded(actions, not_owned, before, tuple(after), created, updated, secret_missing)
 
 
 def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequence[str] = (),
@@ -336,12 +355,34 @@ def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequ
         scaling={**(plan.scaling.fleet_status() or {}), **({"planner": planner_status} if planner_status else {})},
         scaling_condition=scaling_condition,
         strategy=cr.spec.rollout.strategy, canary=plan.canary.record,
+        causes=plan.causes, secret_missing=guarded.secret_missing,
+        progress_deadline_s=cr.spec.progress_deadline_seconds,
     ), now=now)
-    problems = list(errors) + ([guarded.not_owned] if guarded.not_owned else [])
-    requeue = min((r for r in (decision.requeue_after, planner_requeue, plan.canary.requeue_after)
+    # One Warning per new cause of the pods' (not per reconcile), remembered until the fleet is complete.
+    events += [Event(reasons.WARNING, c.cause.reason, pod_causes.event_message(c))
+               for c in pod_causes.new_causes(plan.causes, plan.causes_reported)]
+    complete = any(c["type"] == condition.READY and c["reason"] == condition.READY for c in status["conditions"])
+    events += deadline_events(plan.previous, status)
+    reported = pod_causes.remembered(plan.causes, plan.causes_reported, complete=complete)
+    problems = [p for p in (*errors, guarded.not_owned, guarded.secret_missing) if p]  # retried with backoff
+    left = progress.seconds_left(status.get("progressingSince"), cr.spec.progress_deadline_seconds, now)
+    deadline = left + 1.0 if left is not None and left > 0 else None  # a status flip no watch event brings
+    requeue = min((r for r in (decision.requeue_after, planner_requeue, plan.canary.requeue_after, deadline)
                    if r is not None), default=None)
     return Settlement(status, tuple(events), "; ".join(problems) if problems else None, requeue,
-                      "changed" if guarded.actions.writes else "unchanged")
+                      "changed" if guarded.actions.writes else "unchanged", reported)
+
+
+def deadline_events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event]:
+    """One Warning when the progress deadline passes (Progressing turns ProgressDeadlineExceeded)."""
+    def reason(st: Mapping[str, Any]) -> Optional[str]:
+        return next((c.get("reason") for c in st.get("conditions") or () if c.get("type") == condition.PROGRESSING),
+                    None)
+
+    now = next((c for c in status["conditions"] if c["type"] == condition.PROGRESSING), None)
+    if now is None or now["reason"] != condition.PROGRESS_DEADLINE_EXCEEDED or reason(previous) == now["reason"]:
+        return []
+    return [Event(reasons.WARNING, reasons.PROGRESS_DEADLINE_EXCEEDED, now["message"])]
 
 
 def summary(verb: str, names: Sequence[str]) -> str:

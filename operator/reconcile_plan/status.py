@@ -15,10 +15,13 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from pdfleet.contract.labels import ROLE_EPP
 from pdfleet.operator.api import conditions as condition
 from pdfleet.operator.api import event_reasons as reasons
+from pdfleet.operator.api.types import DEFAULT_PROGRESS_DEADLINE_SECONDS
 from pdfleet.operator.plan.kinds import WORKLOAD_KINDS
 from pdfleet.operator.kube.observed import ObservedChild
 from pdfleet.operator.kube.pool_status import CONDITION_TYPE as POOL_ACCEPTED, pool_condition
+from pdfleet.operator.reconcile_plan.causes import RoleCause, causes_message, first_reason
 from pdfleet.operator.reconcile_plan.kvtransport import CONDITION_TYPE as KV_TRANSPORT, RoleTransport, fleet_transport
+from pdfleet.operator.reconcile_plan.progress import deadline_message, progressing_since, seconds_left
 from pdfleet.operator.rollout.paired import CANARY, DRAINING, ROLLING_OUT, CanaryRecord, Decision, Endpoint, format_time
 from pdfleet.operator.rollout import canary as canary_core
 
@@ -73,7 +76,8 @@ class RoleCounts:
     settled: bool = True   # every workload observed its latest generation
 
     def as_status(self) -> dict[str, int]:
-        return {"replicas": self.replicas, "readyReplicas": self.ready, "updatedReplicas": self.updated}
+        return {"replicas": self.replicas, "desiredReplicas": self.desired, "readyReplicas": self.ready,
+                "updatedReplicas": self.updated}
 
 
 def role_counts(children: Iterable[ObservedChild], role: str, revision: Optional[str]) -> RoleCounts:
@@ -113,6 +117,9 @@ class StatusInputs:
     kv_transport: Mapping[str, RoleTransport] = field(default_factory=dict)  # per role; empty: preflight off
     strategy: str = "Paired"                                    # spec.rollout.strategy
     canary: Optional[CanaryRecord] = None                       # the canary of the target revision, if any
+    causes: Sequence[RoleCause] = ()                            # why the fleet's own pods are not ready
+    secret_missing: Optional[str] = None                        # a Secret the spec names is absent or lacks its key
+    progress_deadline_s: int = DEFAULT_PROGRESS_DEADLINE_SECONDS  # spec.progressDeadlineSeconds
 
 
 def canary_conditions(strategy: str, d: Decision, rec: Optional[CanaryRecord]) -> list[Cond]:
@@ -173,6 +180,7 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
 
     fabric = fleet_transport(inp.kv_transport) if inp.kv_transport else None
     fabric_bad = fabric is not None and fabric.status == "False"
+    why = f"; {causes_message(inp.causes)}" if inp.causes else ""
     conds: list[Cond] = []
     if inp.not_owned:
         conds.append(Cond(condition.READY, False, reasons.NOT_OWNED, inp.not_owned))
@@ -181,18 +189,31 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     elif fabric_bad and fabric is not None:
         # Serving over the wrong fabric (e.g. TCP where RDMA was asked) is not Ready, whatever the pods say.
         conds.append(Cond(condition.READY, False, condition.KV_TRANSPORT_DEGRADED, f"KVTransport {fabric.reason}: {fabric.message}"))
+    elif inp.secret_missing:
+        conds.append(Cond(condition.READY, False, condition.SECRET_MISSING, inp.secret_missing))
     elif pairs_ready and have_prefill_endpoint and router_ready and epp_ready:
         conds.append(Cond(condition.READY, True, condition.READY if complete else condition.SERVING,
-                          f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"))
+                          f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"
+                          + why))
     else:
         missing = [r for r in ("prefill", "decode") if roles[r].ready == 0 and want.get(r, 0) > 0]
-        if not router_ready:
-            missing.append("router")
-        if not epp_ready:
-            missing.append("endpoint picker")
-        conds.append(Cond(condition.READY, False, condition.WAITING, "waiting for ready pods: " + ", ".join(missing or ["children"])))
+        missing += [r for r, ok in (("router", router_ready), (ROLE_EPP, epp_ready)) if not ok]
+        names = [("endpoint picker" if r == ROLE_EPP else r) for r in missing]
+        conds.append(Cond(condition.READY, False, first_reason(inp.causes, missing) or condition.WAITING,
+                          "waiting for ready pods: " + ", ".join(names or ["children"]) + why))
 
-    if d.phase == ROLLING_OUT:
+    # The progress deadline's clock runs while the fleet is not complete, except while a canary runs.
+    since = progressing_since(prev.get("progressingSince"), prev.get("observedGeneration"), inp.generation,
+                              running=not complete and d.phase != CANARY, now=now)
+    left = seconds_left(since, inp.progress_deadline_s, now)
+    stalled = (since is not None and left is not None and left <= 0
+               and not (inp.not_owned or inp.error or fabric_bad))  # those say Degraded already
+    if stalled and since is not None:
+        message = deadline_message(since, inp.progress_deadline_s, conds[0].message)  # Ready's: what is missing
+        conds.append(Cond(condition.PROGRESSING, False, condition.PROGRESS_DEADLINE_EXCEEDED, message))
+    elif inp.secret_missing:
+        conds.append(Cond(condition.PROGRESSING, True, condition.SECRET_MISSING, inp.secret_missing))
+    elif d.phase == ROLLING_OUT:
         conds.append(Cond(condition.PROGRESSING, True, ROLLING_OUT,
                           f"revision {d.target} coming up beside {serving}; router stays on {serving}"))
     elif d.phase == CANARY:
@@ -213,6 +234,8 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         conds.append(Cond(condition.DEGRADED, True, reasons.APPLY_FAILED, inp.error))
     elif fabric_bad and fabric is not None:
         conds.append(Cond(condition.DEGRADED, True, fabric.reason, fabric.message))
+    elif stalled:
+        conds.append(Cond(condition.DEGRADED, True, condition.PROGRESS_DEADLINE_EXCEEDED, conds[1].message))
     else:
         conds.append(Cond(condition.DEGRADED, False, condition.AS_EXPECTED, ""))
     if inp.scaling_condition is not None:
@@ -255,6 +278,8 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     out["rollout"] = rollout
     if inp.scaling:
         out["scaling"] = dict(inp.scaling)
+    if since is not None:
+        out["progressingSince"] = since
     return out
 
 

@@ -77,6 +77,9 @@ async def test_generated_key_secret_created_once_kept_and_never_leaked(kube, sta
 
 
 async def test_user_secret_ref_is_mounted_and_no_secret_is_generated(driver: FakeDriver, kube):
+    # the user's Secret exists first: the operator writes no engine while a Secret the spec names is missing
+    await kube.put(SECRETS, NAMESPACE, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "my-key"},
+                                        "data": {"k": base64.b64encode(b"1" * 32).decode()}})
     await driver.create_cr(fleet("own", kvTransfer={"authSecretRef": {"name": "my-key", "key": "k"}}))
     await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the StatefulSets")
     await settle(driver)
@@ -86,8 +89,8 @@ async def test_user_secret_ref_is_mounted_and_no_secret_is_generated(driver: Fak
             "secretName": "my-key", "items": [{"key": "k", "path": "side-channel-secret"}], "defaultMode": 0o400}
     assert kube.get(SECRETS, NAMESPACE, "own-kv-auth") is None
     # only the engines' API token is generated (issue 30)
-    assert [s["metadata"]["name"] for s in kube.list(SECRETS, NAMESPACE)] == ["own-engine-api"]
-    assert len(secret_creates(kube)) == 1
+    assert [s["metadata"]["name"] for s in kube.list(SECRETS, NAMESPACE)] == ["my-key", "own-engine-api"]
+    assert [c.verb for c in secret_creates(kube)] == ["create", "get"]  # the token made; the user's key checked
 
 
 async def test_two_fleets_get_different_keys(driver: FakeDriver, kube):

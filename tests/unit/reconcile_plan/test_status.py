@@ -46,7 +46,7 @@ def test_ready_fleet_status_is_kstatus_current():
     assert cond(st, "Progressing")["status"] == "False" and cond(st, "Degraded")["status"] == "False"
     assert st["endpoints"]["prefill"][0] == {"pod": "f-prefill-r1-0", "ip": "10.0.0.2", "sideChannelPort": 5600,
                                              "httpPort": 8000, "revision": "r1"}
-    assert st["prefill"] == {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
+    assert st["prefill"] == {"replicas": 1, "desiredReplicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
     # The lead's status model accepts what the operator writes.
     DisaggregatedInferenceStatus.model_validate(st)
 
