@@ -94,3 +94,33 @@ def generated_api_secret(fleet: str, namespace: str, token: bytes, owner: Option
     if len(token) < 16:
         raise ValueError("a generated engine API token must have at least 16 bytes")
     return _secret(api_secret_name(fleet), namespace, fleet, "engine-api-token", API_TOKEN_KEY, token, owner)
+
+
+# The Endpoint Picker's caller token (issue 38): only the fleet's gateway may open ext_proc streams on the
+# EPP (connector/epp/caller_auth.py), because they hand out the engine token and run prefill legs. Its own
+# Secret, not a key of <fleet>-engine-api: the gateway's side (an EnvoyPatchPolicy or EnvoyFilter, docs/
+# gateway.md) needs this token and must not need the engines' one; and a generated Secret is never changed
+# after creation, so a new key in an existing one would never reach fleets made before.
+EPP_CALLER_KEY = "token"
+
+
+def epp_caller_secret_name(fleet: str) -> str:
+    return f"{fleet}-epp-caller"
+
+
+def epp_caller_token_env(fleet: str) -> dict[str, Any]:
+    """The EPP's caller token, from its Secret (never a literal value)."""
+    return {"name": env_names.EPP_CALLER_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": epp_caller_secret_name(fleet), "key": EPP_CALLER_KEY}}}
+
+
+def needs_epp_caller_secret(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.gateway.inference_pool.enabled
+
+
+def generated_epp_caller_secret(fleet: str, namespace: str, token: bytes,
+                                owner: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The Secret holding the EPP's caller token (hex text: 64 characters from 32 random bytes)."""
+    if len(token) < 16:
+        raise ValueError("a generated EPP caller token must have at least 16 bytes")
+    return _secret(epp_caller_secret_name(fleet), namespace, fleet, "epp-caller-token", EPP_CALLER_KEY, token, owner)

@@ -17,6 +17,7 @@ from pdfleet.contract.labels import ROLE_DECODE, ROLE_EPP
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import kinds, naming, router
+from pdfleet.operator.plan.auth import epp_caller_token_env
 from pdfleet.operator.plan.meta import Context, metadata
 
 POOL = kinds.INFERENCE_POOL
@@ -55,9 +56,15 @@ def inference_pool(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, 
     }
 
 
+# The pod's IP (downward API), which the EPP binds: never 0.0.0.0, so only the pod's own address serves
+# it (the container's env, expanded by the kubelet in args as $(EPP_POD_IP)).
+POD_IP_VAR = "EPP_POD_IP"
+
+
 def epp_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
-    # The router's config with the EPP's HTTP port (health, metrics): same discovery, policies, flow control.
-    config = dataclasses.replace(router.router_config(ctx, spec), port=gw.EPP_METRICS)
+    # The router's config with the EPP's HTTP port (health, metrics) on the pod IP: same discovery,
+    # policies, flow control.
+    config = dataclasses.replace(router.router_config(ctx, spec), host=f"$({POD_IP_VAR})", port=gw.EPP_METRICS)
     return ["epp", *config.to_argv(), gw.GRPC_PORT_FLAG, str(spec.gateway.inference_pool.epp_port)]
 
 
@@ -67,9 +74,15 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
         {"name": HTTP_NAME, "containerPort": gw.EPP_METRICS, "protocol": "TCP"},
     ]
     # it runs prefill legs and waits on decodes as the router does: the same pod, drain and token
-    return router.front_end_deployment(ctx, spec, role=ROLE_EPP, name=epp_name(ctx.fleet), container_name=ROLE_EPP,
-                                       args=epp_args(ctx, spec), ports=ports,
-                                       replicas=spec.gateway.inference_pool.epp_replicas)
+    out = router.front_end_deployment(ctx, spec, role=ROLE_EPP, name=epp_name(ctx.fleet), container_name=ROLE_EPP,
+                                      args=epp_args(ctx, spec), ports=ports,
+                                      replicas=spec.gateway.inference_pool.epp_replicas)
+    # and serves only the gateway that sends the fleet's caller token, on the pod's IP
+    out["spec"]["template"]["spec"]["containers"][0]["env"] += [
+        epp_caller_token_env(ctx.fleet),
+        {"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    return out
 
 
 def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
@@ -121,6 +134,28 @@ def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, 
     }
 
 
+def epp_network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    """The EPP's pods: the gateway's proxies (allowFrom) reach its ext_proc port; its HTTP port (/health,
+    /metrics: no credential, no decision) stays open to the kubelet's probes and to Prometheus."""
+    peers = [p.model_dump(mode="json", by_alias=True, exclude_none=True)
+             for p in spec.gateway.inference_pool.allow_from]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(ctx, epp_name(ctx.fleet), naming.role_labels(ctx.fleet, ROLE_EPP)),
+        "spec": {
+            "podSelector": {"matchLabels": naming.selector(ctx.fleet, ROLE_EPP)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                # an empty `from` would admit every source: without peers, no rule for the gRPC port
+                *([{"from": peers, "ports": [{"protocol": "TCP", "port": spec.gateway.inference_pool.epp_port}]}]
+                  if peers else []),
+                {"ports": [{"protocol": "TCP", "port": gw.EPP_METRICS}]},
+            ],
+        },
+    }
+
+
 def children(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[dict[str, Any]]:
     """Everything spec.gateway renders; nothing while the pool is disabled."""
     if not enabled(spec):
@@ -132,4 +167,6 @@ def children(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[dict[str, A
     # would admit every source)
     if spec.network.network_policy and spec.gateway.inference_pool.allow_from:
         out.append(network_policy(ctx, spec))
+    if spec.network.network_policy:  # no peers: the EPP's gRPC port admits nobody
+        out.append(epp_network_policy(ctx, spec))
     return out

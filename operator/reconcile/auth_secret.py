@@ -1,5 +1,6 @@
-"""Creates each fleet's generated Secrets, once (the I/O edge of plan/auth.py): the side-channel key
-and the engines' API token (issue 30); both are handled alike.
+"""Creates each fleet's generated Secrets, once (the I/O edge of plan/auth.py): the side-channel key,
+the engines' API token (issue 30) and, behind a gateway, the Endpoint Picker's caller token (issue 38);
+all are handled alike.
 
 The operator only ever *creates* this Secret (POST). A 409 AlreadyExists is checked:
 the existing Secret's metadata (only; PartialObjectMetadata, so no key reaches the
@@ -23,7 +24,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.auth import (
-    KEY_BYTES, api_secret_name, generated_api_secret, generated_secret, generated_secret_name, needs_generated_secret,
+    KEY_BYTES, api_secret_name, epp_caller_secret_name, generated_api_secret, generated_epp_caller_secret,
+    generated_secret, generated_secret_name, needs_epp_caller_secret, needs_generated_secret,
 )
 from pdfleet.operator.plan import kinds
 from pdfleet.operator.kube.client import ApiFailure, KubeClient
@@ -51,6 +53,8 @@ class AuthSecrets:
         if needs_generated_secret(spec):
             made.append((generated_secret_name(fleet), generated_secret))
         made.append((api_secret_name(fleet), generated_api_secret))
+        if needs_epp_caller_secret(spec):  # behind a gateway: the token only the gateway may call the EPP with
+            made.append((epp_caller_secret_name(fleet), generated_epp_caller_secret))
         for name, build in made:
             error, foreign = await self._ensure_one(namespace, fleet, name, build, owner)
             if error or foreign:

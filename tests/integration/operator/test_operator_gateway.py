@@ -3,6 +3,8 @@ and its Endpoint Picker with the fleet, against FakeKube with GAIE's InferencePo
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import eventually
@@ -28,7 +30,8 @@ POOL_SPEC = {"enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels"
 POOL = KIND_RESOURCES["InferencePool"]
 GATEWAY_CHILDREN = {("InferencePool", "llama"), ("Deployment", "llama-epp"), ("Service", "llama-epp"),
                     ("ServiceAccount", "llama-epp"), ("Role", "llama-epp"), ("RoleBinding", "llama-epp"),
-                    ("PodDisruptionBudget", "llama-epp"), ("NetworkPolicy", "llama-gateway")}
+                    ("PodDisruptionBudget", "llama-epp"), ("NetworkPolicy", "llama-gateway"),
+                    ("NetworkPolicy", "llama-epp")}
 
 
 def pairs(by_kind: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -50,6 +53,12 @@ async def test_the_pool_and_its_picker_live_and_die_with_the_fleet(driver: FakeD
     assert [r["uid"] for r in pool["metadata"]["ownerReferences"] if r.get("controller")] == [cr["metadata"]["uid"]]
     assert pool["spec"]["endpointPickerRef"] == {"kind": "Service", "name": "llama-epp", "port": {"number": 9002},
                                                  "failureMode": "FailClose"}
+    # the EPP's caller token (issue 38): generated once into its own Secret, mounted by reference
+    secret = await eventually(lambda: kube.get("v1/secrets", NAMESPACE, "llama-epp-caller"), what="the caller Secret")
+    assert len(base64.b64decode(secret["data"]["token"])) == 64
+    epp = kube.get("apps/v1/deployments", NAMESPACE, "llama-epp")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "PDFLEET_EPP_CALLER_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "llama-epp-caller", "key": "token"}}} in epp["env"]
     # Ready waits for the picker as it waits for the router (the gateway's way in)
     for sts in await d.list(STS, {"pdfleet.io/fleet": "llama"}):
         await d.make_ready("StatefulSet", sts["metadata"]["name"])

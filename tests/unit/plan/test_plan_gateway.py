@@ -53,7 +53,7 @@ def gateway_children(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
 
 ALL = {("InferencePool", "tiny"), ("Deployment", "tiny-epp"), ("Service", "tiny-epp"), ("ServiceAccount", "tiny-epp"),
        ("Role", "tiny-epp"), ("RoleBinding", "tiny-epp"), ("PodDisruptionBudget", "tiny-epp"),
-       ("NetworkPolicy", "tiny-gateway")}
+       ("NetworkPolicy", "tiny-gateway"), ("NetworkPolicy", "tiny-epp")}
 
 # case, pool spec (None: not set), other spec, gateway children expected
 CHILDREN = [
@@ -61,7 +61,8 @@ CHILDREN = [
     ("disabled", {"enabled": False, "failureMode": "FailOpen"}, {}, set()),
     ("enabled", {"enabled": True}, {}, ALL),
     ("no disruption budgets", {"enabled": True}, {"disruption": {"enabled": False}}, ALL - {("PodDisruptionBudget", "tiny-epp")}),
-    ("no network policy", {"enabled": True}, {"network": {"networkPolicy": False}}, ALL - {("NetworkPolicy", "tiny-gateway")}),
+    ("no network policy", {"enabled": True}, {"network": {"networkPolicy": False}},
+     ALL - {("NetworkPolicy", "tiny-gateway"), ("NetworkPolicy", "tiny-epp")}),
     ("without the router", {"enabled": True}, {"router": {"enabled": False}}, ALL),
 ]
 
@@ -141,8 +142,11 @@ def test_the_picker_runs_with_the_routers_discovery_and_picking() -> None:
     assert epp_config.port == gw.EPP_METRICS
     assert epp_config.kubernetes_fleet == "tiny" and epp_config.kubernetes_namespace == "ml"
     assert epp_config.flow_control.enabled and epp_config.prefill_policy == "leastOutstanding"
-    assert epp_config == router_config.__class__(**{**router_config.__dict__, "port": gw.EPP_METRICS})
-    assert epp["env"] == rtr["env"]  # the fleet's uid: only its own Services are trusted
+    assert epp_config == router_config.__class__(**{**router_config.__dict__, "port": gw.EPP_METRICS,
+                                                     "host": "$(EPP_POD_IP)"})  # the pod IP (downward API)
+    # the fleet's uid (only its own Services are trusted) and the engine token, as the router; then the EPP's
+    # caller token and pod IP (test_plan_epp_front_door.py)
+    assert epp["env"][:len(rtr["env"])] == rtr["env"]
     probe_port = epp["readinessProbe"]["httpGet"]["port"]
     assert {p["name"]: p["containerPort"] for p in epp["ports"]}[probe_port] == gw.EPP_METRICS
 
@@ -203,7 +207,8 @@ def test_no_peers_no_opening() -> None:
     spec = resource.spec.model_copy(deep=True)
     spec.gateway.inference_pool.allow_from = []
     objs = gateway.children(context(resource), spec)
-    assert not [o for o in objs if o["kind"] == "NetworkPolicy"]
+    # the EPP's own policy stays (its gRPC port then admits nobody: test_plan_epp_front_door.py)
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "NetworkPolicy"] == ["tiny-epp"]
     assert [o for o in gateway.children(context(resource), resource.spec) if o["kind"] == "NetworkPolicy"]
 
 
@@ -267,7 +272,7 @@ def test_pdfleet_epp_parses_the_args_the_plan_renders() -> None:
     args = parser.parse_args(container["args"][1:])
     config = router_config.from_args(args)
     assert args.grpc_port == 19002 == one(objs, "InferencePool", "tiny")["spec"]["endpointPickerRef"]["port"]["number"]
-    assert config.port == gw.EPP_METRICS and config.host == "0.0.0.0"
+    assert config.port == gw.EPP_METRICS and config.host == "$(EPP_POD_IP)"  # the pod IP, from the downward API
     assert (config.kubernetes_fleet, config.kubernetes_namespace) == ("tiny", "ml")
 
 
