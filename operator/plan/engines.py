@@ -11,6 +11,7 @@ from pdfleet.operator.api.rules import gpus
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain, naming
 from pdfleet.operator.plan.auth import auth_secret, engine_api_token_env
+from pdfleet.operator.plan.model_files import hf_cache, hf_token_env, model_volume
 from pdfleet.operator.plan.engine import (
     ENGINE_MODULE,
     KV_EVENTS_PORT,
@@ -51,10 +52,7 @@ def _env(fleet: str, spec: DisaggregatedInferenceSpec, role: str) -> list[dict[s
     ]
     source = spec.model.source
     if source and source.hf:
-        env.append({"name": "HF_HOME", "value": "/cache/huggingface"})
-        if source.hf.token_secret_ref:
-            ref = source.hf.token_secret_ref
-            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env += hf_cache()[0] + hf_token_env(spec)
     env += [{"name": k, "value": v} for k, v in engine_env(spec, role).items()]
     env.append(engine_api_token_env(fleet))  # last: a spec env var of that name cannot replace the Secret's
     return env
@@ -92,17 +90,13 @@ def _volumes(ctx: Context, spec: DisaggregatedInferenceSpec) -> tuple[list[dict[
         {"name": "kv-config", "mountPath": KV_CONFIG_DIR, "readOnly": True},
     ]
     source = spec.model.source
-    if source and source.pvc:
-        volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True}}
-        )
-        mount = {"name": "model", "mountPath": "/models", "readOnly": True}
-        if source.pvc.sub_path:
-            mount["subPath"] = source.pvc.sub_path
-        mounts.append(mount)
+    model_volumes, model_mounts = model_volume(spec)
+    volumes += model_volumes
+    mounts += model_mounts
     if source and source.hf:
-        volumes.append({"name": "hf-cache", "emptyDir": {}})
-        mounts.append({"name": "hf-cache", "mountPath": "/cache/huggingface"})
+        _, cache_volume, cache_mount = hf_cache()
+        volumes.append(cache_volume)
+        mounts.append(cache_mount)
     # Always mounted (secure by default): the user's Secret or the fleet's generated one.
     secret_name, secret_key = auth_secret(ctx.fleet, spec)
     volumes.append(

@@ -13,6 +13,7 @@ from pdfleet.operator.plan import drain, naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
 from pdfleet.operator.plan.auth import client_api_token_env
 from pdfleet.operator.plan.meta import Context, metadata
+from pdfleet.operator.plan.model_files import tokenizer_files
 
 RESTRICTED_CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
@@ -79,6 +80,7 @@ def front_end_deployment(ctx: Context, spec: DisaggregatedInferenceSpec, *, role
     Endpoint Picker (plan/gateway.py). Both run `pdfleet`, serve /health on the HTTP port, trust only
     the fleet's Services and hold the engines' API token."""
     labels = naming.role_labels(ctx.fleet, role)
+    tokenizer_env, volumes, mounts = tokenizer_files(spec)  # the tokenizer loads as the engines load the model
     probe = {"httpGet": {"path": "/health", "port": HTTP_NAME}, "periodSeconds": 5, "failureThreshold": 3}
     container = {
         "name": container_name,
@@ -90,7 +92,8 @@ def front_end_deployment(ctx: Context, spec: DisaggregatedInferenceSpec, *, role
         # only Services whose owner reference carries this uid are the fleet's (connector/serving/ownership.py),
         # and the engines answer only the fleet's API token (plan/auth.py), which only the front ends mount
         "env": [*([{"name": env_names.FLEET_UID, "value": ctx.owner["uid"]}] if ctx.owner else []),
-                client_api_token_env(ctx.fleet)],
+                *tokenizer_env, client_api_token_env(ctx.fleet)],
+        "volumeMounts": mounts,
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -103,6 +106,7 @@ def front_end_deployment(ctx: Context, spec: DisaggregatedInferenceSpec, *, role
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
+        "volumes": volumes,
     }
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
