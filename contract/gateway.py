@@ -14,6 +14,16 @@ DESTINATION_METADATA_NAMESPACE = "envoy.lb"
 # The proxy's subset hint: metadata namespace and key; a list of "ip:port" (or one comma-separated string).
 SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
+# The endpoint that served the request, "ip:port", as the gateway reports it back (GAIE #1226, #3003): key
+# in the response's metadata namespace DESTINATION_METADATA_NAMESPACE (or a response header of that name).
+DESTINATION_SERVED_KEY = "x-gateway-destination-endpoint-served"
+
+# grpc.health.v1 service names the EPP answers on its ext_proc port (GAIE's Endpoint Picker Protocol,
+# "Health Checking", #2514): "" and HEALTH_LIVENESS while the process serves; HEALTH_READINESS and the ext_proc
+# service's own name (Envoy's grpc_health_check service_name) while a revision has ready endpoints.
+HEALTH_LIVENESS = "liveness"
+HEALTH_READINESS = "readiness"
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 EPP_GRPC = 9002  # the EPP's ext_proc gRPC port (GAIE's default for endpointPickerRef.port)
 EPP_METRICS = 9090  # the EPP's /metrics and /health (HTTP)

@@ -30,7 +30,6 @@ from google.protobuf.json_format import MessageToDict
 
 from pdfleet.connector.epp import messages, protocol
 from pdfleet.connector.epp.admission import Admission
-from pdfleet.connector.serving import lease_release
 from pdfleet.connector.serving.lease_release import Lease
 from pdfleet.connector.serving.endpoints import DECODE
 from pdfleet.connector.serving.errors import error_body
@@ -103,16 +102,21 @@ class Exchange:
         self.with_body = False
         self.new_body = b""
         self.status: int | None = None
+        # The body modes the proxy announced (protocol_config); BUFFERED / none until it does.
+        self.request_mode, self.response_mode = protocol.BUFFERED, protocol.NONE
+        self.served: str | None = None  # the "ip:port" the gateway says served the request
 
     # ---- messages from the proxy ---------------------------------------------------
 
     async def on_message(self, msg: pb.ProcessingRequest) -> None:
         kind = msg.WhichOneof("request")
         if msg.HasField("protocol_config"):
-            self.duplex = msg.protocol_config.request_body_mode == ProcessingMode.FULL_DUPLEX_STREAMED
-        if msg.HasField("metadata_context") and self.subset is None:
+            self._on_protocol(msg.protocol_config)
+        metadata = MessageToDict(msg.metadata_context).get("filterMetadata", {}) if msg.HasField("metadata_context") \
+            else {}
+        if metadata and self.subset is None:
             try:
-                self.subset = protocol.subset_hint(MessageToDict(msg.metadata_context).get("filterMetadata", {}))
+                self.subset = protocol.subset_hint(metadata)
             except protocol.BadSubset as exc:
                 await self._immediate(_refuse(400, str(exc), "bad_subset"))
                 return
@@ -121,10 +125,17 @@ class Exchange:
             self.headers = protocol.header_map((h.key, h.raw_value or h.value) for h in hs)
             if msg.request_headers.end_of_stream:
                 await self._decide(b"", with_body=False)
-            elif not self.duplex:
-                await self.send(messages.continue_headers())  # BUFFERED: the body follows
+            elif not self.duplex:  # BUFFERED: the body follows (asked for where the proxy allows, see protocol)
+                await self.send(messages.continue_headers(
+                    mode_override=protocol.mode_override(self.request_mode, self.response_mode)))
         elif kind == "request_body":
             if self.decided:
+                return
+            if protocol.streamed_too_early(self.request_mode, msg.request_body.end_of_stream):
+                await self._immediate(_refuse(
+                    500, "the gateway streams request bodies (request_body_mode STREAMED) without letting the "
+                         "Endpoint Picker ask for BUFFERED (allow_mode_override): the request went on before a "
+                         "decode was chosen", "streamed_request_body"))
                 return
             chunk = msg.request_body.body
             self.size += len(chunk)
@@ -143,14 +154,18 @@ class Exchange:
                 await self.send(messages.empty_trailers())
         elif kind == "response_headers":
             hs = protocol.header_map((h.key, h.raw_value or h.value) for h in msg.response_headers.headers.headers)
+            self.epp.modes.responded(self.request_mode, self.response_mode)
+            self.served = protocol.served_endpoint(metadata, hs)
             await self._on_response(int(hs.get(":status", "0") or 0))
             if msg.response_headers.end_of_stream:
                 await self._answered()
         elif kind == "response_body":
-            # Decode's answer passes through unchanged (STREAMED: one ack per chunk); its end is when
-            # the request stops holding the decode and its flow-control slot.
-            await self.send(pb.ProcessingResponse(response_body=pb.BodyResponse()))
-            if msg.response_body.end_of_stream:
+            # Decode's answer passes through unchanged, as its body mode wants it answered (protocol.
+            # response_body_reply); its end is when the request stops holding the decode and its flow slot.
+            body = msg.response_body
+            await self.send(messages.response_body(protocol.response_body_reply(self.response_mode), body.body,
+                                                   body.end_of_stream))
+            if body.end_of_stream:
                 await self._answered()
         elif kind == "response_trailers":
             await self.send(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
@@ -305,17 +320,20 @@ class Exchange:
         self.epp.metrics.refused.labels(refused.reason or str(refused.status)).inc()
         await self.send(messages.immediate(refused.status, refused.body, refused.headers, details=refused.reason))
 
+    def _on_protocol(self, config: pb.ProtocolConfiguration) -> None:
+        name = ProcessingMode.BodySendMode.Name
+        self.request_mode, self.response_mode = name(config.request_body_mode), name(config.response_body_mode)
+        self.duplex = self.request_mode == protocol.FULL_DUPLEX
+        self.epp.modes.announced(self.request_mode, self.response_mode)
+
     async def _on_response(self, status: int) -> None:
         self.status = status
-        if self.lease is not None and self.lease.params:
-            verdict = protocol.lease_verdict(status)
-            if verdict == protocol.TAKEN:
-                self.lease.params = {}
-            else:
-                self._release_lease(verdict)
-        if status >= 500 and self.decode_url is not None:
+        self._settle_lease(status)
+        served = protocol.served_url(self.served, self.decode_url,
+                                     (u for g in self.picker.groups.values() for u in g.ready(DECODE)))
+        if status >= 500 and served is not None:  # the decode that failed: the gateway's word, else the EPP's
             self.router.metrics.leg_failures.labels(DECODE, f"http_{status}").inc()
-            self.picker.eject(self.decode_url)
+            self.picker.eject(served)
         await self.send(messages.continue_headers(self.reply_headers, response=True))
 
     def _release_lease(self, reason: str) -> None:
@@ -331,8 +349,22 @@ class Exchange:
             admission, self.admission = self.admission, None
             await admission.leave()
 
+    def _settle_lease(self, status: int | None) -> None:
+        """Decode's status (None: none came) decides the prefill lease: decode's, or released."""
+        if self.lease is None or not self.lease.params:
+            return
+        # Not routed: no decode got it. Routed: a status was due if the gateway sends response headers.
+        expected = self.outcome != "routed" or self.epp.modes.responds(self.request_mode, self.response_mode)
+        verdict = protocol.lease_verdict(status, status_expected=expected)
+        if verdict in (protocol.TAKEN, protocol.UNOBSERVED):
+            if verdict == protocol.UNOBSERVED:
+                self.epp.modes.unobserved(self.request_mode, self.response_mode)
+            self.lease.params = {}
+        else:
+            self._release_lease(verdict)
+
     async def finish(self) -> None:
         """The exchange is over (answered, refused, or the stream broke): give back what it holds."""
-        if self.lease is not None and self.lease.params:  # no decode took it: the client or proxy left first
-            self._release_lease(lease_release.CLIENT_GONE)
+        if self.status is None:  # no decode status came: the client or proxy left first, or none was sent
+            self._settle_lease(None)
         await self._answered()

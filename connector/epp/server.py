@@ -23,7 +23,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from pdfleet.connector.epp import caller_auth
+from pdfleet.connector.epp import protocol
 from pdfleet.connector.epp.exchange import Exchange, timed_pick
+from pdfleet.connector.epp.gateway_modes import GatewayModes
+from pdfleet.connector.epp.health import Health
 from pdfleet.connector.serving import engine_auth
 from pdfleet.connector.serving.router_state import Discovery, static_groups
 from pdfleet.connector.serving.endpoints import DECODE, PREFILL
@@ -74,6 +77,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         token = engine_auth.engine_token(os.environ)
         self.engine_authorization = f"Bearer {token}" if token else None
         self.metrics = EppMetrics(self.router.metrics.registry)
+        self.modes = GatewayModes()  # what the gateway's processing mode turned out to be (gateway_modes.py)
+        self.health = Health(lambda: self.router.picker.selection.revision is not None)
+        self._health_task: asyncio.Task | None = None
         self._interceptors = caller_auth.interceptors(caller_token, self.router.metrics.registry)
         # Every pick this EPP's requests make (the prefill leg's too) counts in their decision time.
         self.router.picker.pick = timed_pick(self.router.picker.pick)
@@ -111,6 +117,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             self._task = asyncio.create_task(self._discovery(self.router))
         self._server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=self._interceptors)
         pb_grpc.add_ExternalProcessorServicer_to_server(self, self._server)
+        self.health.add_to(self._server)
+        await self.health.update()
+        self._health_task = asyncio.create_task(self.health.follow())
         bound = self._server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")  # a v6 pod IP
         if bound == 0:
             raise OSError(f"cannot bind the EPP's gRPC port {host}:{port}")
@@ -122,10 +131,14 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             self._http = web.AppRunner(app, access_log=None)
             await self._http.setup()
             await web.TCPSite(self._http, host, metrics_port).start()
-        log.info("endpoint picker serving ext_proc on %s:%d", host, bound)
+        log.info("endpoint picker serving ext_proc and grpc.health.v1 on %s:%d; the gateway's ext_proc filter needs: %s",
+                 host, bound, protocol.GATEWAY_NEEDS)
         return bound
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
