@@ -16,16 +16,18 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from pdfleet.contract import gateway as gw
 from pdfleet.contract.env import EPP_CALLER_TOKEN
+from pdfleet.contract.routing import GENERATE_ROUTES, PASSTHROUGH_ROUTES, SERVED_ROUTES
 from pdfleet.operator.api import parse
 from pdfleet.operator.api.types import NetworkPolicyPeer
 from pdfleet.operator.plan import PlanOptions, auth, context, gateway, plan
 from pdfleet.operator.reconcile.auth_secret import AuthSecrets
 from pdfleet.operator.plan.gateway import POD_IP_VAR
 
-from test_plan_gateway import GW_NAMESPACE, OWNER, children, cr, one, pod_labels  # noqa: E402
+from test_plan_gateway import GW_NAMESPACE, OWNER, ROOT, children, cr, one, pod_labels  # noqa: E402
 
 REF = {"secretKeyRef": {"name": "tiny-epp-caller", "key": auth.EPP_CALLER_KEY}}
 PEERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}},
@@ -163,3 +165,22 @@ def test_only_allow_from_reaches_the_epps_grpc_port(case, allow, want) -> None:
 def test_the_epp_policy_follows_network_policy(network_policy, want) -> None:
     objs = children(cr({"enabled": True}, network={"networkPolicy": network_policy}))
     assert bool([o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "tiny-epp"]) is want
+
+
+# ---- the shipped HTTPRoutes ----------------------------------------------------------------------
+
+
+def example_routes() -> list[tuple[str, dict[str, Any]]]:
+    return [(f.name, d) for f in sorted((ROOT / "examples" / "gateway").glob("*.yaml"))
+            for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") == "HTTPRoute"]
+
+
+@pytest.mark.parametrize("name, route", example_routes(), ids=[n for n, _ in example_routes()])
+def test_the_shipped_routes_send_only_the_routes_served(name, route) -> None:
+    """Exactly contract.routing's served routes, each with its method; nothing by prefix (was all of /v1/).
+    Validity against the Gateway API CRDs: test_plan_gateway.py."""
+    want = {**{path: "POST" for path in GENERATE_ROUTES}, **PASSTHROUGH_ROUTES}
+    matches = [m for rule in route["spec"]["rules"] for m in rule["matches"]]
+    assert all(m["path"]["type"] == "Exact" for m in matches), name
+    assert {m["path"]["value"]: m.get("method") for m in matches} == want
+    assert len(matches) == len(want) == len(SERVED_ROUTES)
