@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 from pdfleet.contract.router_config import RouterConfig
-from pdfleet.operator.local.console import StartupFailed, err
+from pdfleet.contract import metrics
+from pdfleet.operator.local.console import StartupFailed, err, say
 
 # How long the router line waits for the router's tokenizer (prefix routing) before it is printed anyway.
 ROUTER_TOKENIZER_WAIT_S = 120.0
@@ -30,11 +31,26 @@ async def wait_for_tokenizer(router_runner: Any) -> None:
 
     # The router runs in this process: loading its tokenizer (importing transformers: ~6 s on 2
     # cores) holds the GIL, and every request sent meanwhile waits on it. Announce it once loaded.
+    prefix = router_runner.app[ROUTER_KEY].prefix
     try:
-        await asyncio.wait_for(router_runner.app[ROUTER_KEY].prefix.wait_ready(), ROUTER_TOKENIZER_WAIT_S)
+        await asyncio.wait_for(prefix.wait_ready(), ROUTER_TOKENIZER_WAIT_S)
     except asyncio.TimeoutError:
         err(f"the router's tokenizer is still loading after {ROUTER_TOKENIZER_WAIT_S:g}s; serving anyway"
             " (prefix routing scores by what the router routed until it is loaded)")
+        return
+    line = tokenizer_line(prefix.tokenizer_reason)
+    if line is not None:
+        (say if prefix.tokenizer_reason == metrics.TOKENIZER_LOADED else err)(line)
+
+
+def tokenizer_line(reason: str | None) -> str | None:
+    """What `pdfleet local` says of the router's tokenizer (its metric's reason); None: no leg is prefixAware."""
+    if reason is None:
+        return None
+    if reason == metrics.TOKENIZER_LOADED:
+        return "router: prefix routing hashes prompts with the model's tokenizer"
+    return (f"router: prefix routing has no tokenizer ({reason}): it scores by text chunks, not by the engines' "
+            f"blocks (see the router's log; {metrics.ROUTER_TOKENIZER_LOADED} says it too)")
 
 
 def gateway_for(router_runner: Any) -> Any:
