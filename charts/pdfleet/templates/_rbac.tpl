@@ -74,11 +74,13 @@ watches every namespace, by a Role in each watched namespace otherwise.
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}
-# Each fleet's generated side-channel key Secret (<fleet>-kv-auth): created once; on
+# Each fleet's generated Secrets (<fleet>-kv-auth, <fleet>-engine-api): created once; on
 # AlreadyExists its metadata only (PartialObjectMetadata) is read to check that the
-# fleet owns it (a Secret someone else made may be known to them). Never listed,
-# patched or watched. `get` gives no power the operator lacks: it creates pods, and a
-# pod may mount any Secret of its namespace.
+# fleet owns it (a Secret someone else made may be known to them). The Secrets a fleet
+# names (kvTransfer.authSecretRef, model.source.hf.tokenSecretRef), in its namespace: read
+# before its pods are made, to check they exist and hold the key (only the key names are
+# kept). Never listed, patched or watched. `get` gives no power the operator lacks: it
+# creates pods, and a pod may mount any Secret of its namespace (docs/install.md).
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "get"]

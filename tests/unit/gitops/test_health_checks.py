@@ -85,6 +85,17 @@ CASES = {
                            cond("Progressing", "False", "Stalled", "", 3),
                            cond("Degraded", "True", "ApplyFailed", "statefulsets: 403 forbidden", 3))),
         "Degraded"),
+    # issue 39: what the operator writes once spec.progressDeadlineSeconds passed (GitOps tools stop waiting)
+    "progress deadline exceeded": (
+        resource(2, status(2, cond("Ready", "False", "ImagePullBackOff", "waiting for ready pods: decode", 2),
+                           cond("Progressing", "False", "ProgressDeadlineExceeded", "not complete 1800 s", 2),
+                           cond("Degraded", "True", "ProgressDeadlineExceeded", "not complete 1800 s", 2))),
+        "Degraded"),
+    "waiting for a missing Secret": (
+        resource(2, status(2, cond("Ready", "False", "SecretMissing", "Secret hf-token ... does not exist", 2),
+                           cond("Progressing", "True", "SecretMissing", "Secret hf-token ... does not exist", 2),
+                           cond("Degraded", "False", "AsExpected", "", 2))),
+        "Progressing"),
     "conditions carry no generation": (
         resource(3, status(3, cond("Ready", "True", "Ready"), cond("Progressing", "False", "Complete"))), "Healthy"),
 }
