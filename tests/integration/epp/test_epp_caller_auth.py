@@ -11,11 +11,14 @@ import json
 
 import grpc
 import pytest
+import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from pdfleet.connector.epp import caller_auth
+from pdfleet.connector.epp.envoy_config import render
+from pdfleet.connector.epp.envoy_process import Envoy
 from pdfleet.contract.env import ENGINE_API_KEY
 from pdfleet.contract.gateway import CALLER_TOKEN_METADATA
 from pdfleet.contract.metrics import EPP_UNAUTHENTICATED
@@ -149,3 +152,39 @@ async def test_control_without_the_check_the_raw_client_gets_the_engine_token(fl
     assert code is None and len(received) == 2
     assert f"Bearer {ENGINE_TOKEN}".encode() in received[1]
     assert len(p.received) == 1
+
+
+def _per_route_config(gw, token: str | None) -> str:
+    """The shipped BUFFERED config as gateways that configure the EPP per route shape it (Istio and kgateway
+    attach the InferencePool's ext_proc as a route's ExtProcPerRoute): no initial_metadata on the filter;
+    the token, if any, in each route's overrides.grpc_initial_metadata."""
+    cfg = yaml.safe_load(render("buffered", listen_port=0, epp_port=gw.epp_port, admin_port=0,
+                                caller_token=gw.caller_token, decode_only=(gw.engines[1].url,)))
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (ext,) = [f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc"]
+    del ext["typed_config"]["grpc_service"]["initial_metadata"]
+    if token is not None:
+        for route in hcm["route_config"]["virtual_hosts"][0]["routes"]:
+            route["typed_per_filter_config"] = {"envoy.filters.http.ext_proc": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+                "overrides": {"grpc_initial_metadata": [{"key": CALLER_TOKEN_METADATA, "value": token}]}}}
+    return yaml.safe_dump(cfg)
+
+
+@pytest.mark.parametrize("per_route", [True, False])
+async def test_the_token_can_come_from_the_routes_ext_proc_override(fleet, per_route):
+    """docs/gateway.md's setting for gateways that configure the EPP per route: ExtProcPerRoute
+    overrides.grpc_initial_metadata carries the token, and the gateway is served. Control: the same config
+    without the override is refused (5xx, no leg)."""
+    gw, p, d = fleet
+    await gw.close_envoy()
+    envoy = Envoy(_per_route_config(gw, gw.caller_token if per_route else None))
+    await asyncio.to_thread(envoy.start)
+    try:
+        url = f"http://127.0.0.1:{envoy.listener_port()}"
+        async with gw.session.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}) as r:
+            assert (r.status == 200) is per_route, await r.text()
+    finally:
+        await asyncio.to_thread(envoy.stop)
+    assert len(p.received) == (1 if per_route else 0)
+    assert _refused(gw, caller_auth.MISSING) == (0 if per_route else 1)
