@@ -294,9 +294,19 @@ def ratio_satisfiable(spec: DisaggregatedInferenceSpec) -> bool:
     return False
 
 
+def _has_front_end(spec: DisaggregatedInferenceSpec) -> bool:
+    """A front end runs the serving pipeline, which splits requests by pair and writes their series:
+    the router, the Endpoint Picker behind a Gateway, or both."""
+    return spec.router.enabled or spec.gateway.inference_pool.enabled
+
+
+_FRONT_END_CEL = "self.router.enabled || self.gateway.inferencePool.enabled"
+_FRONT_END_NAMES = "router.enabled or gateway.inferencePool.enabled"
+
+
 def _planner_has_router(spec: DisaggregatedInferenceSpec) -> bool:
     p = spec.scaling.planner
-    return p is None or not p.enabled or spec.router.enabled
+    return p is None or not p.enabled or _has_front_end(spec)
 
 
 def _planner_has_target(spec: DisaggregatedInferenceSpec) -> bool:
@@ -341,9 +351,9 @@ SCALING_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         field="scaling.planner.enabled",
-        message="the planner reads the router's metrics: it needs router.enabled",
+        message=f"the planner reads the front ends' metrics: it needs {_FRONT_END_NAMES}",
         check=_planner_has_router,
-        cel=f"!({_PLANNER_ON_CEL}) || self.router.enabled",
+        cel=f"!({_PLANNER_ON_CEL}) || {_FRONT_END_CEL}",
     ),
     Rule(
         field="scaling.planner.enabled",
@@ -473,6 +483,27 @@ DISAGGREGATION_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + DISAGGREGATION_RULES
 
 
+# --- prefix scoring over KV tiers (issue 40) ----------------------------------------
+
+
+def _some_tier_weighs(spec: DisaggregatedInferenceSpec) -> bool:
+    w = spec.router.prefix_scoring.tier_weights
+    return w.gpu > 0 or w.cpu > 0 or w.storage > 0
+
+
+_TW = "self.router.prefixScoring.tierWeights"
+PREFIX_SCORING_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="router.prefixScoring.tierWeights",
+        message="at least one tier's weight must be above 0 (a tier at 0 is left out of the router's index)",
+        check=_some_tier_weighs,
+        # double(): a weight written as an integer (0, 1) compares as a number either way
+        cel=f"double({_TW}.GPU) > 0.0 || double({_TW}.CPU) > 0.0 || double({_TW}.STORAGE) > 0.0",
+    ),
+)
+SPEC_RULES = SPEC_RULES + PREFIX_SCORING_RULES
+
+
 # --- canary rollouts (issue 22) ---------------------------------------------------
 
 
@@ -481,7 +512,7 @@ def _canary_has_steps(spec: DisaggregatedInferenceSpec) -> bool:
 
 
 def _canary_has_router(spec: DisaggregatedInferenceSpec) -> bool:
-    return spec.rollout.strategy != "Canary" or spec.router.enabled
+    return spec.rollout.strategy != "Canary" or _has_front_end(spec)
 
 
 def _canary_weights_increase(spec: DisaggregatedInferenceSpec) -> bool:
@@ -500,9 +531,9 @@ CANARY_RULES: tuple[Rule, ...] = (
     ),
     Rule(
         field="rollout.strategy",
-        message="'Canary' needs router.enabled: the router splits the requests and measures each pair",
+        message=f"'Canary' needs {_FRONT_END_NAMES}: a front end splits the requests and measures each pair",
         check=_canary_has_router,
-        cel="self.rollout.strategy != 'Canary' || self.router.enabled",
+        cel=f"self.rollout.strategy != 'Canary' || {_FRONT_END_CEL}",
     ),
     Rule(
         field="rollout.canary.steps",

@@ -63,17 +63,20 @@ class Cluster:
         await d.start()
         self.engines[revision] = {"prefill": p, "decode": d}
 
-    async def start_router(self, fleet_uid: str) -> None:
+    def router_config(self, fleet_uid: str) -> RouterConfig:
+        """A front end's config: the fleet's EndpointSlices through this API server, tight timeouts."""
         cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "k",
                "clusters": [{"name": "k", "cluster": {"server": str(self.kube.url).rstrip("/")}}],
                "users": [{"name": "r", "user": {"token": "t"}}],
                "contexts": [{"name": "k", "context": {"cluster": "k", "user": "r"}}]}
         path = self.tmp_path / "kubeconfig"
         path.write_text(yaml.safe_dump(cfg))
-        config = RouterConfig(kubernetes_fleet="llama", kubernetes_namespace=NAMESPACE, kubeconfig=str(path),
-                              kubernetes_fleet_uid=fleet_uid, connect_timeout_s=1.0, prefill_timeout_s=2.0,
-                              decode_first_byte_timeout_s=2.0, decode_idle_timeout_s=2.0, eject_s=0.0)
-        self.runner, bound = await start_router(config, "127.0.0.1", self.port)
+        return RouterConfig(kubernetes_fleet="llama", kubernetes_namespace=NAMESPACE, kubeconfig=str(path),
+                            kubernetes_fleet_uid=fleet_uid, connect_timeout_s=1.0, prefill_timeout_s=2.0,
+                            decode_first_byte_timeout_s=2.0, decode_idle_timeout_s=2.0, eject_s=0.0)
+
+    async def start_router(self, fleet_uid: str) -> None:
+        self.runner, bound = await start_router(self.router_config(fleet_uid), "127.0.0.1", self.port)
         assert bound == self.port
 
     async def router_pod(self) -> None:
@@ -174,10 +177,13 @@ def router_template(kube: FakeKube) -> str:
 
 
 async def start_canary(driver: FakeDriver, cluster: Cluster, steps: list[dict[str, Any]], *, breach: bool = False,
-                       **canary: Any) -> tuple[str, str]:
-    """A fleet serving revision S, then a spec change to revision T whose pair comes up ready: (S, T)."""
+                       spec: dict[str, Any] | None = None, **canary: Any) -> tuple[str, str]:
+    """A fleet serving revision S, then a spec change to revision T whose pair comes up ready: (S, T).
+    ``spec``: more of the fleet's spec (e.g. a Gateway's inferencePool)."""
     kube = driver.kube
-    cr = await driver.create_cr(canary_fleet(cluster.port, steps, **canary))
+    body = canary_fleet(cluster.port, steps, **canary)
+    body["spec"].update(spec or {})
+    cr = await driver.create_cr(body)
     await cluster.router_pod()
     await eventually(lambda: len(kube.list(STS, NAMESPACE)) == 2, what="the first pair")
     for sts in kube.list(STS, NAMESPACE):

@@ -43,7 +43,7 @@ def test_a_canary_parses_with_its_names() -> None:
 @pytest.mark.parametrize("rollout,spec,field,needle", [
     ({"strategy": "Canary"}, {}, "spec.rollout.canary", "is required with rollout.strategy 'Canary'"),
     ({"strategy": "Canary", "canary": CANARY}, {"router": {"enabled": False}}, "spec.rollout.strategy",
-     "needs router.enabled"),
+     "needs router.enabled or gateway.inferencePool.enabled"),
     ({"strategy": "Canary", "canary": {"steps": [{"weight": 50}, {"weight": 20}]}}, {}, "spec.rollout.canary.steps",
      "strictly increase"),
     ({"strategy": "Canary", "canary": {"steps": [{"weight": 20}, {"weight": 20}]}}, {}, "spec.rollout.canary.steps",
@@ -66,6 +66,15 @@ def test_bad_rollouts_are_refused_with_the_field_named(rollout, spec, field, nee
     assert admission_errors(cr(rollout, **spec)), "the API server would admit it"
 
 
+def test_a_canary_behind_the_gateway_alone_is_valid() -> None:
+    """The Endpoint Picker runs the serving pipeline: it splits by pair and writes the series the analysis
+    reads (issue 38), so a fleet whose front door is the Gateway may canary without a router."""
+    gateway = {"router": {"enabled": False}, "gateway": {"inferencePool": {
+        "enabled": True, "allowFrom": [{"namespaceSelector": {"matchLabels": {"gw": "yes"}}}]}}}
+    assert not errors_of(cr({"strategy": "Canary", "canary": CANARY}, **gateway))
+    assert not admission_errors(cr({"strategy": "Canary", "canary": CANARY}, **gateway))
+
+
 def test_max_recompute_rate_parses_and_is_unset_by_default() -> None:
     c = parse(cr({"strategy": "Canary", "canary": {**CANARY, "analysis": {"maxRecomputeRate": 0.02}}})).spec.rollout.canary
     assert c is not None and c.analysis.max_recompute_rate == 0.02
@@ -75,14 +84,15 @@ def test_max_recompute_rate_parses_and_is_unset_by_default() -> None:
 
 
 def test_cel_and_python_agree_on_the_canary_rules() -> None:
-    grid = [(strategy, steps, router)
+    grid = [(strategy, steps, router, pool)
             for strategy in ("Paired", "Canary")
             for steps in (None, [10], [10, 50], [50, 10], [10, 10], [5, 50, 100], [5, 60, 50])
-            for router in (True, False)]
+            for router in (True, False) for pool in (True, False)]
     specs = []
-    for strategy, steps, router in grid:
+    for strategy, steps, router, pool in grid:
         spec: dict[str, Any] = {"model": {"name": "m"}, "router": {"enabled": router},
-                                "rollout": {"strategy": strategy}}
+                                "rollout": {"strategy": strategy},
+                                "gateway": {"inferencePool": {"enabled": pool, "allowFrom": [{"podSelector": {}}]}}}
         if steps is not None:
             spec["rollout"]["canary"] = {"steps": [{"weight": w} for w in steps]}
         specs.append(spec)
