@@ -1,12 +1,14 @@
 """One request's ext_proc exchange: the proxy's messages in, the EPP's answers out.
 
-The P/D design (docs/gateway.md): once the request's body is whole, the EPP itself runs the prefill
-leg (the router's prefill_leg.py, through the shared decision core picker.py), and hands the proxy
-the decode body carrying prefill's ``kv_transfer_params`` with the chosen decode of the same
-revision pair as the destination. The proxy relays decode's answer to the client chunk by chunk;
-the EPP sees only decode's response headers. A prefill lease no decode will read (decode answered
-4xx/5xx, or the exchange ended before decode's headers came: the client left, or the proxy gave
-up) is released at the prefill as the router does (lease_release.py).
+The P/D design (docs/gateway.md): once the request's body is whole, the EPP runs the serving
+pipeline's steps up to the decode pick (serving/pipeline.py: the same steps as the router, the
+prefill leg included), and hands the proxy the decode body carrying prefill's ``kv_transfer_params``
+with the chosen decode of the same revision pair as the destination. The proxy relays decode's answer
+to the client; the EPP watches it go by (the pipeline's timing: TTFT, ITL, the per-revision series)
+and ends the request when it is over. A prefill lease no decode will read (decode answered 4xx/5xx,
+or the exchange ended before decode's headers came: the client left, or the proxy gave up) is
+released at the prefill as the router does (lease_release.py). This module translates ext_proc to
+and from the pipeline; it decides nothing the router does not.
 
 Body modes: BUFFERED (the proxy sends the whole body once; the EPP answers the headers at once and
 mutates the body) and FULL_DUPLEX_STREAMED (the proxy streams the body without waiting; the EPP
@@ -15,68 +17,28 @@ answers the headers and then the new body once the old one is whole).
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.json_format import MessageToDict
 
 from pdfleet.connector.epp import messages, protocol
-from pdfleet.connector.epp.admission import Admission
-from pdfleet.connector.serving.lease_release import Lease
+from pdfleet.connector.serving import timing
 from pdfleet.connector.serving.endpoints import DECODE
-from pdfleet.connector.serving.errors import error_body
-from pdfleet.connector.serving.flow.cost import estimate_cost
-from pdfleet.connector.serving.flow.gate import Shed
-from pdfleet.connector.serving.fanout import FAN_OUT
-from pdfleet.connector.serving.request_id import upstream_request_id
-from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, json_decode, json_encode
-from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+from pdfleet.connector.serving.lease_release import Lease
+from pdfleet.connector.serving.outcome import CLIENT_CLOSED
+from pdfleet.connector.serving.pipeline import Served
+from pdfleet.connector.serving.request import Refusal, refuse, route_refusal
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, json_encode
+from pdfleet.contract.routing import GENERATE_ROUTES
 
 log = logging.getLogger("pdfleet.epp")
 
 Send = Callable[[pb.ProcessingResponse], Awaitable[None]]
-
-# The current request's decision time so far: the picker's picks (the prefill leg's included, which
-# runs in a task of its own but shares this mutable cell) add to it (see timed_pick).
-_DECISION: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("pdfleet_epp_decision", default=None)
-
-
-def timed_pick(pick: Callable[..., Any]) -> Callable[..., Any]:
-    """``picker.pick`` that adds its time to the current request's decision time."""
-
-    @functools.wraps(pick)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return pick(*args, **kwargs)
-        finally:
-            cell = _DECISION.get()
-            if cell is not None:
-                cell[0] += time.perf_counter() - started
-
-    return timed
-_JSON = {"content-type": "application/json"}
-
-
-class Refused(Exception):
-    """The EPP answers the client itself (4xx/5xx), with no upstream."""
-
-    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None, reason: str = "") -> None:
-        super().__init__(status, reason)
-        self.status, self.body, self.headers, self.reason = status, body, headers or {}, reason
-
-
-def _refuse(status: int, message: str, reason: str, headers: dict[str, str] | None = None) -> Refused:
-    return Refused(status, error_body(status, message), {**_JSON, **(headers or {})}, reason)
-
 
 class Exchange:
     """The state of one request between the proxy and the EPP (one gRPC stream)."""
@@ -85,6 +47,7 @@ class Exchange:
         self.epp = epp  # server.EndpointPicker: .router (the router's parts: picker, legs, releaser), .metrics
         self.router = epp.router
         self.picker = epp.router.picker
+        self.pipeline = epp.router.pipeline
         self.send = send
         self.duplex = False
         self.headers: dict[str, str] = {}
@@ -94,14 +57,15 @@ class Exchange:
         self.decided = False
         self.decode_url: str | None = None
         self.lease: Lease | None = None
-        self.body: dict[str, Any] = {}
-        self.upstream_headers: dict[str, str] = {}
         self.reply_headers: dict[str, str] = {}
-        self.admission: Admission | None = None
+        self.serving: Served | None = None  # a generate request on its way through the pipeline
+        self.started = time.perf_counter()
+        self.ended = False
         self.outcome = "unfinished"
         self.with_body = False
         self.new_body = b""
         self.status: int | None = None
+        self.refused_status: int | None = None
         # The body modes the proxy announced (protocol_config); BUFFERED / none until it does.
         self.request_mode, self.response_mode = protocol.BUFFERED, protocol.NONE
         self.served: str | None = None  # the "ip:port" the gateway says served the request
@@ -118,7 +82,7 @@ class Exchange:
             try:
                 self.subset = protocol.subset_hint(metadata)
             except protocol.BadSubset as exc:
-                await self._immediate(_refuse(400, str(exc), "bad_subset"))
+                await self._immediate(refuse(400, str(exc), "bad_subset"))
                 return
         if kind == "request_headers":
             hs = msg.request_headers.headers.headers
@@ -132,7 +96,7 @@ class Exchange:
             if self.decided:
                 return
             if protocol.streamed_too_early(self.request_mode, msg.request_body.end_of_stream):
-                await self._immediate(_refuse(
+                await self._immediate(refuse(
                     500, "the gateway streams request bodies (request_body_mode STREAMED) without letting the "
                          "Endpoint Picker ask for BUFFERED (allow_mode_override): the request went on before a "
                          "decode was chosen", "streamed_request_body"))
@@ -140,7 +104,7 @@ class Exchange:
             chunk = msg.request_body.body
             self.size += len(chunk)
             if self.size > self.router.config.max_body_bytes:
-                await self._immediate(_refuse(
+                await self._immediate(refuse(
                     413, f"request body exceeds the EPP's limit of {self.router.config.max_body_bytes} bytes",
                     "client_too_large"))
                 return
@@ -163,6 +127,7 @@ class Exchange:
             # Decode's answer passes through unchanged, as its body mode wants it answered (protocol.
             # response_body_reply); its end is when the request stops holding the decode and its flow slot.
             body = msg.response_body
+            timing.chunk(body.body)  # TTFT and ITL as the router measures them on its own relay
             await self.send(messages.response_body(protocol.response_body_reply(self.response_mode), body.body,
                                                    body.end_of_stream))
             if body.end_of_stream:
@@ -178,117 +143,62 @@ class Exchange:
         self.with_body = with_body
         path = self.headers.get(":path", "/").split("?", 1)[0]
         try:
-            if path in protocol.GENERATE_PATHS:
-                await self._decide_generate(path, raw, chat=protocol.GENERATE_PATHS[path])
+            refusal = route_refusal(self.headers.get(":method", "GET"), path)
+            if refusal is not None:  # the router's rule for every other route (serving/request.py)
+                raise refusal
+            if path in GENERATE_ROUTES:
+                await self._decide_generate(path, raw)
             else:
-                self._decide_other(raw)
-        except Refused as refused:
+                self._decide_passthrough(raw)
+        except Refusal as refused:
             await self._immediate(refused)
             return
         await self._route()
 
-    def _decide_other(self, raw: bytes) -> None:
-        """Any other route (/v1/models, ...): a ready decode of the serving revision, unchanged."""
-        started = time.perf_counter()
+    def _decide_passthrough(self, raw: bytes) -> None:
+        """A passthrough route (/v1/models): a ready decode of the serving revision, unchanged."""
         group = self.picker.selection.revision
         if group is None:
-            raise _refuse(503, f"no endpoints to serve: {self.picker.selection.reason}", "no_endpoints")
-        url = self.picker.pick(DECODE, self._decodes(group), ())
-        self.epp.metrics.decision.observe(time.perf_counter() - started)
+            raise refuse(503, f"no endpoints to serve: {self.picker.selection.reason}", "no_endpoints")
+        url = self.picker.pick(DECODE, self._within(group.ready(DECODE)), ())
         if url is None:
-            raise _refuse(503, "no ready decode endpoint", "no_endpoints")
+            raise refuse(503, "no ready decode endpoint", "no_endpoints")
         self._take_decode(url)
         self.new_body = raw
 
-    async def _decide_generate(self, path: str, raw: bytes, *, chat: bool) -> None:
-        router, metrics = self.router, self.router.metrics
-        request_id = upstream_request_id(self.headers.get("x-request-id"))
-        self.reply_headers = {REQUEST_ID_HEADER.lower(): request_id}
-        try:
-            body = json_decode(raw)
-        except msgspec.DecodeError as exc:
-            metrics.errors.labels("client_invalid_json").inc()
-            raise _refuse(400, f"request body is not valid JSON: {exc}", "client_invalid_json",
-                          self.reply_headers) from None
-        if not isinstance(body, dict):
-            metrics.errors.labels("client_not_object").inc()
-            raise _refuse(400, f"request body must be a JSON object, got {type(body).__name__}", "client_not_object",
-                          self.reply_headers)
-        if body.pop("kv_transfer_params", None) is not None:
-            metrics.client_kv_params_dropped.inc()
-        self.body = body
-        self.admission = Admission(self.picker.flow)
-        try:
-            await self.admission.enter(self.headers, estimate_cost(body, chat=chat))
-        except Shed as shed:
-            raise Refused(shed.status, error_body(shed.status, shed.message),
-                          {**_JSON, "retry-after": str(shed.retry_after_s)}, "shed") from None
-
-        spent = [0.0]  # this request's decision time (see timed_pick)
-        _DECISION.set(spent)
-        started = time.perf_counter()
-        group = self.picker.choose_pair(body, chat=chat, request_id=request_id,
-                                        headers=self.headers)  # both legs on this pair
-        if group is None:
-            metrics.errors.labels("no_endpoints").inc()
-            raise _refuse(503, f"no endpoints to serve: {self.picker.selection.reason}", "no_endpoints",
-                          self.reply_headers)
-        decodes = self._decodes(group)
-        if not decodes:
-            metrics.errors.labels("no_endpoints").inc()
-            raise _refuse(503, f"no ready decode endpoint of revision {group.revision} is in the gateway's subset "
-                               f"({len(self.subset or ())} endpoint(s))", "empty_subset", self.reply_headers)
-        spent[0] += time.perf_counter() - started
-        self.reply_headers[REVISION_HEADER] = group.revision
-        self.upstream_headers = {REQUEST_ID_HEADER: request_id, "Content-Type": "application/json",
-                                 "Accept-Encoding": "identity"}
-        for name in router.config.forward_headers:
-            value = self.headers.get(name.lower())
-            if value is not None:
-                self.upstream_headers[name] = value
-
-        kv_params = None
-        started = time.perf_counter()
-        decision = self.picker.decide(group, body, chat=chat, decodes=decodes)  # serving/disaggregation.py
-        spent[0] += time.perf_counter() - started
-        self.reply_headers[DISAGGREGATION_HEADER] = decision.header()
-        if decision.reason == FAN_OUT:  # several engine requests: P/D cannot serve it (see fanout.py)
-            metrics.fallbacks.labels(FAN_OUT).inc()
-            self.reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
-        if decision.remote:
-            leg = asyncio.ensure_future(router.prefill.run(group, path, body, self.upstream_headers, chat=chat))
-            try:
-                # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
-                prefill = await asyncio.shield(leg)
-            except asyncio.CancelledError:
-                router.abandoned.hand_back(leg, functools.partial(router.prefill.hand_back, group, path, body,
-                                                                  self.upstream_headers, chat=chat))
-                raise
-            if prefill.client_error is not None:
-                err = prefill.client_error
-                raise Refused(err.status, err.body, {"content-type": err.content_type, **self.reply_headers},
-                              "prefill_refused")
-            kv_params = prefill.kv_transfer_params
-            if kv_params is None:
-                metrics.fallbacks.labels("prefill_failed").inc()
-                self.reply_headers[FALLBACK_HEADER] = FALLBACK_DECODE_ONLY
-            elif prefill.url:
-                self.lease = Lease(prefill.url, kv_params, prefill.received_at, prefill.wall_at_receipt)
-        url = self.picker.pick(DECODE, decodes, (), body, chat)
-        self.epp.metrics.decision.observe(spent[0])  # choose_pair, decide and every pick (prefill's, decode's)
-        if url is None:  # cannot happen with decodes non-empty; kept as a guard
-            raise _refuse(503, "no ready decode endpoint", "no_endpoints", self.reply_headers)
+    async def _decide_generate(self, path: str, raw: bytes) -> None:
+        """The pipeline's steps up to the decode pick (serving/pipeline.py); the proxy runs decode's leg."""
+        pipeline = self.pipeline
+        self.serving = served = pipeline.read(path, self.headers, raw)
+        self.reply_headers = served.request.reply_headers
+        await pipeline.admit(served)
+        pipeline.choose(served, within=self._within if self.subset is not None else None)
+        await pipeline.prefill(served)
+        self.lease = served.lease  # from here, the exchange's end releases it unless a decode took it
+        await pipeline.decode_slot(served)
+        url = pipeline.pick_decode(served)
+        current = timing.current()
+        if current is not None:  # the pair, the decision and every pick, prefill's and decode's
+            self.epp.metrics.decision.observe(current.decision_s)
+        if url is None:  # cannot happen with candidates left by choose(); kept as a guard
+            raise refuse(503, "no ready decode endpoint", "no_endpoints", self.reply_headers)
         self._take_decode(url)
-        self.new_body = json_encode(protocol.decode_body(body, kv_params))
+        self.new_body = json_encode(pipeline.decode_body(served))
 
-    def _decodes(self, group) -> tuple[str, ...]:
-        return protocol.within(group.ready(DECODE), self.subset)
+    def _within(self, decodes: tuple[str, ...]) -> tuple[str, ...]:
+        return protocol.within(decodes, self.subset)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.serving.request.body if self.serving is not None else {}
+
+    @property
+    def upstream_headers(self) -> dict[str, str]:
+        return self.serving.request.upstream_headers if self.serving is not None else {}
 
     def _take_decode(self, url: str) -> None:
         self.decode_url = url
         self.picker.acquire(DECODE, url)  # released when the exchange ends (decode's answer is over)
-        if self.admission is not None:
-            self.admission.decode_started()
 
     # ---- answers -------------------------------------------------------------------
 
@@ -314,11 +224,14 @@ class Exchange:
         self.epp.metrics.routed.inc()
         self.outcome = "routed"
 
-    async def _immediate(self, refused: Refused) -> None:
+    async def _immediate(self, refused: Refusal) -> None:
         self.decided = True
         self.outcome = refused.reason
+        self.refused_status = refused.status
         self.epp.metrics.refused.labels(refused.reason or str(refused.status)).inc()
-        await self.send(messages.immediate(refused.status, refused.body, refused.headers, details=refused.reason))
+        await self.send(messages.immediate(refused.status, refused.body,
+                                           {"content-type": refused.content_type, **refused.headers},
+                                           details=refused.reason))
 
     def _on_protocol(self, config: pb.ProtocolConfiguration) -> None:
         name = ProcessingMode.BodySendMode.Name
@@ -328,6 +241,7 @@ class Exchange:
 
     async def _on_response(self, status: int) -> None:
         self.status = status
+        timing.first_byte()  # decode answered: its leg stops waiting (the pipeline's timing hook)
         self._settle_lease(status)
         served = protocol.served_url(self.served, self.decode_url,
                                      (u for g in self.picker.groups.values() for u in g.ready(DECODE)))
@@ -345,9 +259,15 @@ class Exchange:
         if self.decode_url is not None:
             self.picker.release(DECODE, self.decode_url)
             self.decode_url = None
-        if self.admission is not None:
-            admission, self.admission = self.admission, None
-            await admission.leave()
+        await self._end()
+
+    async def _end(self) -> None:
+        """Once: the request counted (path, status, its revision's series) and its flow slot freed."""
+        if self.ended or self.serving is None:
+            return
+        self.ended = True
+        status = self.status if self.status is not None else self.refused_status or CLIENT_CLOSED
+        await self.pipeline.finished(self.serving, self.serving.request.path, status, self.started)
 
     def _settle_lease(self, status: int | None) -> None:
         """Decode's status (None: none came) decides the prefill lease: decode's, or released."""

@@ -31,9 +31,6 @@ BUFFERED_PARTIAL, FULL_DUPLEX = "BUFFERED_PARTIAL", "FULL_DUPLEX_STREAMED"
 ECHO = "echo"  # the chunk back as a streamed body mutation, end_of_stream passed through
 ACK = "ack"  # an empty BodyResponse: the chunk (STREAMED) or the whole body (BUFFERED) goes on unchanged
 
-# The routes whose body the EPP turns into a P/D request; "chat" says which shape.
-GENERATE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
-
 
 class BadSubset(ValueError):
     """The proxy's subset hint is not a list of endpoint strings."""
