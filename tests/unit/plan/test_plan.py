@@ -90,7 +90,7 @@ def test_gpu_rdma_details() -> None:
     assert template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
     volumes = {v["name"]: v for v in template["spec"]["volumes"]}
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory"}}
-    assert volumes["side-channel-secret"]["secret"]["secretName"] == "pdfleet-side-channel"
+    assert volumes["side-channel-secret"]["secret"]["secretName"] == "llama-8b-kv-auth"  # generated: no user Secret
     for svc in by_kind(objs, "Service"):
         if svc["metadata"]["labels"]["pdfleet.io/role"] in ("prefill", "decode"):
             assert svc["spec"]["clusterIP"] == "None"
