@@ -3,9 +3,12 @@
 cost = estimated prompt tokens + the tokens it may generate. Prompt tokens are estimated without a
 tokenizer (the gate runs before any): token ids count one each, text counts one per
 ``CHARS_PER_TOKEN`` characters (English BPE averages about 4). The generated part is ``max_tokens``
-(``max_completion_tokens`` for chat), times ``n`` / ``best_of`` choices; a completion that sets no
-limit gets vLLM's default (16), a chat request with none is counted at ``CHAT_DEFAULT_MAX_TOKENS`` (vLLM
-lets it run to the context's end: a typical long answer, not the model's window). Decode time grows with both (each generated token reads the whole
+(``max_completion_tokens`` for chat) or ``min_tokens`` if larger (a lower bound on generation), times
+``n`` choices, all read as vLLM reads them (body_fields.py: ``"4096"`` and ``4096.0`` are 4096); a
+completion that sets no limit gets vLLM's default (16), a chat request with none (or a completion with
+``max_tokens: null``) is counted at ``CHAT_DEFAULT_MAX_TOKENS`` (vLLM lets it run to the context's end: a
+typical long answer, not the model's window). ``best_of`` is not counted: vLLM 0.32's request models have
+no such field and ignore it. A body vLLM refuses is counted with the defaults (it is refused at once). Decode time grows with both (each generated token reads the whole
 context), so sharing cost shares decode time far better than sharing requests. The result is bounded to
 [1, MAX_COST]: a body cannot claim an unbounded or negative share.
 """
@@ -15,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pdfleet.connector.serving.body_fields import COMPLETIONS_DEFAULT_MAX_TOKENS, FieldError, Numbers, read_numbers
+
+__all__ = ["CHARS_PER_TOKEN", "CHAT_DEFAULT_MAX_TOKENS", "COMPLETIONS_DEFAULT_MAX_TOKENS", "MAX_COST", "estimate_cost"]
+
 CHARS_PER_TOKEN = 4
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS = 512
 MAX_COST = 10_000_000.0
 _MAX_CHOICES = 128
@@ -34,20 +40,17 @@ def _prompt_tokens(value: Any) -> int:
     return 0
 
 
-def _positive_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
 def estimate_cost(body: Mapping[str, Any], *, chat: bool) -> float:
     """Estimated tokens the request costs (prompt + generation), in [1, MAX_COST]."""
     if chat:
         messages = body.get("messages")
         prompt = _prompt_tokens(messages) if isinstance(messages, list) else 0
-        limit = (_positive_int(body.get("max_completion_tokens")) or _positive_int(body.get("max_tokens"))
-                 or CHAT_DEFAULT_MAX_TOKENS)
     else:
         prompt = _prompt_tokens(body.get("prompt"))
-        limit = _positive_int(body.get("max_tokens")) or COMPLETIONS_DEFAULT_MAX_TOKENS
-    choices = min(_MAX_CHOICES, max(_positive_int(body.get("n")) or 1, _positive_int(body.get("best_of")) or 1))
-    cost = prompt + choices * limit
+    try:
+        numbers = read_numbers(body, chat=chat)
+    except FieldError:
+        numbers = Numbers(None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS)
+    limit = CHAT_DEFAULT_MAX_TOKENS if numbers.max_tokens is None else numbers.max_tokens
+    cost = prompt + min(_MAX_CHOICES, numbers.n) * max(limit, numbers.min_tokens)
     return float(min(MAX_COST, max(1, cost)))
