@@ -41,6 +41,11 @@ CALLER_TOKEN_METADATA = "x-pdfleet-epp-token"
 # `pdfleet epp` refuses to start without a caller token (contract.env.EPP_CALLER_TOKEN) unless given this
 # flag, which serves every caller: only for a port that nothing but the local gateway can reach.
 INSECURE_ANY_CALLER_FLAG = "--insecure-any-caller"
+# spec.gateway.inferencePool.callerAuth: how the Endpoint Picker knows its gateway. Token: the fleet's
+# caller token in the ext_proc stream's metadata (the default); None: anyone the NetworkPolicy admits
+# (for gateways that cannot send metadata, e.g. agentgateway; the EPP runs with INSECURE_ANY_CALLER_FLAG).
+CALLER_AUTH_TOKEN = "Token"
+CALLER_AUTH_NONE = "None"
 
 FAIL_OPEN = "FailOpen"  # InferencePool endpointPickerRef.failureMode: the proxy routes on without the EPP
 FAIL_CLOSE = "FailClose"  # the proxy answers 5xx when the EPP cannot be reached

@@ -569,8 +569,23 @@ def _gateway_peers_named(spec: DisaggregatedInferenceSpec) -> bool:
     return not (pool.enabled and spec.network.network_policy) or bool(pool.allow_from)
 
 
+def _open_epp_is_fenced(spec: DisaggregatedInferenceSpec) -> bool:
+    """An Endpoint Picker that checks no caller is reachable only from the peers the spec names."""
+    pool = spec.gateway.inference_pool
+    return (not pool.enabled or pool.caller_auth != gateway.CALLER_AUTH_NONE
+            or (spec.network.network_policy and bool(pool.allow_from)))
+
+
 _POOL = "self.gateway.inferencePool"
 GATEWAY_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="gateway.inferencePool.callerAuth",
+        message=f"'{gateway.CALLER_AUTH_NONE}' needs network.networkPolicy: true and allowFrom: with no caller token, "
+        "the NetworkPolicy is all that keeps other pods from the Endpoint Picker (which hands out the engine token)",
+        check=_open_epp_is_fenced,
+        cel=f"!{_POOL}.enabled || {_POOL}.callerAuth != '{gateway.CALLER_AUTH_NONE}' || (self.network.networkPolicy"
+        f" && has({_POOL}.allowFrom) && size({_POOL}.allowFrom) > 0)",
+    ),
     Rule(
         field="gateway.inferencePool.eppPort",
         message=f"must not be {gateway.EPP_METRICS}: the Endpoint Picker serves /health and /metrics there",

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
-from pdfleet.contract import ports, routing
+from pdfleet.contract import kv_tiers, ports, routing
 from pdfleet.contract import gateway
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, GPU_NIXL_THREADS, MAX_NIXL_THREADS
 from pdfleet.contract.flow_control import FAIRNESS_COST, FAIRNESS_REQUESTS
@@ -352,6 +352,30 @@ class DisaggregationSpec(Model):
     )
 
 
+TierWeight = Annotated[float, Field(ge=0, le=1)]
+
+
+class TierWeightsSpec(Model):
+    """A cached block's worth to the router by the best KV tier holding it (the media of vLLM's KV events)."""
+
+    gpu: TierWeight = Field(default=dict(kv_tiers.DEFAULT_TIER_WEIGHTS)[kv_tiers.MEDIUM_GPU],
+                            alias=kv_tiers.MEDIUM_GPU, description="The engine's own KV cache.")
+    cpu: TierWeight = Field(default=dict(kv_tiers.DEFAULT_TIER_WEIGHTS)[kv_tiers.MEDIUM_CPU],
+                            alias=kv_tiers.MEDIUM_CPU, description="The offloading connector's host-memory tier.")
+    storage: TierWeight = Field(default=dict(kv_tiers.DEFAULT_TIER_WEIGHTS)[kv_tiers.MEDIUM_STORAGE],
+                                alias=kv_tiers.MEDIUM_STORAGE, description="The offloading connector's storage tier.")
+
+
+class PrefixScoringSpec(Model):
+    """How prefixAware scores a cached prompt prefix."""
+
+    tier_weights: TierWeightsSpec = Field(
+        default_factory=TierWeightsSpec,
+        description="Each block of a cached prefix counts its tokens times the weight of the best tier holding it, "
+        "each weight in [0, 1]; 0 leaves that tier out of the router's index (at least one above 0).",
+    )
+
+
 class RouterSpec(Model):
     enabled: bool = Field(
         default=True, description="Run the P/D router (Deployment and Service <name>-router) in front of the fleet."
@@ -373,6 +397,7 @@ class RouterSpec(Model):
     )
     flow_control: FlowControlSpec = Field(default_factory=FlowControlSpec)
     disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+    prefix_scoring: PrefixScoringSpec = Field(default_factory=PrefixScoringSpec)
 
 
 class PDBSpec(Model):
@@ -528,6 +553,14 @@ class InferencePoolSpec(Model):
         "such a request (401) unless the gateway itself sets the token. Set it to say you know, e.g. because your "
         f"gateway injects the token; otherwise use {gateway.FAIL_CLOSE} with eppReplicas >= 2.",
     )
+    caller_auth: Literal[gateway.CALLER_AUTH_TOKEN, gateway.CALLER_AUTH_NONE] = Field(
+        default=gateway.CALLER_AUTH_TOKEN,
+        description=f"Who may call the Endpoint Picker. {gateway.CALLER_AUTH_TOKEN}: only a gateway that sends "
+        f"the fleet's caller token (Secret <name>-epp-caller, key token) in the ext_proc stream's metadata "
+        f"{gateway.CALLER_TOKEN_METADATA} (docs/gateway.md). {gateway.CALLER_AUTH_NONE}: any caller the "
+        "NetworkPolicy admits, for a gateway that cannot send metadata (e.g. agentgateway); it needs "
+        "network.networkPolicy and allowFrom, the only guard then.",
+    )
     epp_replicas: Annotated[int, Field(ge=1, le=100)] = Field(
         default=2, description="Endpoint Picker replicas (each picks alone; two keep the path up through a drain)."
     )
@@ -575,7 +608,6 @@ class DisaggregatedInferenceSpec(Model):
         default_factory=PlacementSpec, description="Where decode pods go relative to prefill pods."
     )
     gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="The fleet behind a cluster Gateway.")
-
     progress_deadline_seconds: Annotated[int, Field(ge=1, le=MAX_PROGRESS_DEADLINE_SECONDS)] = Field(
         default=DEFAULT_PROGRESS_DEADLINE_SECONDS,
         description="Seconds after the current generation started progressing (status.progressingSince) after "

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from pdfleet.contract import env as env_names
 from pdfleet.contract import labels
+from pdfleet.contract.gateway import CALLER_AUTH_TOKEN
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import naming
 
@@ -115,7 +116,8 @@ def epp_caller_token_env(fleet: str) -> dict[str, Any]:
 
 
 def needs_epp_caller_secret(spec: DisaggregatedInferenceSpec) -> bool:
-    return spec.gateway.inference_pool.enabled
+    pool = spec.gateway.inference_pool
+    return pool.enabled and pool.caller_auth == CALLER_AUTH_TOKEN
 
 
 def generated_epp_caller_secret(fleet: str, namespace: str, token: bytes,

@@ -17,7 +17,7 @@ from pdfleet.contract.labels import ROLE_DECODE, ROLE_EPP
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import kinds, naming, router
-from pdfleet.operator.plan.auth import epp_caller_token_env
+from pdfleet.operator.plan.auth import epp_caller_token_env, needs_epp_caller_secret
 from pdfleet.operator.plan.meta import Context, metadata
 
 POOL = kinds.INFERENCE_POOL
@@ -65,7 +65,9 @@ def epp_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
     # The router's config with the EPP's HTTP port (health, metrics) on the pod IP: same discovery,
     # policies, flow control.
     config = dataclasses.replace(router.router_config(ctx, spec), host=f"$({POD_IP_VAR})", port=gw.EPP_METRICS)
-    return ["epp", *config.to_argv(), gw.GRPC_PORT_FLAG, str(spec.gateway.inference_pool.epp_port)]
+    pool = spec.gateway.inference_pool
+    anyone = [gw.INSECURE_ANY_CALLER_FLAG] if pool.caller_auth == gw.CALLER_AUTH_NONE else []  # behind the policy
+    return ["epp", *config.to_argv(), gw.GRPC_PORT_FLAG, str(pool.epp_port), *anyone]
 
 
 def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
@@ -78,9 +80,9 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
                                       args=epp_args(ctx, spec), ports=ports,
                                       replicas=spec.gateway.inference_pool.epp_replicas)
     # and serves only the gateway that sends the fleet's caller token, on the pod's IP
+    token = [epp_caller_token_env(ctx.fleet)] if needs_epp_caller_secret(spec) else []
     out["spec"]["template"]["spec"]["containers"][0]["env"] += [
-        epp_caller_token_env(ctx.fleet),
-        {"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        *token, {"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     return out
 

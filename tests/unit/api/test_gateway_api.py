@@ -92,12 +92,15 @@ def test_cel_and_python_agree_on_the_gateway_rules() -> None:
     peers = [{"podSelector": {}}, {"namespaceSelector": {"matchLabels": {"a": "b"}}},
              {"podSelector": {}, "namespaceSelector": {}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}, {},
              {"ipBlock": {"cidr": "10.0.0.0/8"}, "namespaceSelector": {}}]
-    grid = [(port, allow, enabled, policy) for port in (None, 9002, gw.EPP_METRICS, 19002)
+    grid = [(port, allow, enabled, policy, auth) for port in (None, 9002, gw.EPP_METRICS, 19002)
             for allow in (None, [], *([p] for p in peers), peers[:2], [peers[0], peers[4]])
-            for enabled in (True, False) for policy in (True, False)]
+            for enabled in (True, False) for policy in (True, False)
+            for auth in (None, gw.CALLER_AUTH_NONE)]
     specs = []
-    for port, allow, enabled, policy in grid:
+    for port, allow, enabled, policy, auth in grid:
         pool: dict[str, Any] = {"enabled": enabled}
+        if auth is not None:
+            pool["callerAuth"] = auth
         if port is not None:
             pool["eppPort"] = port
         if allow is not None:

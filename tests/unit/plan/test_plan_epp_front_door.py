@@ -50,6 +50,7 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
     (None, []),
     ({"enabled": False}, []),
     ({"enabled": True}, ["tiny-epp"]),
+    ({"enabled": True, "callerAuth": gw.CALLER_AUTH_NONE}, []),  # a gateway that cannot send it: no token at all
 ])
 def test_only_the_epp_gets_the_caller_token_and_only_from_its_secret(pool, holders) -> None:
     objs = children(cr(pool))
@@ -97,6 +98,7 @@ class FakeSecrets:
     (None, ["tiny-kv-auth", "tiny-engine-api"]),
     ({"enabled": False}, ["tiny-kv-auth", "tiny-engine-api"]),
     ({"enabled": True}, ["tiny-kv-auth", "tiny-engine-api", "tiny-epp-caller"]),
+    ({"enabled": True, "callerAuth": gw.CALLER_AUTH_NONE}, ["tiny-kv-auth", "tiny-engine-api"]),
 ])
 def test_the_operator_creates_the_caller_secret_behind_a_gateway(pool, want) -> None:
     client = FakeSecrets()
@@ -107,8 +109,25 @@ def test_the_operator_creates_the_caller_secret_behind_a_gateway(pool, want) -> 
     assert [s["metadata"]["name"] for s in client.created] == want
     for s in client.created:
         kubernetes_validate.validate(s, "1.33.0", strict=True)
-    if pool and pool["enabled"]:  # its own random token, not another Secret's
+    if pool and pool["enabled"] and "callerAuth" not in pool:  # its own random token, not another Secret's
         assert base64.b64decode(client.created[-1]["data"]["token"]).decode() == (b"c" * 32).hex()
+
+
+@pytest.mark.parametrize("caller_auth, network_policy, flag, refused", [
+    (gw.CALLER_AUTH_TOKEN, True, False, False),
+    (gw.CALLER_AUTH_TOKEN, False, False, False),  # the token guards it without a policy
+    (gw.CALLER_AUTH_NONE, True, True, False),  # agentgateway: the NetworkPolicy is the guard
+    (gw.CALLER_AUTH_NONE, False, None, True),  # no token and no policy: refused, the field named
+])
+def test_caller_auth_none_runs_the_epp_open_only_behind_its_network_policy(caller_auth, network_policy, flag,
+                                                                           refused) -> None:
+    from pdfleet.operator.api import errors_of
+
+    resource = cr({"enabled": True, "callerAuth": caller_auth}, network={"networkPolicy": network_policy})
+    problems = [str(e) for e in errors_of(resource)]
+    assert any(p.startswith("spec.gateway.inferencePool.callerAuth") for p in problems) == refused, problems
+    if not refused:
+        assert (gw.INSECURE_ANY_CALLER_FLAG in epp_container(children(resource))["args"]) == flag
 
 
 # ---- the bind address ----------------------------------------------------------------------------
