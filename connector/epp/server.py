@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 
 from pdfleet.connector.epp import caller_auth
 from pdfleet.connector.epp import protocol
-from pdfleet.connector.epp.exchange import Exchange, timed_pick
+from pdfleet.connector.epp.exchange import Exchange
 from pdfleet.connector.epp.gateway_modes import GatewayModes
 from pdfleet.connector.epp.health import Health
 from pdfleet.connector.serving import engine_auth
@@ -81,8 +81,6 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.health = Health(lambda: self.router.picker.selection.revision is not None)
         self._health_task: asyncio.Task | None = None
         self._interceptors = caller_auth.interceptors(caller_token, self.router.metrics.registry)
-        # Every pick this EPP's requests make (the prefill leg's too) counts in their decision time.
-        self.router.picker.pick = timed_pick(self.router.picker.pick)
         self._discovery = discovery
         if discovery is None and config.kubernetes_fleet:
             from pdfleet.connector.serving.discovery import kubernetes_discovery
@@ -92,6 +90,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             self.router.set_endpoints(static_groups(config))
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
+        self.metrics_url: str | None = None  # once serving /metrics (start's metrics_port; 0: a free port)
         self._task: asyncio.Task | None = None
 
     # ---- the ext_proc stream -----------------------------------------------------------
@@ -130,7 +129,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             app.router.add_get("/health", self._health)
             self._http = web.AppRunner(app, access_log=None)
             await self._http.setup()
-            await web.TCPSite(self._http, host, metrics_port).start()
+            site = web.TCPSite(self._http, host, metrics_port)
+            await site.start()
+            bound_http = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.metrics_url = f"http://{'[' + host + ']' if ':' in host else host}:{bound_http}/metrics"
         log.info("endpoint picker serving ext_proc and grpc.health.v1 on %s:%d; the gateway's ext_proc filter needs: %s",
                  host, bound, protocol.GATEWAY_NEEDS)
         return bound
