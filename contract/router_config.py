@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 from pdfleet.contract import env as env_names
+from pdfleet.contract import kv_tiers
 from pdfleet.contract.flow_control import FLAG as FLOW_CONTROL_FLAG
 from pdfleet.contract.flow_control import FlowControlConfig
 from pdfleet.contract.ports import HTTP_NAME, KV_EVENTS, KV_EVENTS_REPLAY, ROUTER_HTTP
@@ -76,8 +77,10 @@ class RouterConfig:
     hash_algo: str = PREFIX_HASH_ALGO  # the engines' --prefix-caching-hash-algo
     hash_seed: str = DEFAULT_HASH_SEED  # the engines' PYTHONHASHSEED, else vLLM's default seed
     prefix_max_imbalance: int = 4  # in-flight requests above the least loaded a cached prefix may cost
+    # spec.router.prefixScoring.tierWeights: a cached block's worth by the best KV tier holding it (kv_tiers.py)
+    prefix_tier_weights: tuple[tuple[str, float], ...] = kv_tiers.DEFAULT_TIER_WEIGHTS
     kv_events_max_message_bytes: int = 8 * 1024 * 1024
-    kv_index_max_blocks: int = 1_000_000  # per endpoint
+    kv_index_max_blocks: int = 1_000_000  # per endpoint and tier (medium)
     # The router's KV-event memory across all publishers: half ZMQ queues, half block indexes
     # (connector/serving/kvaware/kv_subscriber.py: plan_budget).
     kv_events_max_total_bytes: int = 512 * 1024 * 1024
@@ -139,6 +142,7 @@ class RouterConfig:
             problems.append(f"min_remote_prefill_tokens: must be 0..1000000, got {self.min_remote_prefill_tokens}")
         if not 1 <= self.prefill_busy_in_flight <= 100_000:
             problems.append(f"prefill_busy_in_flight: must be 1..100000, got {self.prefill_busy_in_flight}")
+        problems += [f"prefix_tier_weights: {p}" for p in kv_tiers.check(dict(self.prefix_tier_weights))]
         if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
             problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
         if problems:
@@ -169,6 +173,8 @@ class RouterConfig:
             elif name == "kv_events":
                 for url, endpoints in value:
                     argv += ["--kv-events", f"{url}={endpoints}"]
+            elif name == "prefix_tier_weights":
+                argv += [kv_tiers.FLAG, kv_tiers.render(value)]
             else:
                 argv += [_flag(name), str(value)]
         if self.flow_control.enabled:  # disabled: nothing, so that such fleets keep their router pod template
@@ -196,7 +202,7 @@ _LIMITS = (
 )
 _ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_fleet_uid", "kubernetes_namespace", "kubeconfig",
           "port_name", "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",
-          "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
+          "hash_seed", "prefix_max_imbalance", "prefix_tier_weights", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
           "disaggregation_policy", "min_remote_prefill_tokens", "prefill_busy_in_flight",
           *(name for name, _ in _LIMITS))
 
@@ -256,6 +262,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
                          "bytes; default %(default)s")
     kv.add_argument("--prefix-max-imbalance", type=int, default=d["prefix_max_imbalance"].default,
                     help="requests in flight above the least loaded a cached prefix may cost; default %(default)s")
+    kv.add_argument(kv_tiers.FLAG, default=kv_tiers.render(d["prefix_tier_weights"].default), metavar="WEIGHTS",
+                    help="a cached block's worth by the best KV tier holding it, each in [0, 1] (0: that tier "
+                         "is not indexed); default %(default)s")
     dis = parser.add_argument_group("disaggregation: remote prefill per request (serving/disaggregation.py)")
     dis.add_argument("--disaggregation-policy", default=d["disaggregation_policy"].default,
                      choices=list(DISAGGREGATION_POLICIES),
@@ -294,6 +303,7 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
         "hash_seed", "prefix_max_imbalance", "prompt_cache_max_bytes", "kv_events_max_total_bytes",
         "disaggregation_policy", "min_remote_prefill_tokens", "prefill_busy_in_flight", *(n for n, _ in _LIMITS))}
     flow_control = FlowControlConfig.from_arg(args.flow_control) if args.flow_control else FlowControlConfig()
+    scalars["prefix_tier_weights"] = kv_tiers.parse(args.prefix_tier_weights)
     return RouterConfig(
         prefill=tuple(args.prefill), decode=tuple(args.decode), kv_events=tuple(kv_events),
         kubernetes_fleet=args.fleet if args.kubernetes else None, kubernetes_namespace=args.namespace,

@@ -6,6 +6,7 @@ from typing import Any
 
 from pdfleet.contract import env as env_names
 from pdfleet.contract.flow_control import FlowControlConfig, Priority
+from pdfleet.contract.kv_tiers import MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE
 from pdfleet.contract.ports import HTTP_NAME
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
@@ -41,6 +42,7 @@ def router_config(ctx: Context, spec: DisaggregatedInferenceSpec) -> RouterConfi
         hash_seed=hash_seed(spec),
         flow_control=flow_control_config(spec),
         **disaggregation_fields(spec),
+        **prefix_scoring_fields(spec),
     )
 
 
@@ -49,6 +51,12 @@ def disaggregation_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     d = spec.router.disaggregation
     return {"disaggregation_policy": d.policy, "min_remote_prefill_tokens": d.min_remote_prefill_tokens,
             "prefill_busy_in_flight": d.prefill_busy_in_flight}
+
+
+def prefix_scoring_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    """spec.router.prefixScoring as RouterConfig's fields (rendered only when not the defaults)."""
+    w = spec.router.prefix_scoring.tier_weights
+    return {"prefix_tier_weights": ((MEDIUM_GPU, w.gpu), (MEDIUM_CPU, w.cpu), (MEDIUM_STORAGE, w.storage))}
 
 
 def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:

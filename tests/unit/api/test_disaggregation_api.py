@@ -3,7 +3,6 @@ router's args and parsed back to the same settings."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,9 @@ import pytest
 import yaml
 
 from crd_admission import admission_errors  # noqa: E402
-from pdfleet.connector.router import command  # noqa: E402
+from router_args import parsed, router_args  # noqa: E402
 from pdfleet.contract.routing import DISAGGREGATION_ALWAYS, DISAGGREGATION_CONDITIONAL  # noqa: E402
 from pdfleet.operator.api import errors_of, parse  # noqa: E402
-from pdfleet.operator.plan import PlanOptions, plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 COND = {"policy": "Conditional", "minRemotePrefillTokens": 512, "prefillBusyInFlight": 2}
@@ -29,17 +27,6 @@ def cr(disaggregation: Any = None, max_model_len: int | None = None) -> dict[str
     if max_model_len is not None:
         out["spec"]["model"]["maxModelLen"] = max_model_len
     return out
-
-
-def router_args(resource: dict[str, Any]) -> list[str]:
-    (dep,) = [o for o in plan(resource, PlanOptions(serving_revision="rev0000001")) if o["kind"] == "Deployment"]
-    return dep["spec"]["template"]["spec"]["containers"][0]["args"]
-
-
-def parsed(args: list[str]):
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    return command.config_from_args(parser.parse_args(args[1:]))
 
 
 def test_the_default_is_always_and_leaves_the_router_pod_template_as_before() -> None:
