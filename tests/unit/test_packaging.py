@@ -25,7 +25,7 @@ def test_every_source_folder_goes_into_the_images() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     for folder in MAPPING:
-        assert dockerfile.count(f"COPY {folder}/ {folder}/") == 2, folder  # operator and runtime images
+        assert dockerfile.count(f"COPY {folder}/ {folder}/") == 3, folder  # operator, runtime, runtime-cpu images
         assert f"!{folder}/" in ignore, folder
 
 
