@@ -19,6 +19,10 @@ the order below is the only order.
 - **Within a class: SFQ across tenants** (equal weights; with unit costs, round robin), FIFO
   within a tenant. A tenant whose flow empties is forgotten (memory stays with what is queued); it
   starts again at the class's virtual time, so it gains at most one request's cost.
+- **Waiting for decode** (issue 38): an admitted request whose prefill leg is over waits for a
+  decode slot in a second queue of the same order (``decode_queue``), dispatched while decode holds
+  fewer legs than its capacity, without headroom (kept at admission already); it is never full and
+  only expires.
 - **Shedding** (the edge answers 429): a request queued ``max_wait_s`` is expired; when
   ``max_queued`` requests wait, an arrival displaces the newest request of the longest flow of
   the lowest waiting class below or equal to its own (among equally long flows, the one whose
@@ -36,6 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -251,12 +256,14 @@ class FlowQueue:
         """When the oldest waiting request expires (the edge's clock), or None when empty."""
         return next(iter(self._arrivals)).arrived + self.max_wait_s if self._arrivals else None
 
-    def dispatch(self, in_flight: int, capacity: int, lower_capacity: Optional[int] = None) -> list[Item]:
+    def dispatch(self, in_flight: int, capacity: int, lower_capacity: Optional[int] = None,
+                 spare: Optional[int] = None) -> list[Item]:
         """Requests to start now, in order, given the requests in flight and the capacity.
         ``lower_capacity`` (at most ``capacity``; default: the same) is the bound the lower classes'
-        headroom is taken from: the edge keeps the surplus it lets through ahead of decode for the top class."""
+        headroom is taken from: the edge keeps the surplus it lets through ahead of decode for the top class.
+        ``spare``: the slots lower classes leave free (default: ``headroom``)."""
         out = []
-        spare = headroom(capacity, len(self.classes))
+        spare = headroom(capacity, len(self.classes)) if spare is None else spare
         lower = capacity if lower_capacity is None else min(capacity, lower_capacity)
         while self.size:
             eligible = [i for i, c in enumerate(self.classes)
@@ -284,3 +291,12 @@ class FlowQueue:
         c.finish = c.start + item.cost / c.weight
         c.start = c.finish
         return item
+
+
+def decode_queue(weights: Sequence[int], max_wait_s: float) -> FlowQueue:
+    """The queue of admitted requests waiting for a decode slot (their prefill leg is over): the same
+    order as admission (classes by weight, tenants by cost, FIFO within a tenant), never full (it holds
+    only admitted requests, which the admission queue bounds), a wait of ``max_wait_s`` at most. Dispatch
+    it with ``spare=0``: the top class's headroom was kept at admission; kept again here, lower classes
+    alone would leave a quarter of decode idle."""
+    return FlowQueue(weights, sys.maxsize, max_wait_s)

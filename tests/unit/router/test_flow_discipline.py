@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.connector.serving.flow.discipline import FlowQueue, Item, headroom, retry_after_s
+from pdfleet.connector.serving.flow.discipline import FlowQueue, Item, decode_queue, headroom, retry_after_s
 
 
 def q(*weights: int, max_queued: int = 100, max_wait_s: float = 10.0) -> FlowQueue:
@@ -274,3 +274,48 @@ def test_displacement_and_expiry_match_a_brute_force_reference_over_random_traff
         oldest = min((i.arrived for i in live), default=None)
         assert fq.next_expiry() == (None if oldest is None else oldest + fq.max_wait_s)
     assert fq.entries() <= 5 * fq.max_queued + 4 * 64
+
+
+# Waiting for decode (issue 38): admitted requests whose prefill is over, given decode's slots as they
+# free. (case, weights, waiting, in_decode, capacity, given a slot in order)
+DECODE_WAIT = [
+    ("decode full: nobody", [1], "0a 0b", 8, 8, ""),
+    ("decode over its capacity (it shrank): nobody", [1], "0a", 9, 8, ""),
+    ("one slot free: the oldest", [1], "0a 0a 0a", 7, 8, "0a"),
+    ("free slots bound how many go", [1], "0a 0b 0c 0d", 6, 8, "0a 0b"),
+    ("tenants round robin, FIFO within each", [1], "0a 0a 0a 0b", 0, 8, "0a 0b 0a 0a"),
+    ("the top class goes first", [8, 1], "1a 1b 0c", 7, 8, "0c"),
+    ("then the lower class", [8, 1], "1a 1b 0c", 6, 8, "0c 1a"),
+    ("weights share the slots", [3, 1], "1x 1x 1x 0y 0y 0y 0y 0y 0y", 0, 8, "0y 1x 0y 0y 0y 1x 0y 0y"),
+    # the headroom was kept at admission: lower classes alone fill decode (admission would stop at 6 of 8)
+    ("no headroom: a lower class alone fills decode", [8, 1], "1a 1a 1a 1a", 4, 8, "1a 1a 1a 1a"),
+]
+
+
+@pytest.mark.parametrize("case,weights,waiting,in_decode,capacity,expected", DECODE_WAIT,
+                         ids=[d[0] for d in DECODE_WAIT])
+def test_decode_slots_go_in_class_order_then_by_tenant(case, weights, waiting, in_decode, capacity,
+                                                        expected) -> None:
+    dq = decode_queue(weights, 30.0)
+    offer_all(dq, items(waiting))
+    out = dq.dispatch(in_decode, capacity, spare=0)
+    assert names(out) == expected
+    assert dq.size == len(waiting.split()) - len(out)
+
+
+def test_the_admission_queue_keeps_the_headroom_the_decode_wait_does_not() -> None:
+    """The negative control of the last row above: the same lower-class requests, dispatched with the
+    admission's headroom, leave a quarter of the slots free."""
+    fq = q(8, 1)
+    offer_all(fq, items("1a 1a 1a 1a"))
+    assert names(fq.dispatch(4, 8)) == "1a 1a"
+
+
+def test_the_decode_wait_is_never_full_and_only_expires() -> None:
+    """Everyone in it was admitted (the admission queue bounds them): nobody is refused or displaced."""
+    dq = decode_queue([8, 1], 5.0)
+    its = items(" ".join(["1a"] * 3000 + ["0b"]))
+    offer_all(dq, its)
+    assert dq.size == 3001
+    assert [i.arrived for i in dq.expire(10.0)] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # waited 5 s or more at t=10
+    assert dq.size == 3001 - 6
