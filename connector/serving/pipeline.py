@@ -81,8 +81,7 @@ class Pipeline:
             await served.hold.enter(req.headers, req.cost)
         except Shed as shed:
             served.hold = None
-            raise Refusal(shed.status, error_body(shed.status, shed.message), reason="shed",
-                          headers={**req.reply_headers, "retry-after": str(shed.retry_after_s)}) from None
+            raise _shed(shed, req) from None
 
     def choose(self, served: Served, within: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None) -> None:
         """Step 3: the revision pair (both legs on it) and remote prefill or decode alone. ``within``
@@ -141,7 +140,8 @@ class Pipeline:
 
     async def decode_slot(self, served: Served) -> None:
         """Step 5: wait for a decode slot under flow control's bound (at once when it is off). A client
-        that leaves meanwhile leaves no lease behind."""
+        that leaves meanwhile leaves no lease behind; a request shed after maxQueueSeconds neither
+        (Refusal, 429)."""
         if served.hold is None:
             return
         try:
@@ -149,6 +149,9 @@ class Pipeline:
         except asyncio.CancelledError:
             self.release_lease(served, lease_release.CLIENT_GONE)
             raise
+        except Shed as shed:
+            self.release_lease(served, lease_release.DECODE_REFUSED)  # refused before a decode ran it
+            raise _shed(shed, served.request) from None
 
     def release_lease(self, served: Served, reason: str) -> None:
         """Prefill's blocks go back: no decode will read them (at most once per request)."""
@@ -180,3 +183,9 @@ class Pipeline:
         if served is not None and served.hold is not None:
             hold, served.hold = served.hold, None
             await hold.leave()
+
+
+def _shed(shed: Shed, req: ServingRequest) -> Refusal:
+    """The flow gate's refusal as the front ends answer it: 429 with Retry-After."""
+    return Refusal(shed.status, error_body(shed.status, shed.message), reason="shed",
+                   headers={**req.reply_headers, "retry-after": str(shed.retry_after_s)})

@@ -1,6 +1,6 @@
 """The flow-control gate: the asyncio edge of discipline.py, in front of the router's legs.
 
-Two ways in, one queue:
+Two ways in, one queue, and a second wait before decode:
 
 - ``async with gate.admit(headers, cost=...) as admission:`` (any front end: the router, the
   gateway's Endpoint Picker) waits until the queue discipline dispatches the request, or raises
@@ -8,6 +8,12 @@ Two ways in, one queue:
   the block ends, however it ends.
 - ``gate.guard(headers, handler, cost=...)``: the router's form on top of it, which answers 429
   with Retry-After (OpenAI's error shape) itself.
+- ``await gate.wait_for_decode(admission)``: a front end awaits it (serving/pipeline.py's decode slot
+  step, through hold.py) where the decode leg is about to pick a decode. It returns once decode holds
+  fewer legs than its capacity and the requests waiting for decode ahead of it (discipline.py's
+  order) have theirs: decode never holds more than ``maxInFlightPerDecode`` x ready decodes (issue
+  38; per decode, room.py keeps the pick off a full one). The wait is bounded by ``maxQueueSeconds``
+  (then ``Shed``, queue_timeout).
 
 Disabled, or with no serving revision known (capacity 0: the router answers its own 503 at once),
 both let the request through at once and count nothing: the router as before.
@@ -22,7 +28,8 @@ says when, with ``decode_started()``), not during its prefill leg or the router'
 gate keeps decode full by letting a pipeline of requests through ahead of it, as many as decode
 frees while one prefill leg runs (Little's law: capacity x mean pre-decode time / mean decode time,
 with a margin, at most capacity). Until a front end reports decode legs, every admitted request counts as a decode
-(no pipeline): the gate as before.
+(no pipeline): the gate as before. The pipeline's surplus waits in ``wait_for_decode``, in class
+order, not inside decode; the slot is decode's from the moment the wait grants it.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from pdfleet.connector.serving.flow.discipline import (
     QUEUE_TIMEOUT,
     FlowQueue,
     Item,
+    decode_queue,
     retry_after_s,
 )
 
@@ -54,7 +62,7 @@ _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 _EWMA = 0.1  # weight of the newest request in the means (service time for Retry-After, stage times)
 # The pipeline is sized for the mean; arrivals at decode vary around it, so a little more keeps decode
 # from idling (measured: bench/flow_control.py --parts throughput); the surplus waits at most one
-# prefill leg inside decode, first come first served. So the surplus is the top class's alone: lower
+# prefill leg (in wait_for_decode since issue 38; inside decode before). So the surplus is the top class's alone: lower
 # classes get the pipeline without it (with it for every class, interactive TTFT p90 under 2x load was
 # 1.05x-8.4x unloaded in 3 runs, batch filling decode; with no margin, 1.01x-1.04x).
 PIPELINE_MARGIN = 1.5
@@ -77,17 +85,23 @@ class Shed(Exception):
 class Admission:
     """One admitted request's hold on the gate (from ``admit``)."""
 
-    __slots__ = ("gate", "admitted_at", "decode_at", "released", "counted")
+    __slots__ = ("gate", "admitted_at", "ready_at", "decode_at", "released", "counted", "tenant", "klass", "cost",
+                 "slot")
 
-    def __init__(self, gate: Optional["FlowGate"], admitted_at: float, counted: bool) -> None:
+    def __init__(self, gate: Optional["FlowGate"], admitted_at: float, counted: bool, tenant: str = "",
+                 klass: int = 0, cost: float = 1.0) -> None:
         self.gate = gate
         self.admitted_at = admitted_at
+        self.ready_at: Optional[float] = None  # its legs before decode were over (it asked for decode)
         self.decode_at: Optional[float] = None
         self.released = False
         self.counted = counted  # False: let through without a slot (gate disabled or open)
+        self.tenant, self.klass, self.cost = tenant, klass, cost  # its place in the decode wait
+        self.slot = False  # holds one of decode's slots (counted in the gate's in_decode)
 
     def decode_started(self) -> None:
-        """The request's decode leg started (idempotent: a retried decode leg is the same hold)."""
+        """The request's decode leg started (idempotent: a retried decode leg is the same hold). Takes a
+        decode slot if ``wait_for_decode`` did not (a front end that does not wait: counted, unbounded)."""
         if self.decode_at is None and self.counted and not self.released and self.gate is not None:
             self.gate._decode_started(self)
 
@@ -121,6 +135,12 @@ class FlowMetrics:
                               ["priority"], buckets=_WAIT_BUCKETS, registry=r)
         self.in_flight = Gauge("pdfleet_router_flow_in_flight", "Requests dispatched and not finished", registry=r)
         self.capacity = Gauge("pdfleet_router_flow_capacity", "Requests the gate lets run at once", registry=r)
+        self.decode_waiting = Gauge("pdfleet_router_flow_decode_waiting", "Admitted requests waiting for a decode "
+                                    "slot (their prefill leg over), by priority", ["priority"], registry=r)
+        self.decode_wait = Histogram("pdfleet_router_flow_decode_wait_seconds", "Time from asking for a decode slot "
+                                     "to having one, by priority", ["priority"], buckets=_WAIT_BUCKETS, registry=r)
+        self.in_decode = Gauge("pdfleet_router_flow_in_decode", "Requests holding a decode slot (at most "
+                               "maxInFlightPerDecode x ready decodes when the front end waits for one)", registry=r)
 
 
 class FlowGate:
@@ -131,10 +151,11 @@ class FlowGate:
         self.names = [c.name for c in classes]
         self._index = {c.name: i for i, c in enumerate(classes)}
         self.queue = FlowQueue([c.weight for c in classes], config.max_queued, config.max_queue_s)
+        self.decode_queue = decode_queue([c.weight for c in classes], config.max_queue_s)
         self.by_cost = config.fairness == FAIRNESS_COST
         self.capacity = 0
         self.in_flight = 0  # admitted and not released
-        self.in_decode = 0  # of those, past decode_started()
+        self.in_decode = 0  # of those, holding a decode slot (granted by wait_for_decode, or decode_started)
         self.mean_service_s = 1.0
         self.mean_cost: Optional[float] = None
         self.mean_pre_decode_s: Optional[float] = None
@@ -148,6 +169,8 @@ class FlowGate:
             self._admitted = [m.admitted.labels(name) for name in self.names]
             self._queued = [m.queued.labels(name) for name in self.names]
             self._wait = [m.wait.labels(name) for name in self.names]
+            self._decode_waiting = [m.decode_waiting.labels(name) for name in self.names]
+            self._decode_wait = [m.decode_wait.labels(name) for name in self.names]
             for name in self.names:
                 for reason in (QUEUE_FULL, DISPLACED, QUEUE_TIMEOUT):
                     m.shed.labels(name, reason)
@@ -239,25 +262,72 @@ class FlowGate:
             raise
         if outcome is not _ADMITTED:
             raise self._refusal(klass, outcome)
-        return Admission(self, loop.time(), counted=True)
+        return Admission(self, loop.time(), True, tenant, klass, item.cost)
 
     # ---- inside ----------------------------------------------------------------
+
+    async def wait_for_decode(self, admission: Admission) -> None:
+        """Until the admitted request may start its decode leg: decode holds fewer legs than its capacity
+        and no request waiting for decode goes before it (discipline.py's order). A front end awaits it
+        just before its decode leg picks a decode (after the prefill leg). At once when the request holds
+        a decode slot already (a retried decode leg is the same hold), when the gate counted nothing
+        (disabled, or open) or no ready decode is known. Raises ``Shed`` (queue_timeout, 429) after
+        ``maxQueueSeconds`` of waiting; a client that leaves while it waits takes no slot."""
+        if not admission.counted or admission.slot or admission.released or admission.gate is not self:
+            return
+        loop = asyncio.get_running_loop()
+        self._ready_for_decode(admission, loop.time())
+        if self.capacity == 0:
+            return  # no ready decode known: open, as admission is (the pick answers for itself)
+        assert self.metrics is not None
+        future = loop.create_future()
+        item = Item(admission.tenant, admission.klass, loop.time(), (future, admission), cost=admission.cost)
+        self.decode_queue.offer(item)  # never refused (discipline.decode_queue)
+        self._set_decode_waiting(item.klass)
+        self._dispatch()
+        self._arm_timer()
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if self.decode_queue.withdraw(item):
+                self.metrics.abandoned.labels(self.names[item.klass]).inc()
+                self._set_decode_waiting(item.klass)
+            elif admission.slot and admission.decode_at is None:
+                self._free_slot(admission)  # granted in the instant its client left: it keeps nothing
+                self._dispatch()
+            raise
+        if outcome is not _ADMITTED:
+            raise self._refusal(item.klass, outcome, "a decode slot after its prefill leg")
+
+    def _ready_for_decode(self, admission: Admission, now: float) -> None:
+        """The request's legs before decode are over: their time sizes the pipeline (the decode wait not in it,
+        or the pipeline would grow with its own queue)."""
+        if admission.ready_at is None:
+            admission.ready_at = now
+            pre = now - admission.admitted_at
+            self.mean_pre_decode_s = pre if self.mean_pre_decode_s is None else \
+                self.mean_pre_decode_s + _EWMA * (pre - self.mean_pre_decode_s)
 
     def _decode_started(self, admission: Admission) -> None:
         now = asyncio.get_running_loop().time()
         admission.decode_at = now
-        self.in_decode += 1
-        pre = now - admission.admitted_at
-        self.mean_pre_decode_s = pre if self.mean_pre_decode_s is None else \
-            self.mean_pre_decode_s + _EWMA * (pre - self.mean_pre_decode_s)
+        self._ready_for_decode(admission, now)
+        if not admission.slot:
+            admission.slot = True
+            self.in_decode += 1
+
+    def _free_slot(self, admission: Admission) -> None:
+        admission.slot = False
+        self.in_decode -= 1
 
     def _release(self, admission: Admission) -> None:
         if admission.released or not admission.counted:
             return
         admission.released = True
         now = asyncio.get_running_loop().time()
+        if admission.slot:
+            self._free_slot(admission)
         if admission.decode_at is not None:
-            self.in_decode -= 1
             d = now - admission.decode_at
             self.mean_decode_s = d if self.mean_decode_s is None else self.mean_decode_s + _EWMA * (d - self.mean_decode_s)
         self.in_flight -= 1
@@ -266,7 +336,8 @@ class FlowGate:
 
     def _dispatch(self) -> None:
         assert self.metrics is not None
-        now = asyncio.get_running_loop().time() if self.queue.size else 0.0
+        now = asyncio.get_running_loop().time() if self.queue.size or self.decode_queue.size else 0.0
+        self._dispatch_decode(now)  # first: a slot decode frees goes to a request whose prefill is over
         capacity = self.effective_capacity()
         touched = set()
         for item in self.queue.dispatch(self.in_flight, capacity, self.lower_capacity()):
@@ -282,13 +353,30 @@ class FlowGate:
         self.metrics.in_flight.set(self.in_flight)
         self.metrics.capacity.set(capacity)
 
+    def _dispatch_decode(self, now: float) -> None:
+        """Decode slots to the requests waiting for one, in the discipline's order, while decode has room."""
+        assert self.metrics is not None
+        touched = set()
+        for item in self.decode_queue.dispatch(self.in_decode, self.capacity, spare=0):
+            touched.add(item.klass)
+            future, admission = item.token
+            if future.done():  # its task was cancelled a moment ago; it withdraws nothing
+                continue
+            admission.slot = True
+            self.in_decode += 1
+            self._decode_wait[item.klass].observe(now - item.arrived)
+            future.set_result(_ADMITTED)
+        for klass in touched:
+            self._set_decode_waiting(klass)
+        self.metrics.in_decode.set(self.in_decode)
+
     def _shed(self, item: Item, reason: str) -> None:
         """A queued request is refused: its waiting task raises Shed."""
         self._set_queued(item.klass)
         if not item.token.done():
             item.token.set_result(reason)
 
-    def _refusal(self, klass: int, reason: str) -> Shed:
+    def _refusal(self, klass: int, reason: str, waited_for: str = "a free slot") -> Shed:
         assert self.metrics is not None
         name = self.names[klass]
         self.metrics.shed.labels(name, reason).inc()
@@ -296,7 +384,7 @@ class FlowGate:
         after = retry_after_s(self.queue.size, self.capacity, self.mean_service_s, self.config.max_queue_s)
         why = {QUEUE_FULL: f"its queue holds {self.config.max_queued} requests",
                DISPLACED: "a more important request took its place in the queue",
-               QUEUE_TIMEOUT: f"it waited {self.config.max_queue_s:g} s without a free slot"}[reason]
+               QUEUE_TIMEOUT: f"it waited {self.config.max_queue_s:g} s without {waited_for}"}[reason]
         return Shed(reason, after, f"the router is overloaded: request (priority {name!r}) shed, {why}; "
                                    f"retry after {after} s")
 
@@ -304,9 +392,13 @@ class FlowGate:
         assert self.metrics is not None
         self._queued[klass].set(self.queue.queued(klass))
 
+    def _set_decode_waiting(self, klass: int) -> None:
+        self._decode_waiting[klass].set(self.decode_queue.queued(klass))
+
     def _arm_timer(self) -> None:
-        """One timer, at the oldest waiting request's deadline."""
-        due = self.queue.next_expiry()
+        """One timer, at the oldest waiting request's deadline (of either wait)."""
+        due = min((d for d in (self.queue.next_expiry(), self.decode_queue.next_expiry()) if d is not None),
+                  default=None)
         if due is None or (self._timer is not None and self._timer.when() <= due):
             return
         if self._timer is not None:
@@ -315,6 +407,11 @@ class FlowGate:
 
     def _expire(self) -> None:
         self._timer = None
-        for item in self.queue.expire(asyncio.get_running_loop().time()):
+        now = asyncio.get_running_loop().time()
+        for item in self.queue.expire(now):
             self._shed(item, QUEUE_TIMEOUT)
+        for item in self.decode_queue.expire(now):
+            self._set_decode_waiting(item.klass)
+            if not item.token[0].done():
+                item.token[0].set_result(QUEUE_TIMEOUT)
         self._arm_timer()

@@ -5,12 +5,14 @@ with Retry-After in OpenAI's shape, queue timeouts, clients leaving while queued
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from router_fakes import FakeEngine  # noqa: F401  (the fixture's engines)
 from waits import until
 
+from pdfleet.connector.serving.flow.gate import FlowGate
 from pdfleet.contract.flow_control import FlowControlConfig, Priority
 
 pytestmark = pytest.mark.timeout(60)
@@ -214,3 +216,79 @@ async def test_capacity_follows_the_ready_decode_endpoints_with_headroom_for_the
         await asyncio.sleep(0.05)
     results = await client.results()
     assert [r[0] for r in results.values()] == [200] * 6
+
+
+@dataclass
+class CountingEngine(FakeEngine):
+    """A fake engine that counts the requests it holds at once (what the bound protects)."""
+
+    now: int = 0
+    most: int = 0
+
+    async def _generate(self, request):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await super()._generate(request)
+        finally:
+            self.now -= 1
+
+
+async def counting(fleet, name: str, role: str, **kw) -> CountingEngine:
+    e = CountingEngine(name=name, role=role, **kw)
+    await e.start()
+    fleet.engines.append(e)
+    return e
+
+
+@pytest.mark.parametrize("bounded", [
+    True,
+    False,  # negative control: the decode wait patched out (the gate before issue 38)
+])
+async def test_decode_never_holds_more_than_max_in_flight_per_decode(fleet, monkeypatch, bounded) -> None:
+    """Prefill slower than decode: the gate lets a pipeline as large as decode's capacity through
+    ahead of decode (capacity 2 decodes x 2 = 4, 8 admitted), and their prefill legs end together."""
+    if not bounded:
+        async def no_wait(self, admission) -> None:
+            return None
+        monkeypatch.setattr(FlowGate, "wait_for_decode", no_wait)
+    p = await counting(fleet, "p0", "prefill", delay_s=0.3)
+    ds = [await counting(fleet, f"d{i}", "decode", delay_s=0.2) for i in range(2)]
+    url = await fleet.router([p], ds, flow_control=flow(max_in_flight_per_decode=2, priorities=()))
+    client = Client(fleet, url)
+    for i in range(4):  # the gate learns the legs' times: a pipeline from now on
+        client.send(f"w{i}", "a")
+    await client.results()
+    client.tasks.clear()
+    for i in range(20):
+        client.send(f"r{i}", f"t{i % 3}")
+    results = await client.results()
+    assert [r[0] for r in results.values()] == [200] * 20
+    assert p.most >= 5, "the pipeline let more than decode's capacity through at once (the premise)"
+    most = [d.most for d in ds]
+    if bounded:
+        assert max(most) <= 2, f"each decode held at most maxInFlightPerDecode at once: {most}"
+        m = await metrics(fleet, url)
+        assert m[("pdfleet_router_flow_decode_wait_seconds_count", ("priority", "default"))] == 24
+        assert m[("pdfleet_router_flow_in_decode",)] == 0
+    else:
+        assert max(most) > 2, f"without the wait, the pipeline lands on decode: {most}"
+
+
+async def test_waiting_for_decode_past_max_queue_seconds_is_a_429_and_gives_the_lease_back(fleet) -> None:
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode", gated=True, chunks=2)
+    url = await fleet.router([p], [d], flow_control=flow(max_queue_s=0.3, priorities=()))
+    client = Client(fleet, url)
+    d.release.set()
+    assert (await client.send("w", "a"))[0] == 200  # teaches the gate its legs' times: a pipeline of one
+    client.send("a1", "a")
+    await until(lambda: _ready(d, 2), "a1 at decode, holding its only slot")
+    status, headers, body = await asyncio.wait_for(client.send("a2", "a"), 5)  # admitted, prefilled, waits
+    assert status == 429 and int(headers["Retry-After"]) >= 1 and b"decode slot" in body
+    await until(lambda: len(p.released) == 1, "a2's prefill lease given back")
+    assert decode_order(d) == ["w", "a1"], "a2 never reached decode"
+    m = await metrics(fleet, url)
+    assert m[("pdfleet_router_flow_shed_total", ("priority", "default"), ("reason", "queue_timeout"))] == 1
+    d.release.set()
+    assert (await client.results())["a1"][0] == 200
