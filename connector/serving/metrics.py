@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdfleet.contract import metrics as names
+from pdfleet.contract.kv_tiers import MEDIUM_LABEL, MEDIUM_UNKNOWN
 from pdfleet.contract.routing import PREFIX_AWARE
 
 # Legs are short on a warm fleet and long under load: 1 ms .. 2 min.
@@ -117,8 +118,9 @@ class RouterMetrics:
         )
         self.prefix_cached_tokens = Counter(
             "pdfleet_router_prefix_cached_tokens", "Cached prompt-prefix tokens on the chosen endpoint (chosen) "
-            "and on the best candidate (available); source routed is an estimate (4 characters a token)",
-            ["leg", "kind", "source"], registry=r,
+            "and on the best candidate (available), by the best KV tier holding each block (medium: GPU, CPU, "
+            f"STORAGE; {MEDIUM_UNKNOWN} for source routed, an estimate at 4 characters a token)",
+            ["leg", "kind", "source", MEDIUM_LABEL], registry=r,
         )
         self.kv_events_received = Counter(
             "pdfleet_router_kv_events_received", "KV event batches applied, per endpoint", ["endpoint"], registry=r
@@ -128,10 +130,14 @@ class RouterMetrics:
             ["endpoint", "reason"], registry=r,
         )
         self.kv_index_resets = Counter(
-            "pdfleet_router_kv_index_resets", "Block indexes cleared (gap, restart, joined_late, index_full)",
+            "pdfleet_router_kv_index_resets", "Block indexes cleared (gap, restart, joined_late, subscriber_restart)",
             ["endpoint", "reason"], registry=r,
         )
+        self.kv_index_evicted = Counter(
+            "pdfleet_router_kv_index_evicted_blocks", "Blocks a tier of an endpoint's index evicted at its bound "
+            "(least recently stored first)", ["endpoint", MEDIUM_LABEL], registry=r,
+        )
         self.kv_index_blocks = Gauge(
-            "pdfleet_router_kv_index_blocks", "Block hashes the router knows an endpoint holds", ["endpoint"],
+            "pdfleet_router_kv_index_blocks", "Block hashes the router knows an endpoint holds (all its tiers)", ["endpoint"],
             registry=r,
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from pdfleet.connector.serving.kvaware import kv_events as ke
 from pdfleet.connector.serving.kvaware import zmtp
+from pdfleet.contract.kv_tiers import MEDIUMS
 
 log = logging.getLogger("pdfleet.router.kv_events")
 
@@ -36,7 +37,9 @@ _LIVE_FRAMES, _REPLAY_FRAMES = 3, 4  # [topic, seq, payload]; a replayed batch h
 LIVE_QUEUE_BYTES = 64 * 1024 * 1024
 _MIN_RCVHWM, _MAX_RCVHWM = 4, 10_000
 MIN_MESSAGE_BYTES = 64 * 1024  # the cap a tight budget may shrink a publisher's messages to
-INDEX_BYTES_PER_BLOCK = 64  # a block hash in an endpoint's index (Python set of ints), measured
+# A block hash in a tier of an endpoint's index (an OrderedDict of int -> count, kv_events.Tier): 117 to 152
+# bytes measured, 152 right after the dict grew (a set of ints, before tiers and counts: 64).
+INDEX_BYTES_PER_BLOCK = 152
 REPLAY_TIMEOUT_S = 2.0
 _MAX_REPLAYED = 20_000  # batches taken from one replay (vLLM buffers 10,000 by default)
 RETRY_S = 2.0
@@ -71,6 +74,7 @@ class Counters:
     def dropped(self, url: str, reason: str) -> None: ...
     def reset(self, url: str, reason: str) -> None: ...
     def index_size(self, url: str, size: int) -> None: ...
+    def evicted(self, url: str, medium: str, blocks: int) -> None: ...
 
 
 def decoded_allowance(max_bytes: int, depth: int) -> int:
@@ -125,8 +129,8 @@ def handle_message(state: EndpointState, message: list[bytes] | ke.Message, coun
 
 def _apply(state: EndpointState, msg: ke.Message, counters: Counters) -> None:
     url = state.source.url
-    if not state.index.apply(msg.events):
-        counters.reset(url, "index_full")
+    for medium, blocks in state.index.apply(msg.events).items():
+        counters.evicted(url, medium, blocks)  # a tier past its bound lost its least recently stored blocks
     state.tracker.applied(msg.seq)
     state.received += 1
     state.last_event_at = time.monotonic()
@@ -143,7 +147,8 @@ def live_queue_depth(max_bytes: int, queue_bytes: int = LIVE_QUEUE_BYTES) -> int
 class Budget:
     """What one publisher may hold: ``queue_bytes`` for its batches, i.e. the message being read on each
     of its two connections (at most ``max_bytes``) and one decoded batch (``decoded_allowance``: the
-    rest, room for ``depth`` messages a connection), and ``index_blocks`` block hashes in its index."""
+    rest, room for ``depth`` messages a connection), and ``index_blocks`` block hashes in each tier of its
+    index."""
 
     depth: int
     max_bytes: int
@@ -155,15 +160,15 @@ class Budget:
 
 
 def plan_budget(publishers: int, *, total_bytes: int, max_bytes: int, index_max_blocks: int,
-                socket_bytes: int = LIVE_QUEUE_BYTES) -> Budget:
+                socket_bytes: int = LIVE_QUEUE_BYTES, tiers: int = len(MEDIUMS)) -> Budget:
     """Each publisher's share of the router's KV-event memory (pure).
 
     ``total_bytes`` bounds the router's KV-event memory across all publishers: half for ZMQ's
     queues, half for the block indexes. A publisher's queues get at most ``socket_bytes`` a
     socket, less when there are more publishers than half the total allows: the depth goes
     down to 1, and the message cap (bigger batches are dropped as oversized, counted) down to
-    MIN_MESSAGE_BYTES. Its index gets at most ``index_max_blocks`` blocks, less when the other
-    half divided among the publishers is smaller. Below MIN_MESSAGE_BYTES a publisher the bound
+    MIN_MESSAGE_BYTES. Each of its index's ``tiers`` (media) gets at most ``index_max_blocks``
+    blocks, less when the other half divided among the publishers' tiers is smaller. Below MIN_MESSAGE_BYTES a publisher the bound
     cannot hold (more than total / 0.5 MiB publishers); it then takes the smallest queues.
     """
     n = max(1, publishers)
@@ -174,7 +179,7 @@ def plan_budget(publishers: int, *, total_bytes: int, max_bytes: int, index_max_
         if c >= min(max_bytes, MIN_MESSAGE_BYTES):
             depth, cap = d, c
             break
-    blocks = max(1, min(index_max_blocks, total_bytes // (2 * n * INDEX_BYTES_PER_BLOCK)))
+    blocks = max(1, min(index_max_blocks, total_bytes // (2 * n * max(1, tiers) * INDEX_BYTES_PER_BLOCK)))
     return Budget(depth, cap, blocks)
 
 

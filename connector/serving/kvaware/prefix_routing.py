@@ -8,7 +8,8 @@ For each leg under ``prefixAware`` the router
 2. scores every candidate by its cached prefix: from the engine's own KV
    events when every candidate's stream is synced, else from what the router
    routed itself (RoutedIndex), else nothing (then least outstanding);
-3. scores each candidate by the prompt prefix it holds (``score``), for the picking chain
+3. scores each candidate by the prompt prefix it holds (``score``), each block weighted by the best
+   KV tier that holds it (GPU, CPU, STORAGE: ``--prefix-tier-weights``), for the picking chain
    (picking/prefix.py, picking/chain.py) that picks under the load bound.
 
 Subscribers (kv_subscriber.py) run for every endpoint that advertises a KV
@@ -30,7 +31,8 @@ from pdfleet.connector.serving.endpoints import DECODE, PREFILL, RevisionEndpoin
 from pdfleet.connector.serving.kvaware.kv_subscriber import Budget, Counters, EndpointState, EventSource, Subscriber, plan_budget
 from pdfleet.connector.serving.kvaware.prefix_hash import TEXT_CHUNK_CHARS, BlockHasher, HashConfig
 from pdfleet.connector.serving.kvaware.prefix_keys import LazyKeys, PromptKeys, match_lengths, prompt_text
-from pdfleet.connector.serving.kvaware.prefix_scoring import Choice, RoutedIndex
+from pdfleet.connector.serving.kvaware.prefix_scoring import RoutedIndex, tier_order, weighted_tokens
+from pdfleet.contract.kv_tiers import MEDIUM_UNKNOWN
 from pdfleet.contract.routing import LEAST_OUTSTANDING, PREFIX_AWARE
 from pdfleet.connector.serving.kvaware.prompt_memory import CHARS_PER_TOKEN as _CHARS_PER_TOKEN, PromptMemory
 from pdfleet.connector.serving.kvaware.tokenizer import Tokenizer, load_tokenizer, load_tokenizer_reporting
@@ -65,16 +67,25 @@ class _MetricCounters(Counters):
     def index_size(self, url: str, size: int) -> None:
         self.m.kv_index_blocks.labels(self._label(url)).set(size)
 
+    def evicted(self, url: str, medium: str, blocks: int) -> None:
+        self.m.kv_index_evicted.labels(self._label(url), medium).inc(blocks)
+
 
 class CachedPrefix(dict):
-    """Cached prompt-prefix tokens per endpoint (a dict), with what scored them (``source``) and the
-    prompt's keys."""
+    """Each endpoint's score (a dict): its cached prompt-prefix tokens, each block weighted by the best tier
+    holding it; with those tokens unweighted by that tier (``tokens``: endpoint -> medium -> tokens;
+    ``MEDIUM_UNKNOWN`` for the routed estimate), what scored them (``source``) and the prompt's keys."""
 
-    __slots__ = ("source", "keys")
+    __slots__ = ("source", "keys", "tokens")
 
-    def __init__(self, cached: dict[str, int], source: str | None, keys: PromptKeys) -> None:
-        super().__init__(cached)
-        self.source, self.keys = source, keys
+    def __init__(self, tokens: dict[str, dict[str, int]], weights: Mapping[str, float], source: str | None,
+                 keys: PromptKeys) -> None:
+        super().__init__((c, weighted_tokens(t, weights)) for c, t in tokens.items())
+        self.source, self.keys, self.tokens = source, keys, tokens
+
+    def cached_tokens(self, url: str | None) -> int:
+        """``url``'s cached prefix in tokens, every tier in full."""
+        return sum(self.tokens.get(url, {}).values()) if url is not None else 0
 
 
 class PrefixRouting:
@@ -89,6 +100,8 @@ class PrefixRouting:
         self.metrics = metrics
         self.policies = {PREFILL: config.prefill_policy, DECODE: config.decode_policy}
         self.hasher = BlockHasher(HashConfig(config.block_size, config.hash_algo, config.hash_seed))
+        self.weights = dict(config.prefix_tier_weights)
+        self.tiers = tier_order(self.weights)  # the media indexed, best first
         self.prompts = PromptMemory(self.hasher, config.prompt_cache_max_bytes, tokenize)
         self._tokenizer_loaded = tokenize is not None
         self._tokenizer_task: asyncio.Task | None = None
@@ -103,7 +116,9 @@ class PrefixRouting:
         self._ctx = None
         self._running = False
         self.counters = _MetricCounters(metrics, lambda u: u in self.states, self.labels)
-        self._accounts: dict[tuple[str, str | None], tuple[Any, Any, Any]] = {}
+        self._accounts: dict[tuple[str, str | None], Any] = {}
+        self._tokens: dict[tuple[str, str, str, str], Any] = {}  # (leg, kind, source, medium) -> counter
+        self._last_scored: tuple[Mapping[str, Any], CachedPrefix] | None = None
 
     def enabled(self, role: str) -> bool:
         return self.policies.get(role) == PREFIX_AWARE
@@ -126,7 +141,7 @@ class PrefixRouting:
         self.budget = budget = self._plan(len(sources))
         for url, src in sources.items():
             if url not in self.states:
-                self.states[url] = EndpointState(src, ke.BlockIndex(budget.index_blocks))
+                self.states[url] = EndpointState(src, ke.BlockIndex(budget.index_blocks, self.tiers))
             else:
                 self.states[url].index.max_blocks = budget.index_blocks  # applied with the next batch
         for url, started in list(self._budgets.items()):
@@ -143,7 +158,8 @@ class PrefixRouting:
     def _plan(self, publishers: int) -> Budget:
         c = self.config
         return plan_budget(publishers, total_bytes=c.kv_events_max_total_bytes,
-                           max_bytes=c.kv_events_max_message_bytes, index_max_blocks=c.kv_index_max_blocks)
+                           max_bytes=c.kv_events_max_message_bytes, index_max_blocks=c.kv_index_max_blocks,
+                           tiers=len(self.tiers))
 
     def _drop(self, url: str) -> None:
         self._budgets.pop(url, None)
@@ -222,7 +238,7 @@ class PrefixRouting:
             "tokenizer": self.prompts.tokenize is not None,
             "tokenizer_reason": self.tokenizer_reason,  # metrics.TOKENIZER_REASONS; None: no leg is prefixAware
             "streams": {url: {"synced": s.synced, "batches": s.received, "blocks": len(s.index),
-                              "last_seq": s.tracker.last} for url, s in self.states.items()},
+                              "tiers": s.index.sizes(), "last_seq": s.tracker.last} for url, s in self.states.items()},
         }
 
     # ---- choosing ----------------------------------------------------------------
@@ -235,17 +251,32 @@ class PrefixRouting:
         await self.prompts.settle()
 
     def score(self, candidates: Sequence[str], body: Mapping[str, Any], *, chat: bool) -> CachedPrefix:
-        """Each candidate's cached prefix of this prompt, in tokens (the prefix scorer's score,
-        picking/prefix.py), with what scored it and the prompt's keys."""
+        """Each candidate's cached prefix of this prompt, in tokens weighted by tier (the prefix scorer's
+        score, picking/prefix.py), with the tokens per tier, what scored them and the prompt's keys."""
         keys = self.keys_for(body, chat)
-        cached, source = self._cached(candidates, keys)
-        return CachedPrefix(cached, source, keys)
+        tokens, source = self._cached(candidates, keys)
+        scored = CachedPrefix(tokens, self.weights, source, keys)
+        self._last_scored = (body, scored)
+        return scored
+
+    def cached_tokens(self, role: str, url: str | None, body: Mapping[str, Any], *, chat: bool) -> int:
+        """``url``'s cached prefix of this prompt in tokens, every tier in full, where ``role`` is scored by
+        prefix (else 0, as its score would be): what the Conditional decider should weigh, since a block in
+        the CPU tier is loaded, not computed. Taken from the last ``score`` of this very body when it scored
+        ``url`` (the pick ``decide`` previews), else scored again."""
+        if url is None or not self.enabled(role):
+            return 0
+        last = self._last_scored
+        scored = last[1] if last is not None and last[0] is body and url in last[1].tokens else None
+        if scored is None:
+            scored = self.score((url,), body, chat=chat)
+        return scored.cached_tokens(url)
 
     def chosen(self, role: str, url: str | None, scored: CachedPrefix, candidates: Sequence[str]) -> None:
-        """A pick took ``url``: count what it reused and what was on offer, and remember where the prompt
-        went (the estimate for endpoints without an event stream)."""
-        best = max((scored.get(c, 0) for c in candidates), default=0)
-        self._account(role, scored.source, Choice(url, scored.get(url, 0) if url else 0, best))
+        """A pick took ``url``: count what it reused and what was on offer (by tier), and remember where the
+        prompt went (the estimate for endpoints without an event stream)."""
+        best = max(candidates, key=lambda c: scored.get(c, 0), default=None)
+        self._account(role, scored, url, best)
         if url is not None and scored.keys.text:
             self.routed.record(url, scored.keys.text)
 
@@ -260,39 +291,46 @@ class PrefixRouting:
         text = prompt_text(body, chat)
         return len(text) // _CHARS_PER_TOKEN if text is not None else want
 
-    def _cached(self, allowed: Sequence[str], keys: PromptKeys) -> tuple[dict[str, int], str | None]:
-        """Cached prompt-prefix tokens per endpoint, and what scored them."""
+    def _cached(self, allowed: Sequence[str], keys: PromptKeys) -> tuple[dict[str, dict[str, int]], str | None]:
+        """Cached prompt-prefix tokens per endpoint by the best tier holding each block, and what scored
+        them. A prefix runs while some tier holds the next block (docs/kv-routing.md, Tiers)."""
         # Endpoints whose event stream is synced are scored from it; the others from what
-        # the router routed there itself (an estimate in tokens).
-        exact = {}
+        # the router routed there itself (an estimate in tokens, its tier unknown).
+        indexes = {}
         if keys.has_exact:
-            exact = {c: s.index.hashes.__contains__ for c in allowed
-                     if (s := self.states.get(c)) is not None and s.synced}
-        approx = [c for c in allowed if c not in exact]
-        cached: dict[str, int] = {}
-        if exact:
-            blocks = match_lengths(keys.lazy(self.hasher), exact)
-            cached.update((c, n * self.config.block_size) for c, n in blocks.items())
+            indexes = {c: s.index for c in allowed if (s := self.states.get(c)) is not None and s.synced}
+        approx = [c for c in allowed if c not in indexes]
+        cached: dict[str, dict[str, int]] = {}
+        if indexes:
+            lazy = keys.lazy(self.hasher)
+            blocks = match_lengths(lazy, {c: index.holds for c, index in indexes.items()})
+            size = self.config.block_size
+            for c, n in blocks.items():
+                by_tier = indexes[c].best(lazy.first(n), self.tiers) if n else {}
+                cached[c] = {m: k * size for m, k in by_tier.items()}
         if approx and keys.text:
             chunks = match_lengths(keys.text, {c: self.routed.holds(c) for c in approx})
-            cached.update((c, n * TEXT_CHUNK_CHARS // _CHARS_PER_TOKEN) for c, n in chunks.items())
-        source = (EVENTS if not approx else MIXED if exact else ROUTED if keys.text else None) if allowed else None
+            cached.update((c, {MEDIUM_UNKNOWN: n * TEXT_CHUNK_CHARS // _CHARS_PER_TOKEN} if n else {})
+                          for c, n in chunks.items())
+        source = (EVENTS if not approx else MIXED if indexes else ROUTED if keys.text else None) if allowed else None
         return cached, source
 
-    def _account(self, role: str, source: str | None, choice: Choice) -> None:
+    def _account(self, role: str, scored: CachedPrefix, url: str | None, best: str | None) -> None:
         # prometheus children resolved once: labels() costs more than the update itself
-        counters = self._accounts.get((role, source))
-        if counters is None:
-            m = self.metrics
-            counters = self._accounts[(role, source)] = (
-                m.prefix_decisions.labels(role, source or "none"),
-                m.prefix_cached_tokens.labels(role, "chosen", source) if source is not None else None,
-                m.prefix_cached_tokens.labels(role, "available", source) if source is not None else None)
-        decisions, chosen, available = counters
+        source = scored.source
+        decisions = self._accounts.get((role, source))
+        if decisions is None:
+            decisions = self._accounts[(role, source)] = self.metrics.prefix_decisions.labels(role, source or "none")
         decisions.inc()
-        if chosen is not None:
-            chosen.inc(choice.cached_tokens)
-            available.inc(choice.best_tokens)
+        if source is None:
+            return
+        for kind, c in (("chosen", url), ("available", best)):
+            for medium, tokens in scored.tokens.get(c, {}).items() if c is not None else ():
+                key = (role, kind, source, medium)
+                counter = self._tokens.get(key)
+                if counter is None:
+                    counter = self._tokens[key] = self.metrics.prefix_cached_tokens.labels(*key)
+                counter.inc(tokens)
 
 
 __all__ = ["PrefixRouting", "PromptKeys", "LazyKeys", "match_lengths", "prompt_text", "load_tokenizer", "Tokenizer",

@@ -1,17 +1,30 @@
 """What a cached prefix is worth (pure; table-tested): the prompt's leading blocks an index holds, the
 outcome of a pick for the metrics, and the router's own record of what it sent where.
 
-The score of a candidate is the number of prompt tokens it already holds as a cached prefix; the
-picking chain (serving/picking/chain.py) takes the best score within the load bound.
+The score of a candidate is the number of prompt tokens it already holds as a cached prefix, each block
+weighted by the best KV tier that holds it (``tier_order``, ``weighted_tokens``: by default GPU 1.0, CPU
+0.75, STORAGE 0.25); the picking chain (serving/picking/chain.py) takes the best score within the load bound.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from pdfleet.contract.kv_tiers import MEDIUMS
 
+
+def tier_order(weights: Mapping[str, float]) -> tuple[str, ...]:
+    """The media to index, best first: those weighted above 0 (a tier at 0 is left out, as every tier but
+    GPU was before tiers); equal weights in MEDIUMS' order (GPU, CPU, STORAGE)."""
+    return tuple(sorted((m for m in MEDIUMS if weights.get(m, 0) > 0), key=lambda m: -weights[m]))
+
+
+def weighted_tokens(tokens: Mapping[str, int], weights: Mapping[str, float]) -> float | int:
+    """A score from cached prefix tokens by the best tier holding each block; a medium without a weight (the
+    routed index's estimate, its tier unknown) counts in full. Whole-weight tiers keep an int score."""
+    return sum(n if (w := weights.get(m, 1)) == 1 else n * w for m, n in tokens.items())
 
 
 @dataclass(frozen=True)

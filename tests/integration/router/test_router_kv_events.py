@@ -31,9 +31,9 @@ def batch(*events):
     return enc([1.0, list(events), 0])
 
 
-def stored(keys):
+def stored(keys, medium="GPU"):
     return {"type": "BlockStored", "block_hashes": list(keys), "parent_block_hash": None, "token_ids": [],
-            "block_size": BS, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0}
+            "block_size": BS, "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0}
 
 
 class Publisher:
@@ -154,7 +154,7 @@ async def test_prefill_goes_where_the_events_say_the_prefix_is(fleet, zctx):
     for _ in range(4):  # sequential: load never outweighs the cache
         assert await served_by(fleet, url, PROMPT) == ["p1"]
     assert counter(router, "pdfleet_router_prefix_cached_tokens_total", leg="prefill", kind="chosen",
-                   source="events") == 4 * 6 * BS
+                   source="events", medium="GPU") == 4 * 6 * BS
     # an unrelated prompt balances as before (no cache anywhere): both prefills get some
     others = [await served_by(fleet, url, list(range(1000 + 40 * i, 1040 + 40 * i))) for i in range(4)]
     assert {"p0", "p1"} <= {o[0] for o in others}
@@ -277,7 +277,37 @@ async def test_decode_leg_goes_to_the_decode_that_holds_the_prefix(fleet, zctx):
             assert resp.status == 200
     assert [len(d.received) for d in decodes] == [0, 3]
     assert counter(router, "pdfleet_router_prefix_cached_tokens_total", leg="decode", kind="chosen",
-                   source="events") == 3 * 5 * BS
+                   source="events", medium="GPU") == 3 * 5 * BS
+
+
+@pytest.mark.parametrize("weights, chosen", [
+    (None, 1),  # default weights: 5 blocks in d1's CPU tier (0.75 x 20 tokens) beat 2 on d0's GPU (8)
+    ((("GPU", 1.0), ("CPU", 0.0), ("STORAGE", 0.0)), 0),  # negative control: GPU only, as before issue 40
+])
+async def test_decode_leg_goes_to_the_decode_whose_cpu_tier_holds_the_prefix(fleet, zctx, weights, chosen):
+    ctx, pubs = zctx
+    pubs += [Publisher(ctx), Publisher(ctx)]
+    prefill = await fleet.engine("p0", "prefill")
+    decodes = [await fleet.engine(f"d{i}", "decode") for i in range(2)]
+    config = RouterConfig(prefill=(prefill.url,), decode=tuple(d.url for d in decodes), block_size=BS, eject_s=0.0,
+                          kv_events=tuple((d.url, pub.endpoints) for d, pub in zip(decodes, pubs)),
+                          **({"prefix_tier_weights": weights} if weights else {}))
+    url, router = await serve(fleet, config)
+    await until(lambda: all(s.synced for s in router.prefix.states.values()))
+    pubs[0].publish(batch(stored(KEYS[:2])))
+    # the OffloadingConnector's CPU-tier stores, one 1-block chunk each, one of them re-announced and removed once
+    pubs[1].publish(batch(*(stored([k], medium="CPU") for k in KEYS[:5]), stored(KEYS[1:2], medium="CPU"),
+                          {"type": "BlockRemoved", "block_hashes": KEYS[1:2], "medium": "CPU", "group_idx": 0}))
+    await until(lambda: len(index(router, decodes[0].url)) == 2 and router.prefix.states[decodes[1].url].received)
+    assert len(router.prefix.states[decodes[1].url].index) == (5 if weights is None else 0)
+    for _ in range(3):
+        async with fleet.session.post(url + "/v1/completions", json={"model": "tiny", "prompt": PROMPT,
+                                                                     "max_tokens": 2}) as resp:
+            assert resp.status == 200
+    assert [len(d.received) for d in decodes] == ([0, 3] if chosen else [3, 0])
+    medium, tokens = ("CPU", 5 * BS) if chosen else ("GPU", 2 * BS)
+    assert counter(router, "pdfleet_router_prefix_cached_tokens_total", leg="decode", kind="chosen",
+                   source="events", medium=medium) == 3 * tokens
 
 
 async def test_a_replay_socket_that_never_answers_does_not_stall_the_stream(fleet, zctx, tmp_path):

@@ -81,18 +81,18 @@ def apply(index, *events):
 
 def test_index_follows_stored_removed_cleared():
     idx = ke.BlockIndex()
-    assert apply(idx, stored(1, 2, 3), removed(2))
+    assert apply(idx, stored(1, 2, 3), removed(2)) == {}  # nothing evicted
     assert sorted(idx.hashes) == [1, 3]
-    apply(idx, stored(9, medium="CPU"), stored(8, group=1))  # other tiers / groups are not this cache
-    assert sorted(idx.hashes) == [1, 3]
-    apply(idx, {"type": "AllBlocksCleared"}, stored(4))
-    assert sorted(idx.hashes) == [4]
+    apply(idx, stored(9, medium="CPU"), stored(8, group=1))  # another tier: its own; another group: not this cache
+    assert sorted(idx.hashes) == [1, 3] and sorted(idx.tiers["CPU"]) == [9] and 8 not in idx
+    apply(idx, {"type": "AllBlocksCleared"}, stored(4))  # clears every tier
+    assert sorted(idx.hashes) == [4] and len(idx) == 1
 
 
-def test_index_is_bounded():
+def test_index_is_bounded_per_tier_evicting_the_oldest():
     idx = ke.BlockIndex(max_blocks=3)
-    assert not apply(idx, stored(1, 2, 3, 4))
-    assert len(idx) == 0
+    assert apply(idx, stored(1, 2, 3, 4)) == {"GPU": 1}
+    assert sorted(idx.hashes) == [2, 3, 4]
 
 
 # ---- sequence numbers ------------------------------------------------------------------

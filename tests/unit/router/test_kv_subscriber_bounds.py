@@ -10,6 +10,7 @@ import zmq.asyncio
 
 from pdfleet.connector.serving.kvaware import kv_events as ke
 from pdfleet.connector.serving.kvaware import kv_subscriber as ks
+from pdfleet.contract.kv_tiers import MEDIUMS
 
 
 @pytest.mark.parametrize("max_bytes, depth", [
@@ -81,12 +82,12 @@ MiB = 2**20
 
 
 @pytest.mark.parametrize("publishers, total, budget", [
-    (1, 512 * MiB, ks.Budget(6, 8 * MiB, 1_000_000)),  # one engine: its full per-socket queue and index
-    (2, 512 * MiB, ks.Budget(6, 8 * MiB, 1_000_000)),
-    (8, 512 * MiB, ks.Budget(4, 16 * MiB // 5 - 64 * 1024, 524_288)),  # the cap shrinks before the depth
-    (64, 512 * MiB, ks.Budget(4, 2 * MiB // 5 - 64 * 1024, 65_536)),
-    (1000, 512 * MiB, ks.Budget(1, ks.MIN_MESSAGE_BYTES, 4_194)),  # past what the bound can hold: the smallest
-    (0, 16 * MiB, ks.Budget(4, 4 * MiB // 5 - 64 * 1024, 131_072)),
+    (1, 512 * MiB, ks.Budget(6, 8 * MiB, 588_674)),  # one engine: its full per-socket queue; 3 tiers of 152 B blocks
+    (2, 512 * MiB, ks.Budget(6, 8 * MiB, 294_337)),
+    (8, 512 * MiB, ks.Budget(4, 16 * MiB // 5 - 64 * 1024, 73_584)),  # the cap shrinks before the depth
+    (64, 512 * MiB, ks.Budget(4, 2 * MiB // 5 - 64 * 1024, 9_198)),
+    (1000, 512 * MiB, ks.Budget(1, ks.MIN_MESSAGE_BYTES, 588)),  # past what the bound can hold: the smallest
+    (0, 16 * MiB, ks.Budget(4, 4 * MiB // 5 - 64 * 1024, 18_396)),
 ])
 def test_plan_budget(publishers, total, budget):
     assert ks.plan_budget(publishers, total_bytes=total, max_bytes=8 * MiB, index_max_blocks=1_000_000) == budget
@@ -98,7 +99,7 @@ def test_every_publisher_together_stays_within_the_total(total):
     for n in [*range(1, min(limit, 130)), limit]:
         b = ks.plan_budget(n, total_bytes=total, max_bytes=8 * MiB, index_max_blocks=1_000_000)
         assert n * b.queue_bytes <= total // 2, (n, b)
-        assert n * b.index_blocks * ks.INDEX_BYTES_PER_BLOCK <= total // 2, (n, b)
+        assert n * len(MEDIUMS) * b.index_blocks * ks.INDEX_BYTES_PER_BLOCK <= total // 2, (n, b)  # every tier
         assert b.depth >= 1 and ks.MIN_MESSAGE_BYTES <= b.max_bytes <= 8 * MiB
     # negative control: bounds per publisher only (as before) overrun the total with a few publishers
     old_queue = 2 * ks.live_queue_depth(8 * MiB) * 8 * MiB
