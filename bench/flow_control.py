@@ -29,8 +29,11 @@ Issue 31's parts (``--parts``; the default runs all four):
   throughput  closed loop at saturation (3x decode's slots of clients sending back to back) through the
               real router on the fake engines: flow control off, on, off, on (the router as it is: its
               decode leg reports to the gate from Picker.acquire), ratio of the means; goal: on / off >=
-              0.97. Control: on with the decode leg's report patched out of the router process (the gate
-              counting from dispatch, as before issue 31), which the bench must tell apart;
+              0.97. Beside each run, the most decode legs the fake decode held at once, and the bound
+              (issue 38; goal: never above it). Controls: on with the decode leg's report patched out of
+              the router process (the gate counting from dispatch, as before issue 31), which the bench
+              must tell apart; on without the wait for a decode slot (as before issue 38: the pipeline
+              ahead of decode lands on it, above the bound);
   cost        in-process, the gate in front of a fake decode of 8 slots whose time is 5 ms per token: two
               tenants at the same request rate, one asking 4x the tokens (a alone asks 0.6 of decode, b
               2.4); Jain's index of their decode time (each over its max-min fair share) with fairness
@@ -66,7 +69,7 @@ PREFILL_SLOTS, PREFILL_S = 32, 0.100
 DECODE_SLOTS, TOKENS, ITL_S = 32, 4, 0.100
 CAPACITY = DECODE_SLOTS / (TOKENS * ITL_S)  # requests/s
 # The router may let as many run as decode has slots, so that no request ever waits inside an
-# engine (the gate counts a request from its prefill leg on, so this leaves some decode slots idle).
+# engine (the gate holds decode to the bound; a pipeline ahead of it keeps it full).
 IN_FLIGHT_PER_DECODE = DECODE_SLOTS
 TENANTS = {"tenant-a": 10, "tenant-b": 1, "tenant-c": 1}  # relative rates
 INTERACTIVE_SHARE = 0.25
@@ -74,6 +77,7 @@ FLOW = {"enabled": True, "maxQueueSeconds": 5, "maxQueuedRequests": 64, "maxInFl
         "priorities": [{"name": "interactive", "weight": 8}, {"name": "batch", "weight": 1}]}
 TENANT_HEADER, PRIORITY_HEADER = "x-gateway-inference-fairness-id", "x-gateway-inference-objective"
 CLIENT_DEADLINE_S = 150.0
+MOST_HELD_PATH = "/bench/most-held"  # the fake decode's most legs held at once since the last ask
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,6 +89,7 @@ def serve_engines() -> None:
     async def main() -> None:
         prefill_slots = asyncio.Semaphore(PREFILL_SLOTS)
         decode_slots = asyncio.Semaphore(DECODE_SLOTS)
+        held = {"now": 0, "most": 0}  # decode legs the decode holds (in its slots or waiting for one)
 
         async def prefill(request: web.Request) -> web.Response:
             await request.read()
@@ -95,6 +100,19 @@ def serve_engines() -> None:
                 instance_id=None, lease_seconds=60, num_tokens=16)})
 
         async def decode(request: web.Request) -> web.StreamResponse:
+            held["now"] += 1
+            held["most"] = max(held["most"], held["now"])
+            try:
+                return await decode_leg(request)
+            finally:
+                held["now"] -= 1
+
+        async def most_held(request: web.Request) -> web.Response:
+            """The most decode legs held at once since the last ask (then counted afresh)."""
+            most, held["most"] = held["most"], held["now"]
+            return web.json_response({"most": most})
+
+        async def decode_leg(request: web.Request) -> web.StreamResponse:
             await request.read()
             async with decode_slots:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -111,6 +129,7 @@ def serve_engines() -> None:
         for handler in (prefill, decode):
             app = web.Application()
             app.router.add_post("/v1/completions", handler)
+            app.router.add_get(MOST_HELD_PATH, most_held)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -377,20 +396,39 @@ def part_bounds() -> dict:
     return {"bounds": rows}
 
 
-# A router process whose decode leg does not report to the gate (the control: capacity counted from
-# dispatch, both legs and the router's own delays, as before issue 31).
-_UNREPORTED_ROUTER = """
+# Router processes with a part of flow control patched out, the controls of the throughput part:
+_ROUTER = """
 import sys
-from pdfleet.connector.serving import picker
-picker.decode_started = lambda: None
+{patch}
 from pdfleet.operator.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+# the decode leg does not report to the gate (capacity counted from dispatch, both legs and the router's
+# own delays, as before issue 31)
+UNREPORTED = """
+from pdfleet.connector.serving import picker
+picker.decode_started = lambda: None
+"""
+# no wait for a decode slot (the pipeline lets requests through ahead of decode and they all land on it,
+# as before issue 38)
+UNBOUNDED = """
+from pdfleet.connector.serving.flow import gate
+async def _at_once(self, admission):
+    return None
+gate.FlowGate.wait_for_decode = _at_once
+"""
 
 
-def start_router_cmd(prefill: str, decode: str, flow: dict | None, unreported: bool) -> tuple[subprocess.Popen, str]:
+def most_held(decode: str) -> int:
+    """The fake decode's most legs held at once since the last call."""
+    with urllib.request.urlopen(decode + MOST_HELD_PATH, timeout=5) as resp:
+        return json.loads(resp.read())["most"]
+
+
+def start_router_cmd(prefill: str, decode: str, flow: dict | None, patch: str | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    head = [sys.executable, "-c", _UNREPORTED_ROUTER] if unreported else [sys.executable, "-m", "pdfleet.operator.cli"]
+    head = ([sys.executable, "-c", _ROUTER.format(patch=patch)] if patch
+            else [sys.executable, "-m", "pdfleet.operator.cli"])
     cmd = head + ["router", "--port", str(port), "--prefill", prefill, "--decode", decode, "--prefill-policy",
                   LEAST_OUTSTANDING, "--decode-policy", LEAST_OUTSTANDING, "--log-level", "WARNING"]
     if flow is not None:
@@ -432,26 +470,35 @@ def part_throughput(prefill: str, decode: str, seconds: float, in_flight: int) -
     flow = {"enabled": True, "maxQueueSeconds": 30, "maxQueuedRequests": 1000, "maxInFlightPerDecode": in_flight}
     clients = 3 * DECODE_SLOTS
     rows = []
-    runs = (("off", None, False), ("on", flow, False), ("off (again)", None, False), ("on (again)", flow, False),
-            ("on, decode legs unreported (control)", flow, True))
-    for name, cfg, unreported in runs:
-        proc, url = start_router_cmd(prefill, decode, cfg, unreported)
+    runs = (("off", None, None), ("on", flow, None), ("off (again)", None, None), ("on (again)", flow, None),
+            ("on, decode legs unreported (control)", flow, UNREPORTED),
+            ("on, no decode wait (control: before issue 38)", flow, UNBOUNDED))
+    for name, cfg, patch in runs:
+        proc, url = start_router_cmd(prefill, decode, cfg, patch)
         try:
             asyncio.run(closed_loop(url, clients, 2.0))  # warm the connections
+            most_held(decode)  # counted afresh from here
             done, refused = asyncio.run(closed_loop(url, clients, seconds))
+            held = most_held(decode)
         finally:
             stop_groups([proc.pid], [proc], grace_s=5)
-        rows.append({"run": name, "rps": round(done / seconds, 2), "refused": refused})
+        rows.append({"run": name, "rps": round(done / seconds, 2), "refused": refused, "most_at_decode": held,
+                     "bound": in_flight if cfg else None})
         print(f"  {rows[-1]}", flush=True)
     off = (rows[0]["rps"] + rows[2]["rps"]) / 2
     on = (rows[1]["rps"] + rows[3]["rps"]) / 2
-    print(f"\n| run | completed req/s | vs off (mean of both off runs: {off:.2f}) | refused |")
-    print("|---|---|---|---|")
+    print(f"\n| run | completed req/s | vs off (mean of both off runs: {off:.2f}) | refused "
+          f"| highest decode concurrency seen (bound) |")
+    print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {r['rps']} | {r['rps'] / off:.3f} | {r['refused']} |")
+        bound = f" ({r['bound']})" if r["bound"] else " (none)"
+        print(f"| {r['run']} | {r['rps']} | {r['rps'] / off:.3f} | {r['refused']} | {r['most_at_decode']}{bound} |")
     print(f"on / off (means of two runs each): {on / off:.3f}; goal >= 0.97 (capacity {CAPACITY:.0f} req/s; "
           f"{clients} clients back to back)")
-    return {"throughput": rows, "off_rps": off, "on_rps": on, "on_over_off": round(on / off, 3)}
+    most_on = max(rows[1]["most_at_decode"], rows[3]["most_at_decode"])
+    print(f"highest decode concurrency seen with flow control on: {most_on}, bound {in_flight}; goal: never above")
+    return {"throughput": rows, "off_rps": off, "on_rps": on, "on_over_off": round(on / off, 3),
+            "most_at_decode_on": most_on, "bound": in_flight}
 
 
 async def _cost_run(fairness: str, seconds: float) -> dict:
@@ -567,13 +614,16 @@ def main() -> int:
             router, url = start_router(prefill, decode, flow)
             procs.append(router)
             print(f"{name}: {rate:.0f} req/s for {seconds:.0f} s ...", flush=True)
+            most_held(decode)  # counted afresh from here
             results, t0 = asyncio.run(load(url, rate, seconds, args.seed))
+            held = most_held(decode)
             if os.environ.get("FLOW_BENCH_METRICS"):
                 with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
                     print("\n".join(l for l in resp.read().decode().splitlines()
                                     if l.startswith("pdfleet_router_flow_") and "_created" not in l))
             stop_groups([router.pid], [router], grace_s=5)
-            runs.append(summary(name, results, t0, seconds))
+            runs.append(dict(summary(name, results, t0, seconds), most_at_decode=held,
+                             bound=flow["maxInFlightPerDecode"] if flow else None))
             print("  " + json.dumps(runs[-1]), flush=True)
     finally:
         for p in procs:
@@ -597,6 +647,8 @@ def main() -> int:
     lost = runs[0]["lost"] + flow["lost"]
     print(f"lost (neither answered nor refused with 429): flow control {flow['lost']}, unloaded {runs[0]['lost']}; "
           f"FIFO {fifo['lost']} {fifo['lost_why']}")
+    print("highest decode concurrency seen: " + ", ".join(
+        f"{r['run']} {r['most_at_decode']}" + (f" (bound {r['bound']})" if r["bound"] else "") for r in runs))
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "interactive_p90_ratio": ratio, "fifo_p90_ratio": fifo_ratio,
                                          **figures}, indent=1))
