@@ -3,22 +3,47 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import aiohttp
 import msgspec
 import yarl
 from aiohttp import web
+
+from pdfleet.connector.serving.json_depth import check_depth
 
 REQUEST_ID_HEADER = "X-Request-Id"
 # 408/429 mean "this endpoint cannot take it now", not "the request is wrong".
 RETRYABLE_4XX = frozenset((408, 429))
 WHOLE_BODY_MAX = 1024 * 1024  # a sized, non-streamed answer up to this is relayed in one write
 
-json_decode = msgspec.json.Decoder().decode
+_decode = msgspec.json.Decoder().decode
 json_encode = msgspec.json.Encoder().encode
 
 # Set by the relay: the status whose whole answer reached the client / the client left before the end.
 DELIVERED = web.RequestKey("pdfleet_delivered", int)
 CLIENT_LEFT = web.RequestKey("pdfleet_client_left", bool)
+
+
+def json_decode(raw: bytes) -> Any:
+    """A JSON text from a client or an engine; nesting past json_depth.MAX_JSON_DEPTH raises
+    json_depth.TooDeep, a msgspec.DecodeError (so a 400 where invalid JSON is one), not RecursionError."""
+    check_depth(raw)
+    return _decode(raw)
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """An engine's answer, or None once it passes ``limit`` bytes (by its Content-Length before reading,
+    else while reading: no more than ``limit`` plus one chunk is ever held)."""
+    if resp.content_length is not None and resp.content_length > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 @functools.lru_cache(maxsize=4096)
