@@ -25,16 +25,25 @@ MAX_IN_FLIGHT = 64
 GRACE_SECONDS = 2.0
 
 
+# Fields a one-token leg drops: they only shape an answer nobody reads (prompt_logprobs of a 32k-token
+# prompt at 20 makes it ~50 MB), or split the request (n, best_of, beam search: never P/D, fanout.py), or
+# would be refused beside max_tokens=1 (min_tokens). What makes the prompt's KV stays: the prompt or the
+# messages and how they are rendered and tokenized, the model (LoRA), cache_salt, priority, sampling
+# settings (harmless for one token; decode samples its own first token from the KV, it never sees
+# prefill's).
+ANSWER_ONLY_FIELDS = ("prompt_logprobs", "logprobs", "top_logprobs", "logprob_token_ids", "echo",
+                      "return_token_ids", "return_tokens_as_token_ids", "return_token_offsets",
+                      "n", "best_of", "use_beam_search", "stream_options", "min_tokens")
+
+
 def one_token_body(body: dict[str, Any], kv_transfer_params: dict[str, Any], *, chat: bool) -> dict[str, Any]:
-    """The request as a one-token, unstreamed leg carrying ``kv_transfer_params``: a prefill leg,
-    or a decode leg that only consumes the prefilled blocks."""
-    out = dict(body)
+    """The request as a one-token, unstreamed leg carrying ``kv_transfer_params``, without the fields
+    that only shape its answer: a prefill leg, or a decode leg that only consumes the prefilled blocks."""
+    out = {k: v for k, v in body.items() if k not in ANSWER_ONLY_FIELDS}
     out["max_tokens"] = 1
     if chat:
         out["max_completion_tokens"] = 1
     out["stream"] = False
-    out.pop("stream_options", None)
-    out.pop("min_tokens", None)  # min_tokens > max_tokens would be refused
     out["kv_transfer_params"] = kv_transfer_params
     return out
 

@@ -1,5 +1,14 @@
 """The prefill leg: one token, not streamed, KV kept for a remote decode; retried on another
-prefill endpoint; and the hand-back of a leg whose client left (abandon.py)."""
+prefill endpoint; and the hand-back of a leg whose client left (abandon.py).
+
+The leg sends prefill only what makes the KV (abandon.one_token_body drops what only sizes the
+answer) and reads at most ``MAX_PREFILL_ANSWER_BYTES`` of the answer, of which it decodes only
+``kv_transfer_params`` (msgspec skips the rest in C). A longer answer (an engine that ignores the
+drop, or a field not yet known to size it) is refused: the client gets 502, the leg counts as a
+failure ``answer_too_large`` (not retried: another prefill would answer the same; not ejected: the
+endpoint is healthy), and prefill's blocks stay leased until the lease ends, since releasing them
+takes the signed kv_transfer_params the leg did not read.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +23,11 @@ import msgspec
 
 from pdfleet.connector.serving.abandon import one_token_body, release_body
 from pdfleet.connector.serving.endpoints import DECODE, PREFILL, RevisionEndpoints
+from pdfleet.connector.serving.errors import error_body
+from pdfleet.connector.serving.json_depth import check_depth
 from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.connector.serving.picker import Picker
-from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, RETRYABLE_4XX, json_decode, json_encode, target
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, RETRYABLE_4XX, json_encode, read_bounded, target
 from pdfleet.contract.kv_params import remote_decode_request
 from pdfleet.contract.router_config import RouterConfig
 
@@ -35,12 +46,38 @@ class UpstreamAnswer:
 @dataclass
 class PrefillResult:
     kv_transfer_params: dict[str, Any] | None = None
-    client_error: UpstreamAnswer | None = None  # a 4xx from prefill, relayed as is
+    client_error: UpstreamAnswer | None = None  # a 4xx from prefill relayed as is, or too_large_answer()
     url: str | None = None  # the prefill that holds the lease
     # When the response arrived: monotonic (the lease's clock, kv_params.lease_deadline) and, for
     # params <= 1.2 that carry a unix expiry, the wall clock at the same moment.
     received_at: float | None = None
     wall_at_receipt: float | None = None
+
+
+# A one-token answer without the answer-sizing fields is about 1 KB; 1 MiB leaves room for any
+# engine's extra fields and bounds what a request can make the router hold and parse.
+MAX_PREFILL_ANSWER_BYTES = 1024 * 1024
+ANSWER_TOO_LARGE = "answer_too_large"  # leg_failures reason
+
+
+class _Answer(msgspec.Struct):
+    kv_transfer_params: Any = None  # the one field the leg uses; msgspec skips the others unbuilt
+
+
+_decode_answer = msgspec.json.Decoder(_Answer).decode
+
+
+def answer_kv_params(data: bytes) -> Any:
+    """``kv_transfer_params`` of prefill's answer (None if absent); msgspec.DecodeError if the answer is
+    not a JSON object (or nests past json_depth's bound: msgspec recurses into skipped values too)."""
+    check_depth(data)
+    return _decode_answer(data).kv_transfer_params
+
+
+def too_large_answer(limit: int = MAX_PREFILL_ANSWER_BYTES) -> UpstreamAnswer:
+    """What the client gets for a prefill answer longer than ``limit``."""
+    return UpstreamAnswer(502, error_body(502, f"prefill's answer exceeds the limit of {limit} bytes"),
+                          "application/json")
 
 
 class PrefillLeg:
@@ -96,9 +133,12 @@ class PrefillLeg:
             async with self.session.post(target(url, path), data=payload, headers=headers,
                                          timeout=self._timeout) as resp:
                 received_at, wall_at_receipt = time.monotonic(), time.time()  # the headers: the earliest sign
-                data = await resp.read()
+                data = await read_bounded(resp, MAX_PREFILL_ANSWER_BYTES)
                 if resp.status >= 500 or resp.status in RETRYABLE_4XX:
                     return f"http_{resp.status}"
+                if data is None:
+                    resp.close()  # the rest is not read: the connection cannot be reused
+                    return self._too_large(url, headers)
                 if resp.status >= 400:
                     return PrefillResult(client_error=UpstreamAnswer(
                         resp.status, data, resp.content_type or "application/json"))
@@ -112,12 +152,18 @@ class PrefillLeg:
             self.picker.release(PREFILL, url)
             self._latency.observe(time.perf_counter() - started)
         try:
-            params = json_decode(data).get("kv_transfer_params")
-        except (msgspec.DecodeError, AttributeError):
+            params = answer_kv_params(data)
+        except msgspec.DecodeError:
             return "invalid_json"
         if not isinstance(params, dict):
             return "no_kv_transfer_params"
         return PrefillResult(kv_transfer_params=params, received_at=received_at, wall_at_receipt=wall_at_receipt)
+
+    def _too_large(self, url: str, headers: dict[str, str]) -> PrefillResult:
+        self.metrics.leg_failures.labels(PREFILL, ANSWER_TOO_LARGE).inc()
+        log.warning("prefill %s answered more than %d bytes, request %s: refused (its lease runs its course)",
+                    url, MAX_PREFILL_ANSWER_BYTES, headers[REQUEST_ID_HEADER])
+        return PrefillResult(client_error=too_large_answer())
 
     async def hand_back(self, group: RevisionEndpoints, path: str, body: dict[str, Any], headers: dict[str, str],
                          kv_params: dict[str, Any], *, chat: bool) -> None:
@@ -130,6 +176,6 @@ class PrefillLeg:
             async with self.session.post(target(url, path), headers=headers,
                                          data=json_encode(release_body(body, kv_params, chat=chat)),
                                          timeout=self._timeout) as resp:
-                await resp.read()
+                await read_bounded(resp, MAX_PREFILL_ANSWER_BYTES)  # dropped: only the pull matters
         finally:
             self.picker.release(DECODE, url)

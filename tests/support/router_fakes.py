@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pdfleet.connector.serving.body_fields import lax_int
 from pdfleet.contract.kv_params import (InvalidTransferParams, error_params, own_lease_to_release, produce,
                                         release_reply, wants_release)
 from pdfleet.contract.ports import SIDE_CHANNEL
@@ -37,6 +38,7 @@ class FakeEngine:
     # separately; a client that closes on [DONE] then races the router)
     eof_delay_s: float = 0.0
     delay_s: float = 0.0  # answer every request this much later (a busy engine)
+    answer_pad: int = 0  # prefill: this many more bytes in every answer (an engine whose answers are large)
     received: list[Received] = field(default_factory=list)
     # prefill: remote request ids of its own leases that release requests named (as its connector checks them)
     released: list[str] = field(default_factory=list)
@@ -97,6 +99,10 @@ class FakeEngine:
             except InvalidTransferParams as exc:
                 answer["kv_transfer_params"] = error_params(str(exc))
             return web.json_response(answer)
+        if body.get("prompt_logprobs"):  # as vLLM sizes it: prompt_logprobs entries per prompt token
+            answer["prompt_logprobs"] = prompt_logprobs(body)
+        if self.answer_pad:
+            answer["pad"] = "x" * self.answer_pad
         if self.mode != "no_kv":
             # Through the connector's own producer: the router reads what pdfleet's engines write.
             answer["kv_transfer_params"] = produce(
@@ -149,8 +155,19 @@ class FakeEngine:
 _USAGE = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
 
 
+def prompt_logprobs(body: dict) -> list:
+    """vLLM's prompt_logprobs in an answer: per prompt token (ids, or one per 4 characters of text), the
+    top ``prompt_logprobs`` candidates (a 32k-token prompt at 20: about 48 MB of JSON, as vLLM's)."""
+    prompt = body.get("prompt") or "".join(str(m.get("content")) for m in body.get("messages") or ())
+    tokens = len(prompt) if isinstance(prompt, list) else -(-len(prompt) // 4)
+    top = int(body["prompt_logprobs"])
+    entry = {str(1000 + r): {"logprob": -1.2345678901234567, "rank": r + 1, "decoded_token": " token"}
+             for r in range(top)}
+    return [None] + [entry] * (tokens - 1)
+
+
 def _choices(body: dict) -> int:
     """One choice per prompt and per sequence, as vLLM answers."""
     prompt = body.get("prompt")
     prompts = len(prompt) if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt) else 1
-    return prompts * (body.get("n") or 1)
+    return prompts * lax_int(body.get("n") or 1)  # "4" and 4.0 are 4 choices to vLLM
