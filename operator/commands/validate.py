@@ -10,6 +10,7 @@ import sys
 
 from pdfleet.operator.api import KIND, errors_of
 from pdfleet.operator.commands.files import UnreadableInput, fleet_documents, load_documents
+from pdfleet.operator.local.tiny_model import TINY_MODEL_NAME
 
 INVALID, UNREADABLE = 1, 2
 
@@ -51,4 +52,15 @@ def _check(filename: str, name: str, doc: object) -> int:
         return UNREADABLE
     for error in errors:
         print(f"{filename}: {name}: {error}", file=sys.stderr)
+    for note in [] if errors else local_only_notes(doc):
+        print(f"{filename}: {name}: note: {note}", file=sys.stderr)
     return INVALID if errors else 0
+
+
+def local_only_notes(doc: dict) -> list[str]:
+    """What is valid but runs only under `pdfleet local` (pure): the tiny model it builds on the spot."""
+    model = (doc.get("spec") or {}).get("model") or {}
+    if model.get("name") == TINY_MODEL_NAME:
+        return [f"spec.model.name: {TINY_MODEL_NAME} is built on the spot by `pdfleet local`; engines in a cluster "
+                "cannot download it (docs/quickstart.md runs a public model)"]
+    return []

@@ -35,6 +35,8 @@ def test_a_fleet_an_httproute_and_a_list_validate_with_notes() -> None:
     assert result.stderr.splitlines() == [
         "-: document 1: skipped HTTPRoute tiny-route (not a DisaggregatedInference)",
         "-: document 2 item 0: skipped Service extra (not a DisaggregatedInference)",
+        "-: tiny: note: spec.model.name: pdfleet/tiny-llama is built on the spot by `pdfleet local`; engines in a "
+        "cluster cannot download it (docs/quickstart.md runs a public model)",
     ]
 
 
@@ -78,3 +80,11 @@ def test_version_is_the_packages() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     result = pdfleet("--version")
     assert (result.returncode, result.stdout.strip()) == (0, f"pdfleet {version}")
+
+
+def test_the_local_only_model_is_noted() -> None:
+    """examples/tiny-cpu.yaml is valid, and validate says its model exists only under `pdfleet local`."""
+    result = pdfleet("validate", "-f", str(ROOT / "examples" / "tiny-cpu.yaml"))
+    assert result.returncode == 0 and "note: spec.model.name: pdfleet/tiny-llama is built on the spot" in result.stderr
+    quick = pdfleet("validate", "-f", str(ROOT / "examples" / "quickstart-cpu.yaml"))
+    assert (quick.returncode, quick.stderr) == (0, "")  # control: a public model, no note
