@@ -5,10 +5,10 @@ with Retry-After in OpenAI's shape, queue timeouts, clients leaving while queued
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from counting_engine import counting
 from router_fakes import FakeEngine  # noqa: F401  (the fixture's engines)
 from waits import until
 
@@ -216,29 +216,6 @@ async def test_capacity_follows_the_ready_decode_endpoints_with_headroom_for_the
         await asyncio.sleep(0.05)
     results = await client.results()
     assert [r[0] for r in results.values()] == [200] * 6
-
-
-@dataclass
-class CountingEngine(FakeEngine):
-    """A fake engine that counts the requests it holds at once (what the bound protects)."""
-
-    now: int = 0
-    most: int = 0
-
-    async def _generate(self, request):
-        self.now += 1
-        self.most = max(self.most, self.now)
-        try:
-            return await super()._generate(request)
-        finally:
-            self.now -= 1
-
-
-async def counting(fleet, name: str, role: str, **kw) -> CountingEngine:
-    e = CountingEngine(name=name, role=role, **kw)
-    await e.start()
-    fleet.engines.append(e)
-    return e
 
 
 @pytest.mark.parametrize("bounded", [
