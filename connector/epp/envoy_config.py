@@ -22,8 +22,9 @@ _FALLBACK = [{"header": {"key": FALLBACK_HEADER, "value": FALLBACK_DECODE_ONLY},
 
 def message_timeout_for(prefill_timeout_s: float, prefill_attempts: int, max_queue_s: float = 0.0) -> float:
     """The ext_proc message_timeout that never cuts a prefill leg: the EPP answers the body once its
-    flow-control wait and every prefill attempt are over (plus a margin for the pick and the proxy)."""
-    return max_queue_s + prefill_timeout_s * max(1, prefill_attempts) + 5.0
+    flow-control waits (for admission, then for a decode slot after prefill: each up to maxQueueSeconds)
+    and every prefill attempt are over (plus a margin for the pick and the proxy)."""
+    return 2 * max_queue_s + prefill_timeout_s * max(1, prefill_attempts) + 5.0
 
 
 def _duration(seconds: float) -> str:
