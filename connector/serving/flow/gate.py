@@ -61,10 +61,11 @@ _MAX_TENANT_LEN = 128  # longer ids are hashed: memory per queued request stays 
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _EWMA = 0.1  # weight of the newest request in the means (service time for Retry-After, stage times)
 # The pipeline is sized for the mean; arrivals at decode vary around it, so a little more keeps decode
-# from idling (measured: bench/flow_control.py --parts throughput); the surplus waits at most one
-# prefill leg (in wait_for_decode since issue 38; inside decode before). So the surplus is the top class's alone: lower
-# classes get the pipeline without it (with it for every class, interactive TTFT p90 under 2x load was
-# 1.05x-8.4x unloaded in 3 runs, batch filling decode; with no margin, 1.01x-1.04x).
+# from idling (measured: bench/flow_control.py --parts throughput); the surplus waits about one prefill
+# leg (before issue 38 inside decode, first come first served; now in wait_for_decode, in class order).
+# The surplus is the top class's alone: lower classes get the pipeline without it (with it for every
+# class, interactive TTFT p90 under 2x load was 1.05x-8.4x unloaded in 3 runs, batch filling decode;
+# with no margin, 1.01x-1.04x; measured before issue 38).
 PIPELINE_MARGIN = 1.5
 _ADMITTED = None  # a waiting request's future resolves to this, or to the reason it was shed
 _current: contextvars.ContextVar[Optional["Admission"]] = contextvars.ContextVar("pdfleet_flow_admission",
