@@ -5,13 +5,14 @@ about 1,000 levels raises ``RecursionError`` out of the decoder: an error neithe
 a 400 (the EPP's stream ended instead). ``check_depth`` refuses nesting past a bound first, with
 ``TooDeep``, a ``msgspec.DecodeError``: every place that already answers invalid JSON with 400 answers
 this too. Cheap for ordinary bodies: fewer opening brackets than the bound cannot nest deeper (two
-``bytes.count``); otherwise strings are cut out (their brackets are text, not nesting) and the depth is
-a running sum over the brackets left, all in C loops.
+``bytes.count``); otherwise escapes are cut out (escaped backslashes, then escaped quotes: JSON pairs
+backslashes from the left), so every quote left delimits a string, everything but quotes and brackets is dropped, the text between
+odd and even quotes (strings) goes, and the depth is a running sum over the brackets left: all in C
+loops, a few microseconds per thousand strings.
 """
 
 from __future__ import annotations
 
-import re
 from array import array
 from itertools import accumulate
 
@@ -23,10 +24,7 @@ __all__ = ["MAX_JSON_DEPTH", "TooDeep", "check_depth", "depth"]
 # shallower than msgspec's recursion can reach on any thread.
 MAX_JSON_DEPTH = 128
 
-# A string, or an unterminated one to the end of the text: every quote starts a match, so the scan
-# stays linear (a string pattern that can fail would rescan from each later quote: quadratic).
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_SYNTAX = bytes(b for b in range(256) if b not in b'"[]{}')
 _STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
 
 
@@ -37,8 +35,10 @@ class TooDeep(msgspec.DecodeError):
 def depth(raw: bytes) -> int:
     """The deepest nesting of arrays and objects in ``raw`` (brackets inside strings do not count; an
     unterminated string runs to the end of the text)."""
-    steps = array("b", _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS).translate(_STEP))
-    return max(accumulate(steps), default=0)  # about 20 ns a bracket: less than msgspec takes to decode it
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")  # escaped backslashes, then escaped quotes
+    outside = b"".join(text.translate(None, _NOT_SYNTAX).split(b'"')[::2])  # odd parts are strings
+    steps = array("b", outside.translate(_STEP))
+    return max(accumulate(steps, initial=0))  # about 20 ns a bracket
 
 
 def check_depth(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> None:

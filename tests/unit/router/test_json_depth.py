@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import pytest
 
@@ -46,6 +48,43 @@ def test_check_depth(raw, refused) -> None:
             check_depth(raw)
     else:
         check_depth(raw)
+
+
+def _reference_depth(text: str) -> int | None:
+    """A JSON lexer's view, one character at a time; None where a backslash stands outside a string
+    (no JSON: msgspec stops there, before any bracket after it)."""
+    level = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == "\\":
+            return None
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif char in "]}":
+            level -= 1
+    return deepest
+
+
+def test_depth_agrees_with_a_lexer_on_every_short_text() -> None:
+    compared = 0
+    for size in range(1, 8):
+        for chars in itertools.product('[]{"\\a', repeat=size):
+            text = "".join(chars)
+            expected = _reference_depth(text)
+            if expected is not None:
+                assert depth(text.encode()) == expected, text
+                compared += 1
+    assert compared > 50_000
 
 
 def test_json_decode_refuses_deep_nesting_as_invalid_json() -> None:
