@@ -12,6 +12,7 @@ DEGRADED = "Degraded"
 RECONCILING = "Reconciling"  # kstatus's Progressing
 STALLED = "Stalled"  # kstatus's Degraded
 SCALING_LIMITED = "ScalingLimited"
+PREFIX_ROUTING = "PrefixRouting"  # whether the front ends hash prompts with the model's tokenizer (prefixAware)
 ROLLOUT_PROGRESSING = "RolloutProgressing"  # strategy Canary only
 ROLLOUT_ABORTED = "RolloutAborted"  # strategy Canary only
 
@@ -26,6 +27,7 @@ CANARY_STEP = "CanaryStep"
 CANARY_WAITING = "CanaryWaiting"
 ABORTED = "Aborted"
 NOT_ABORTED = "NotAborted"
+NOT_READ = "NotRead"  # PrefixRouting Unknown: no front end answered (none ready yet, or none reachable)
 
 # Why pods are not ready (issue 39): Ready's reason names the first cause of a role without a ready pod
 # (the message names each role's causes); the same words are the Warning events' reasons.

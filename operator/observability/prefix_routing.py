@@ -3,7 +3,8 @@
 Each router and Endpoint Picker pod exports ROUTER_TOKENIZER_LOADED, one series whose reason is Loaded or why not
 (contract/metrics.TOKENIZER_REASONS). ``condition`` turns every ready front end's reading into the fleet's
 PrefixRouting condition (pure, table-tested); ``read`` is its I/O edge over kube/front_ends.scrape. The reconcile
-is to hand the condition to the status as it hands ScalingLimited (a (status, reason, message) tuple)."""
+hands the condition to the status as it hands ScalingLimited (a (status, reason, message) tuple), read at most
+once per interval per fleet (reconcile/reconciler.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from typing import Optional
 
 from pdfleet.contract import metrics as names
 from pdfleet.contract.routing import PREFIX_AWARE
+from pdfleet.operator.api import conditions
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.kube import front_ends
 from pdfleet.operator.kube.observed import ObservedPod
 from pdfleet.operator.observability.metrics_text import series, usable_samples
 
-PREFIX_ROUTING = "PrefixRouting"  # the condition type
-NOT_READ = "NotRead"  # Unknown: no front end answered (none ready yet, or none reachable)
+PREFIX_ROUTING, NOT_READ = conditions.PREFIX_ROUTING, conditions.NOT_READ
 Condition = tuple[str, str, str]  # (status, reason, message), as ScalingLimited
 
 

@@ -19,6 +19,7 @@ from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
+from pdfleet.operator.observability import prefix_routing
 from pdfleet.operator.observability.metrics_text import rejected_values
 from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
 from pdfleet.operator.autoscale.scalers import ObservedScaler, scaling_condition
@@ -55,6 +56,7 @@ class ReconcileOptions:
     # Gang providers whose PodGroup CRD the cluster has and the operator may write (chart values).
     gang_providers: tuple[str, ...] = ()
     canary_interval_s: float = 5.0  # a canary's analysis scrapes the routers at most this often
+    prefix_routing_interval_s: float = 30.0  # the front ends' tokenizer state is read at most this often
 
 
 class ReconcileError(Exception):
@@ -96,6 +98,7 @@ class Reconciler:
         self._not_owned_reported: dict[Key, Optional[str]] = {}
         self._secret_missing_reported: dict[Key, Optional[str]] = {}
         self._causes_reported: dict[Key, frozenset[tuple[str, str, str]]] = {}  # pods' causes with an event
+        self._prefix_read: dict[Key, tuple[float, Any]] = {}  # when PrefixRouting was read, and what it said
         self._unowned_seen: dict[Key, set[tuple[str, str, str]]] = {}  # (kind, name, uid) counted and logged
         self.replicasets = replicasets
         self.queue = WorkQueue(self.reconcile, workers=options.workers)
@@ -114,6 +117,19 @@ class Reconciler:
     @property
     def settings(self) -> Settings:
         return Settings(self.options.default_image, self.options.drain_seconds, tuple(self.options.gang_providers))
+
+    async def _prefix_routing(self, key: Key, plan: Any) -> tuple[Optional[tuple[str, str, str]], Optional[float]]:
+        """PrefixRouting from the front ends' /metrics, read at most once per interval per fleet (monotonic);
+        until it is True (no front end read yet, a tokenizer loading or failing), read again after the interval:
+        a fix (a Secret, a mount) may come with no event on the fleet."""
+        interval = self.options.prefix_routing_interval_s
+        now = time.monotonic()
+        last = self._prefix_read.get(key)
+        if last is None or now - last[0] >= interval:
+            last = self._prefix_read[key] = (now, await prefix_routing.read(plan.cr.spec, plan.gate.pods,
+                                                                           self._screened_fetch))
+        cond = last[1]
+        return cond, (interval if cond is not None and cond[0] != "True" else None)
 
     async def _screened_fetch(self, url: str) -> str:
         """A router's /metrics page; the values the parsers will skip (NaN, negative) are counted here."""
@@ -136,6 +152,7 @@ class Reconciler:
             self._not_owned_reported.pop(key, None)
             self._secret_missing_reported.pop(key, None)
             self._causes_reported.pop(key, None)
+            self._prefix_read.pop(key, None)
             self.referenced_secrets.forget(key[0])
             self._unowned_seen.pop(key, None)
             self.scaling.forget(key)
@@ -262,8 +279,10 @@ class Reconciler:
         planned = await self.planner.run(key, body, plan.cr, plan.gate.pods, plan.scaling, conflicts)
 
         # settle: the last events and the status, written once
+        prefix_condition, prefix_requeue = await self._prefix_routing(key, plan)
         done = settle(plan, guarded, now=observed.now, errors=errors, planner_status=planned.status,
-                      planner_requeue=planned.requeue_after, scaling_condition=scaling_condition(plan.scaling))
+                      planner_requeue=planned.requeue_after, scaling_condition=scaling_condition(plan.scaling),
+                      prefix_routing=prefix_condition, prefix_requeue=prefix_requeue)
         await self._post(body, done.events)
         self._causes_reported[key] = done.causes_reported
         await self._write_status(key, body, plan.previous, done.status)

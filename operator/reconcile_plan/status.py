@@ -114,6 +114,7 @@ class StatusInputs:
     desired: Mapping[str, int] = field(default_factory=dict)   # replicas the spec asks for, per role
     scaling: Optional[Mapping[str, Any]] = None                 # autoscaled roles: requested, applied, why
     scaling_condition: Optional[tuple[bool, str, str]] = None   # ScalingLimited (status, reason, message)
+    prefix_routing: Optional[tuple[str, str, str]] = None  # PrefixRouting ("True"/"False"/"Unknown", reason, message)
     kv_transport: Mapping[str, RoleTransport] = field(default_factory=dict)  # per role; empty: preflight off
     strategy: str = "Paired"                                    # spec.rollout.strategy
     canary: Optional[CanaryRecord] = None                       # the canary of the target revision, if any
@@ -240,6 +241,10 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         conds.append(Cond(condition.DEGRADED, False, condition.AS_EXPECTED, ""))
     if inp.scaling_condition is not None:
         conds.append(Cond(condition.SCALING_LIMITED, *inp.scaling_condition))
+    if inp.prefix_routing is not None:
+        state, reason, message = inp.prefix_routing
+        conds.append(Cond(condition.PREFIX_ROUTING, {"True": True, "False": False}.get(state, "Unknown"), reason,
+                          message))
     conds += canary_conditions(inp.strategy, d, inp.canary)
     if inp.epp_enabled:  # informative: the router may serve while no gateway took the pool
         pools = [c for c in inp.children if c.ref.kind == "InferencePool" and not c.deleting]

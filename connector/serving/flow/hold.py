@@ -36,6 +36,5 @@ class Admission:
 
     async def wait_for_decode(self) -> None:
         """Until the request may start its decode leg under the gate's decode bound."""
-        wait = getattr(self.gate, "wait_for_decode", None)  # INTEGRATION: flow control's decode bound
-        if self._hold is not None and wait is not None:
-            await wait(self._hold)
+        if self._hold is not None:
+            await self.gate.wait_for_decode(self._hold)
