@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from pdfleet.contract import env as env_names
 from pdfleet.contract import kv_tiers
+from pdfleet.contract import scale_to_zero as stz
 from pdfleet.contract.flow_control import FLAG as FLOW_CONTROL_FLAG
 from pdfleet.contract.flow_control import FlowControlConfig
 from pdfleet.contract.ports import HTTP_NAME, KV_EVENTS, KV_EVENTS_REPLAY, ROUTER_HTTP
@@ -94,6 +95,12 @@ class RouterConfig:
     # spec.router.flowControl (flow/): disabled, no gate and no queue; rendered as one --flow-control JSON
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
 
+    # spec.scaling.scaleToZero (issue 41; serving/waiting_room.py): requests held while no pair is ready,
+    # at most this many (0: the waiting room off, 503 at once) and this many body bytes, each this long
+    scale_to_zero_max_waiting: int = 0
+    scale_to_zero_activation_timeout_s: float = stz.DEFAULT_ACTIVATION_TIMEOUT_S
+    scale_to_zero_max_waiting_bytes: int = stz.DEFAULT_MAX_WAITING_BYTES
+
     # request headers passed on to both legs
     forward_headers: tuple[str, ...] = field(
         default=("authorization", "traceparent", "tracestate", "baggage")
@@ -145,6 +152,13 @@ class RouterConfig:
         problems += [f"prefix_tier_weights: {p}" for p in kv_tiers.check(dict(self.prefix_tier_weights))]
         if self.block_size < 1 or self.prefix_max_imbalance < 0 or self.kv_index_max_blocks < 1:
             problems.append("block_size/kv_index_max_blocks: must be >= 1; prefix_max_imbalance: >= 0")
+        if not 0 <= self.scale_to_zero_max_waiting <= 1_000_000:
+            problems.append(f"scale_to_zero_max_waiting: must be 0..1000000, got {self.scale_to_zero_max_waiting}")
+        if not 0 < self.scale_to_zero_activation_timeout_s <= 3600:
+            problems.append("scale_to_zero_activation_timeout_s: must be in (0, 3600], got "
+                            f"{self.scale_to_zero_activation_timeout_s}")
+        if self.scale_to_zero_max_waiting_bytes < 1:
+            problems.append(f"scale_to_zero_max_waiting_bytes: must be >= 1, got {self.scale_to_zero_max_waiting_bytes}")
         if problems:
             raise ValueError("invalid RouterConfig: " + "; ".join(problems))
 
@@ -199,6 +213,10 @@ _LIMITS = (
     ("decode_idle_timeout_s", "between two chunks of decode's response"),
     ("eject_s", "how long a failed endpoint is avoided"),
     ("upstream_keepalive_s", "idle upstream connections closed after this (below the engines' own)"),
+    ("scale_to_zero_max_waiting", "requests held while no prefill/decode pair is ready (spec.scaling.scaleToZero."
+                                  "maxWaiting); 0: the waiting room off, 503 at once"),
+    ("scale_to_zero_activation_timeout_s", "how long a request is held for a pair (activationTimeoutSeconds)"),
+    ("scale_to_zero_max_waiting_bytes", "request body bytes held at once in the waiting room"),
 )
 _ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_fleet_uid", "kubernetes_namespace", "kubeconfig",
           "port_name", "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",
