@@ -136,15 +136,19 @@ class Picker:
         role's picking chain (picking/: filters, scorers such as the cached prefix when a body is
         given and the role's policy asks for it, the load-bounded picker). Recently failed endpoints
         are taken only when nothing else is left."""
-        started = time.perf_counter()
+        timed = timing.current()  # a request being served: its decision time (the EPP's histogram)
+        started = time.perf_counter() if timed is not None else 0.0
         state = PickState(self.outstanding.counts, tried, self._ejected_now(), next(self._tiebreak[role]))
         request = PickRequest(role, body, chat) if body is not None else None
         p = self.profiles[role]
         url = chain.run(tuple(candidates), state, p.filters, p.scorers, request, max_imbalance=p.max_imbalance).url
-        timing.decision_time(time.perf_counter() - started)  # the request's decision time (the EPP's histogram)
+        if timed is not None:
+            timed.decision_s += time.perf_counter() - started
         return url
 
     def _ejected_now(self) -> list[str]:
+        if not self._ejected:
+            return []
         now = time.monotonic()
         ejected = [u for u, until in self._ejected.items() if until > now]
         if len(ejected) != len(self._ejected):

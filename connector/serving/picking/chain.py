@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+# Tuples, not frozen dataclasses: a pick makes each anew, and it runs several times per request.
 
 
-@dataclass(frozen=True)
-class PickState:
+class PickState(NamedTuple):
     """What a pick knows besides the candidates: load, what this request tried, what failed lately."""
 
     outstanding: Mapping[str, int]
@@ -25,8 +25,7 @@ class PickState:
     tiebreak: int = 0
 
 
-@dataclass(frozen=True)
-class PickRequest:
+class PickRequest(NamedTuple):
     """What scorers read of the request a leg serves."""
 
     role: str
@@ -49,21 +48,27 @@ class Scorer(Protocol):
                candidates: Sequence[str]) -> None: ...
 
 
-@dataclass(frozen=True)
-class Weighted:
+class Weighted(NamedTuple):
     scorer: Scorer
     weight: float = 1.0
 
 
-@dataclass(frozen=True)
-class Picked:
+class Picked(NamedTuple):
     url: str | None
     score: float  # the chosen candidate's weighted score
     best: float  # the best weighted score among the scored candidates
 
 
-def weighted_scores(parts: Sequence[tuple[float, Mapping[str, float]]], candidates: Sequence[str]) -> dict[str, float]:
+NOTHING = Picked(None, 0, 0)
+
+
+def weighted_scores(parts: Sequence[tuple[float, Mapping[str, float]]], candidates: Sequence[str]
+                    ) -> Mapping[str, float]:
     """Each candidate's weighted sum (a weight of 1 keeps a score as it is: int scores stay ints)."""
+    if not parts:
+        return {}
+    if len(parts) == 1 and parts[0][0] == 1:
+        return parts[0][1]  # one scorer at weight 1: its scores are the sums
     totals: dict[str, float] = {}
     for c in candidates:
         total: float = 0
@@ -78,9 +83,13 @@ def take(candidates: Sequence[str], scores: Mapping[str, float], outstanding: Ma
          max_imbalance: int, tiebreak: int) -> Picked:
     """The picker: the top score within the load bound, then the least loaded, then rotation."""
     if not candidates:
-        return Picked(None, 0, 0)
-    least = min(outstanding.get(c, 0) for c in candidates)
-    within = [c for c in candidates if outstanding.get(c, 0) <= least + max_imbalance]
+        return NOTHING
+    loads = [outstanding.get(c, 0) for c in candidates]
+    least = min(loads)
+    if not scores:  # nothing scored: the least loaded, rotated
+        tied = [c for c, load in zip(candidates, loads) if load == least]
+        return Picked(tied[tiebreak % len(tied)], 0, 0)
+    within = [c for c, load in zip(candidates, loads) if load <= least + max_imbalance]
     top = max(scores.get(c, 0) for c in within)
     tied = [c for c in within if scores.get(c, 0) == top]
     load = min(outstanding.get(c, 0) for c in tied)
@@ -95,9 +104,9 @@ def run(candidates: Sequence[str], state: PickState, filters: Sequence[Filter], 
     for f in filters:
         candidates = f(candidates, state)
         if not candidates:
-            return Picked(None, 0, 0)
-    if request is None:  # nothing to score (a leg without a body): the least-loaded pick
-        scorers = ()
+            return NOTHING
+    if request is None or not scorers:  # nothing to score: the least-loaded pick
+        return take(candidates, {}, state.outstanding, max_imbalance=max_imbalance, tiebreak=state.tiebreak)
     parts = [(w.weight, w.scorer.score(request, candidates)) for w in scorers]
     picked = take(candidates, weighted_scores(parts, candidates), state.outstanding,
                   max_imbalance=max_imbalance, tiebreak=state.tiebreak)

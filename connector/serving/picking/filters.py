@@ -9,9 +9,11 @@ from pdfleet.connector.serving.picking.chain import PickState
 
 def not_tried(candidates: Sequence[str], state: PickState) -> Sequence[str]:
     """A retried leg never goes back to an endpoint this request already tried."""
-    return [c for c in candidates if c not in state.tried]
+    tried = state.tried
+    return [c for c in candidates if c not in tried] if tried else candidates
 
 
 def healthy_first(candidates: Sequence[str], state: PickState) -> Sequence[str]:
     """Endpoints that failed lately are taken only when nothing else is left."""
-    return [c for c in candidates if c not in state.ejected] or candidates
+    ejected = state.ejected
+    return ([c for c in candidates if c not in ejected] or candidates) if ejected else candidates
