@@ -365,6 +365,44 @@ SCALING_RULES: tuple[Rule, ...] = (
 SPEC_RULES = SPEC_RULES + SCALING_RULES
 
 
+# --- scale to zero as a P/D pair (issue 41) -----------------------------------------
+
+
+def scale_to_zero_on(spec: DisaggregatedInferenceSpec) -> bool:
+    s = spec.scaling.scale_to_zero
+    return s is not None and s.enabled
+
+
+def _pair_may_reach_zero(spec: DisaggregatedInferenceSpec) -> bool:
+    """Both roles are written through their scalers, and the clamp lets both reach 0."""
+    return not scale_to_zero_on(spec) or all(
+        (a := spec.role(r).autoscaling) is not None and a.min_replicas == 0 for r in ROLES)
+
+
+def _scale_to_zero_has_front_end(spec: DisaggregatedInferenceSpec) -> bool:
+    return not scale_to_zero_on(spec) or _has_front_end(spec)
+
+
+_STZ_ON_CEL = "has(self.scaling.scaleToZero) && self.scaling.scaleToZero.enabled"
+SCALE_TO_ZERO_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="scaling.scaleToZero.enabled",
+        message="needs prefill.autoscaling and decode.autoscaling, both with minReplicas 0 (the pair is the unit: "
+        "both scalers go to 0 and back to 1 together; an HPA or KEDA keeps its own minimum of 1 and more)",
+        check=_pair_may_reach_zero,
+        cel=f"!({_STZ_ON_CEL}) || (has(self.prefill.autoscaling) && self.prefill.autoscaling.minReplicas == 0"
+        " && has(self.decode.autoscaling) && self.decode.autoscaling.minReplicas == 0)",
+    ),
+    Rule(
+        field="scaling.scaleToZero.enabled",
+        message=f"the front ends hold requests while the pair is at 0 and report them: it needs {_FRONT_END_NAMES}",
+        check=_scale_to_zero_has_front_end,
+        cel=f"!({_STZ_ON_CEL}) || {_FRONT_END_CEL}",
+    ),
+)
+SPEC_RULES = SPEC_RULES + SCALE_TO_ZERO_RULES
+
+
 # --- multi-node roles, gang scheduling, placement (issue 12) ------------------
 
 

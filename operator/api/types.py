@@ -434,11 +434,30 @@ class PlannerSpec(Model):
     )
 
 
+class ScaleToZeroSpec(Model):
+    """Scale to zero as a P/D pair (issue 41): both roles reach 0 together after idleSeconds with no request and
+    leave 0 together on the first request, which the front ends hold meanwhile (their waiting room)."""
+
+    enabled: bool = Field(default=False, description="Retire the pair when idle and wake it on the first request; "
+                          "needs prefill.autoscaling and decode.autoscaling with minReplicas 0.")
+    idle_seconds: Annotated[int, Field(ge=1, le=7 * 86_400)] = Field(
+        default=300, description="How long the front ends must see no request (and none in flight) before both "
+        "roles go to 0.")
+    activation_timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
+        default=300, description="How long a front end holds a request for a pair to come up; then 503 with a "
+        "reason header (no endpoint came up) or 429 with Retry-After (endpoints exist but are full).")
+    max_waiting: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=1000, description="Most requests each front end holds while no pair is ready; more are refused.")
+
+
 class ScalingSpec(Model):
     ratio: Optional[RatioSpec] = Field(
         default=None, description="Bounds of prefill/decode replicas that every scaling decision keeps."
     )
     planner: Optional[PlannerSpec] = Field(default=None, description="pdfleet's SLO planner.")
+    scale_to_zero: Optional[ScaleToZeroSpec] = Field(
+        default=None, description="Scale both roles to 0 together when idle, and back to 1 together on a request."
+    )
 
 
 class CanaryStep(Model):

@@ -43,6 +43,7 @@ def router_config(ctx: Context, spec: DisaggregatedInferenceSpec) -> RouterConfi
         flow_control=flow_control_config(spec),
         **disaggregation_fields(spec),
         **prefix_scoring_fields(spec),
+        **scale_to_zero_fields(spec),
     )
 
 
@@ -57,6 +58,15 @@ def prefix_scoring_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     """spec.router.prefixScoring as RouterConfig's fields (rendered only when not the defaults)."""
     w = spec.router.prefix_scoring.tier_weights
     return {"prefix_tier_weights": ((MEDIUM_GPU, w.gpu), (MEDIUM_CPU, w.cpu), (MEDIUM_STORAGE, w.storage))}
+
+
+def scale_to_zero_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
+    """spec.scaling.scaleToZero as the waiting room's settings (both front ends); off (0) unless enabled."""
+    s = spec.scaling.scale_to_zero
+    if s is None or not s.enabled:
+        return {}
+    return {"scale_to_zero_max_waiting": s.max_waiting,
+            "scale_to_zero_activation_timeout_s": float(s.activation_timeout_seconds)}
 
 
 def flow_control_config(spec: DisaggregatedInferenceSpec) -> FlowControlConfig:
