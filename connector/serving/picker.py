@@ -39,6 +39,8 @@ from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting
 from pdfleet.connector.serving.metrics import RouterMetrics
 from pdfleet.connector.serving.picking import chain, profiles
 from pdfleet.connector.serving.picking.chain import PickRequest, PickState
+from pdfleet.connector.serving.waiting import WaitingRoom
+from pdfleet.connector.serving.waiting_room import endpoints_up
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.router")
@@ -54,6 +56,7 @@ class Picker:
         self.labels = EndpointLabels()  # what endpoints are called in metrics (never their URL: a pod IP)
         self._prefix = PrefixRouting(config, metrics, labels=self.labels)
         self.flow = FlowGate(config.flow_control, metrics.registry)  # open when disabled
+        self.waiting = WaitingRoom(config, metrics.registry, self.flow)  # holds requests while no pair is ready
         self.selection = Selection(None, "no endpoints known yet")
         self.disaggregation = disaggregation.Policy(
             config.disaggregation_policy, config.min_remote_prefill_tokens, config.prefill_busy_in_flight,
@@ -110,6 +113,7 @@ class Picker:
                 ready = sum(e.ready for e in eps)
                 self.metrics.endpoints.labels(role, "true").set(ready)
                 self.metrics.endpoints.labels(role, "false").set(len(eps) - ready)
+        self.waiting.set_endpoints(pair_ready=new is not None, endpoints_up=endpoints_up(self._groups.values()))
 
     def _forget_gone_endpoints(self, known: dict[str, str]) -> None:
         """Drop the in-flight series of endpoints that left every revision (pods churn)."""
@@ -163,7 +167,7 @@ class Picker:
         policy = self.disaggregation
         counts = self.outstanding.counts
         prefills = tuple(counts.get(u, 0) for u in group.ready(PREFILL))
-        fan_out = fan_out_reason(body) is not None  # type: ignore[arg-type]
+        fan_out = fan_out_reason(body, chat=chat) is not None  # type: ignore[arg-type]
         tokens = cached = decode_load = 0
         if policy.policy == disaggregation.DISAGGREGATION_CONDITIONAL and not fan_out:
             candidates = tuple(group.ready(DECODE) if decodes is None else decodes)
@@ -171,7 +175,8 @@ class Picker:
             p = self.profiles[DECODE]
             picked = chain.run(candidates, PickState(counts, (), self._ejected_now(), 0), p.filters, p.scorers,
                                PickRequest(DECODE, body, chat), max_imbalance=p.max_imbalance, notify=False)
-            cached = int(picked.score)
+            # tokens decode would not compute (a CPU-tier block is loaded, not computed): unweighted
+            cached = self.prefix.cached_tokens(DECODE, picked.url, body, chat=chat) if picked.url else 0
             tokens = self.prefix.prompt_tokens(body, chat=chat, want=policy.tokens_wanted(cached))
             decode_load = counts.get(picked.url, 0) if picked.url is not None else 0
         decision = disaggregation.decide(policy, disaggregation.Request(tokens, cached, prefills, decode_load, fan_out))

@@ -21,7 +21,8 @@ PRODUCT = ("operator", "connector", "bench")
 # keys that are also ordinary field names elsewhere (a layout's tp_size, a pull's remote_block_ids).
 GENERIC = {"prefill", "decode", "router", "epp", "http", "backends", "leg", "true", "True", "False", 8000, 500, 4000, 256,
            "pdfleet.io/", "tp_size", "remote_block_ids", "remote_request_id",
-           "Always"}  # also a Kubernetes imagePullPolicy
+           "Always",  # also a Kubernetes imagePullPolicy
+           "reason"}  # a metric label (TOKENIZER_REASON) and every Kubernetes condition's and event's field
 
 
 def _constants(*modules) -> dict[object, str]:
