@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pdfleet.connector.epp.envoy_config import message_timeout_for
 from pdfleet.connector.epp.local_gateway import LocalGateway
 from pdfleet.contract import metrics as names
@@ -25,9 +27,13 @@ async def test_local_gateway_serves_p_d_and_counts_like_the_router(gw):
             async with gw.session.post(url + path, json=body) as r:
                 assert r.status == 200
                 await r.read()
-        async with gw.session.get(local.metrics_url) as r:
-            found = samples(await r.text())
         answered = {names.REVISION_OUTCOME: names.OUTCOME_ANSWERED}
+        for _ in range(100):  # the proxy's last message may reach the EPP after the client read the answer
+            async with gw.session.get(local.metrics_url) as r:
+                found = samples(await r.text())
+            if total(found, f"{names.ROUTER_REVISION_REQUESTS}_total", revision="static", **answered) >= 3:
+                break
+            await asyncio.sleep(0.05)
         assert total(found, f"{names.ROUTER_REVISION_REQUESTS}_total", revision="static", **answered) == 3
         assert total(found, "pdfleet_router_requests_total", route="/v1/completions", code="200") == 2
         assert total(found, f"{names.ROUTER_TTFT}_count", revision="static") == 3
