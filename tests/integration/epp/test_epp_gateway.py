@@ -209,3 +209,26 @@ async def test_decode_gets_the_fleets_engine_token_not_the_clients(gw, monkeypat
     assert d.received[0].headers.get("Authorization") == expected
     if token:
         assert p.received[0].headers.get("Authorization") == expected  # the prefill leg: the router's session
+
+
+@pytest.mark.parametrize("form", ["comma-separated item", "bare IP"])
+async def test_subset_hints_in_the_reference_epps_forms(gw, form):
+    """GAIE's reference EPP reads an item holding comma-separated endpoints and a bare IP (any port of that
+    IP); through a real Envoy, both are honoured (issue 38). Negative control: before, each such item was
+    taken as one literal "ip:port", matched nothing, and every request was 503."""
+    p = await gw.engine("p1", "prefill")
+    d1 = await gw.engine("d1", "decode")
+    d2 = await gw.engine("d2", "decode")
+    if form == "bare IP":
+        subset, allowed = ["10.9.9.9", "127.0.0.1"], {"d1", "d2"}  # both decodes listen on 127.0.0.1
+    else:
+        subset, allowed = [f"10.9.9.9:8000,{d2.url.removeprefix('http://')}"], {"d2"}
+    await gw.start([p], [d1, d2], extra_filters=[_subset_filter(subset)])
+    served = set()
+    for _ in range(4):
+        async with gw.session.post(gw.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
+            assert r.status == 200, await r.text()
+            served.add((await r.json())["served_by"])
+    assert served == allowed  # sequential requests rotate over every allowed decode
+    if form != "bare IP":
+        assert not d1.received
