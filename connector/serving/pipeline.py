@@ -28,7 +28,9 @@ from pdfleet.connector.serving.flow.gate import Shed
 from pdfleet.connector.serving.flow.hold import Admission
 from pdfleet.connector.serving.lease_release import Lease
 from pdfleet.connector.serving.request import Refusal, ServingRequest, read_request, refuse
+from pdfleet.connector.serving.waiting import Dropped
 from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
+from pdfleet.contract.scale_to_zero import DROPPED_REASON_HEADER
 
 if TYPE_CHECKING:
     from pdfleet.connector.serving.router_state import RouterState
@@ -37,11 +39,12 @@ if TYPE_CHECKING:
 class Served:
     """What the pipeline decided for one request, for the front end's decode leg."""
 
-    __slots__ = ("request", "group", "decodes", "decision", "kv_params", "lease", "hold", "started")
+    __slots__ = ("request", "group", "decodes", "decision", "kv_params", "lease", "hold", "started", "size")
 
-    def __init__(self, request: ServingRequest, started: float) -> None:
+    def __init__(self, request: ServingRequest, started: float, size: int = 0) -> None:
         self.request = request
         self.started = started
+        self.size = size  # the body's bytes (the waiting room bounds what it holds by them)
         self.group: RevisionEndpoints | None = None
         self.decodes: tuple[str, ...] = ()  # the decode candidates (the gateway may narrow them)
         self.decision: Decision | None = None
@@ -71,11 +74,17 @@ class Pipeline:
             raise
         if req.dropped_kv_params:
             self.metrics.client_kv_params_dropped.inc()
-        return Served(req, started)
+        return Served(req, started, len(raw))
 
     async def admit(self, served: Served) -> None:
-        """Step 2: a place in the flow gate (held until ``finished``); raises Refusal (429) when shed."""
+        """Step 2: while no pair is ready, the waiting room (waiting.py: held until one is, when it is on);
+        then a place in the flow gate (held until ``finished``). Raises Refusal: 429 when shed; 503 or 429
+        with the dropped-reason header when the waiting room is full or its wait ran out."""
         req = served.request
+        try:
+            await self.picker.waiting.hold(req.headers, served.size)
+        except Dropped as dropped:
+            raise _dropped(dropped, req) from None
         served.hold = Admission(self.picker.flow)
         try:
             await served.hold.enter(req.headers, req.cost)
@@ -189,3 +198,15 @@ def _shed(shed: Shed, req: ServingRequest) -> Refusal:
     """The flow gate's refusal as the front ends answer it: 429 with Retry-After."""
     return Refusal(shed.status, error_body(shed.status, shed.message), reason="shed",
                    headers={**req.reply_headers, "retry-after": str(shed.retry_after_s)})
+
+
+def _dropped(dropped: Dropped, req: ServingRequest) -> Refusal:
+    """The waiting room's answer: its status, the reason header, Retry-After with a 429."""
+    drop = dropped.drop
+    message = {503: "no prefill/decode pair is ready to serve (the fleet is scaled to zero or waking)",
+               429: "no ready prefill/decode pair took the request in time; the fleet is waking"}[drop.status]
+    headers = {**req.reply_headers, DROPPED_REASON_HEADER: drop.reason}
+    if drop.retry_after_s is not None:
+        headers["retry-after"] = str(drop.retry_after_s)
+    return Refusal(drop.status, error_body(drop.status, f"{message}: {drop.reason}"), reason=drop.reason,
+                   headers=headers)
