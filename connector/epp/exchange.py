@@ -85,6 +85,9 @@ class Exchange:
                 await self._immediate(refuse(400, str(exc), "bad_subset"))
                 return
         if kind == "request_headers":
+            if self.headers:  # one request per stream: a second request's headers decide nothing more
+                self.epp.metrics.dropped.labels("repeated_request_headers").inc()
+                return
             hs = msg.request_headers.headers.headers
             self.headers = protocol.header_map((h.key, h.raw_value or h.value) for h in hs)
             if msg.request_headers.end_of_stream:

@@ -59,6 +59,9 @@ class EppMetrics:
         self.routed = Counter("pdfleet_epp_routed", "Requests the EPP sent on to a decode", registry=registry)
         self.refused = Counter("pdfleet_epp_refused", "Requests the EPP answered itself, by reason", ["reason"],
                                registry=registry)
+        self.dropped = Counter("pdfleet_epp_dropped_messages", "ext_proc messages dropped because they are not "
+                               "valid at that point of a stream (e.g. a second request's headers: one stream is one "
+                               "request), by reason", ["reason"], registry=registry)
         self.streams = Counter("pdfleet_epp_streams", "ext_proc streams, by how they ended (done: the proxy "
                                "closed it; cancelled: the proxy reset it, e.g. its client left)", ["end"],
                                registry=registry)

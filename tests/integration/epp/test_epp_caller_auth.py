@@ -188,3 +188,33 @@ async def test_the_token_can_come_from_the_routes_ext_proc_override(fleet, per_r
         await asyncio.to_thread(envoy.stop)
     assert len(p.received) == (1 if per_route else 0)
     assert _refused(gw, caller_auth.MISSING) == (0 if per_route else 1)
+
+
+async def test_a_key_holder_repeating_headers_on_one_stream_decides_once_and_leaves_nothing_held(fleet):
+    """Even the gateway (it holds the token) is a peer to distrust: 1,000 request-headers messages (each a
+    whole GET) on one stream are one request. The first decides; the rest are dropped and counted, and when
+    the stream ends no decode stays held (issue 38). Negative control: before, each message took a decode
+    slot, and a decode's in-flight count stayed at 999 after the stream ended."""
+    gw, p, d = fleet
+    headers = [(":method", "GET"), (":path", "/v1/models"), (":authority", "gw")]
+    message = pb.ProcessingRequest(request_headers=pb.HttpHeaders(end_of_stream=True, headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers])))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.epp_port}") as channel:
+        call = pb_grpc.ExternalProcessorStub(channel).Process(metadata=((CALLER_TOKEN_METADATA, gw.caller_token),))
+        for _ in range(1000):
+            await call.write(message)
+        await call.done_writing()
+        replies = 0
+        async with asyncio.timeout(10):
+            while (await call.read()) is not grpc.aio.EOF:
+                replies += 1
+    picker = gw.epp.router.picker
+    for _ in range(100):  # the stream's end gives back what it held
+        if not picker.outstanding.counts:
+            break
+        await asyncio.sleep(0.02)
+    assert replies == 1
+    assert picker.outstanding.counts == {}
+    dropped = gw.epp.router.metrics.registry.get_sample_value("pdfleet_epp_dropped_messages_total",
+                                                              {"reason": "repeated_request_headers"})
+    assert dropped == 999
