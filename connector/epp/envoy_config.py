@@ -20,11 +20,13 @@ _FALLBACK = [{"header": {"key": FALLBACK_HEADER, "value": FALLBACK_DECODE_ONLY},
               "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
 
 
-def message_timeout_for(prefill_timeout_s: float, prefill_attempts: int, max_queue_s: float = 0.0) -> float:
-    """The ext_proc message_timeout that never cuts a prefill leg: the EPP answers the body once its
-    flow-control waits (for admission, then for a decode slot after prefill: each up to maxQueueSeconds)
-    and every prefill attempt are over (plus a margin for the pick and the proxy)."""
-    return 2 * max_queue_s + prefill_timeout_s * max(1, prefill_attempts) + 5.0
+def message_timeout_for(prefill_timeout_s: float, prefill_attempts: int, max_queue_s: float = 0.0,
+                        waiting_s: float = 0.0) -> float:
+    """The ext_proc message_timeout that never cuts a prefill leg: the EPP answers the body once the
+    waiting room's hold (``waiting_s``: the activation timeout while it is on), its flow-control waits
+    (for admission, then for a decode slot after prefill: each up to maxQueueSeconds) and every prefill
+    attempt are over (plus a margin for the pick and the proxy)."""
+    return waiting_s + 2 * max_queue_s + prefill_timeout_s * max(1, prefill_attempts) + 5.0
 
 
 def _duration(seconds: float) -> str:

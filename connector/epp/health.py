@@ -2,7 +2,8 @@
 
 Liveness ("" and "liveness") is SERVING while the process answers; readiness ("readiness") and the ext_proc
 service's name (what a gateway's gRPC health check asks, e.g. GAIE's test Envoy) are SERVING only while a
-revision has a ready prefill and a ready decode, as GAIE has them (same criteria as readiness). The
+revision has a ready prefill and a ready decode, as GAIE has them (same criteria as readiness), or while the
+waiting room can hold requests for one (issue 41: serving/waiting_room.py ``health``). The
 statuses are a pure function of readiness; ``Health`` keeps grpc_health's servicer in step with it.
 """
 

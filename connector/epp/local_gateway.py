@@ -35,7 +35,8 @@ class LocalGateway:
         self.metrics_url = self.epp.metrics_url
         cfg = self.config
         timeout = message_timeout_for(cfg.prefill_timeout_s, cfg.prefill_attempts,
-                                      cfg.flow_control.max_queue_s if cfg.flow_control.enabled else 0.0)
+                                      cfg.flow_control.max_queue_s if cfg.flow_control.enabled else 0.0,
+                                      cfg.scale_to_zero_activation_timeout_s if cfg.scale_to_zero_max_waiting else 0.0)
         self.envoy = Envoy(render(self.mode, listen_port=self.port, epp_port=epp_port, admin_port=0,
                                   caller_token=self.caller_token, decode_only=cfg.decode,
                                   failure_mode=self.failure_mode,

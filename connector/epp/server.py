@@ -81,7 +81,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.engine_authorization = f"Bearer {token}" if token else None
         self.metrics = EppMetrics(self.router.metrics.registry)
         self.modes = GatewayModes()  # what the gateway's processing mode turned out to be (gateway_modes.py)
-        self.health = Health(lambda: self.router.picker.selection.revision is not None)
+        self.health = Health(lambda: self.router.picker.waiting.health()[0] == 200)  # ready at zero with a waiting room
         self._health_task: asyncio.Task | None = None
         self._interceptors = caller_auth.interceptors(caller_token, self.router.metrics.registry)
         self._discovery = discovery
@@ -167,9 +167,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
 
     async def _health(self, request: web.Request) -> web.Response:
         group = self.router.picker.selection.revision
-        body = {"status": "ok" if group else "unavailable", "revision": group.revision if group else None,
+        status, word = self.router.picker.waiting.health()  # 200 "waiting" at zero with the waiting room on
+        body = {"status": word, "revision": group.revision if group else None,
                 "reason": self.router.picker.selection.reason,
                 "prefill_ready": len(group.ready(PREFILL)) if group else 0,
                 "decode_ready": len(group.ready(DECODE)) if group else 0,
                 "prefix_routing": self.router.picker.prefix.status()}
-        return web.Response(status=200 if group else 503, body=json_encode(body), content_type="application/json")
+        return web.Response(status=status, body=json_encode(body), content_type="application/json")

@@ -98,8 +98,9 @@ class Handlers:
 
     async def handle_health(self, request: web.Request) -> web.Response:
         group = self.selection.revision
+        status, word = self.picker.waiting.health()  # 200 "waiting" at zero with the waiting room on
         body = {
-            "status": "ok" if group is not None else "unavailable",
+            "status": word,
             "revision": group.revision if group else None,
             "reason": self.selection.reason,
             "prefill_ready": len(group.ready(PREFILL)) if group else 0,
@@ -109,7 +110,7 @@ class Handlers:
                        if self.selection.canary else None),
             "prefix_routing": self.prefix.status(),
         }
-        return web.Response(status=200 if group else 503, body=json_encode(body), content_type="application/json")
+        return web.Response(status=status, body=json_encode(body), content_type="application/json")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         resp = web.Response(body=generate_latest(self.metrics.registry))

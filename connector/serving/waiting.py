@@ -91,6 +91,10 @@ class WaitingRoom:
                 if not item.token[0].done():
                     item.token[0].set_result(_RELEASED)
 
+    def health(self) -> tuple[int, str]:
+        """The front end's /health status and word (waiting_room.health)."""
+        return waiting_room.health(self.bounds, pair_ready=self.pair_ready)
+
     # ---- a request --------------------------------------------------------------
 
     async def hold(self, headers: Mapping[str, str], size: int) -> None:

@@ -62,6 +62,17 @@ def expired(*, endpoints_up: bool) -> Drop:
     return Drop(503, REJECTED_NO_ENDPOINTS)
 
 
+def health(bounds: Bounds, *, pair_ready: bool) -> tuple[int, str]:
+    """A front end's /health status and word (the Endpoint Picker's gRPC readiness follows it): ready while
+    a pair is, and also while the room can hold requests: a fleet at zero must keep its front ends in their
+    Service (or nothing reaches the room) and scraped (the operator wakes the pair from their gauge)."""
+    if pair_ready:
+        return 200, "ok"
+    if bounds.max_waiting > 0:
+        return 200, "waiting"
+    return 503, "unavailable"
+
+
 def endpoints_up(groups: Iterable[RevisionEndpoints]) -> bool:
     """Some revision has a ready endpoint of some role."""
     return any(g.ready(role) for g in groups for role in ROLES)

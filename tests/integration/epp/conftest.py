@@ -34,6 +34,7 @@ class Gateway:
         self.config: RouterConfig | None = None
         # the EPP's caller token: Envoy sends it, the EPP requires it (connector/epp/caller_auth.py)
         self.caller_token = secrets.token_hex(32)
+        self.discovery = None  # the EPP's discovery when set (else the static endpoints)
 
     async def engine(self, name: str, role: str, **kw) -> FakeEngine:
         e = FakeEngine(name=name, role=role, **kw)
@@ -43,7 +44,7 @@ class Gateway:
 
     async def start_epp(self, port: int = 0) -> int:
         assert self.config is not None
-        self.epp = EndpointPicker(self.config, caller_token=self.caller_token)
+        self.epp = EndpointPicker(self.config, discovery=self.discovery, caller_token=self.caller_token)
         self.epp_port = await self.epp.start("127.0.0.1", port)
         return self.epp_port
 

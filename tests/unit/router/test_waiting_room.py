@@ -58,3 +58,13 @@ P_WAKING, D_WAKING = Endpoint("http://p:1", ready=False), Endpoint("http://d:1",
 def test_endpoints_up_and_the_pair(groups, up, pair):
     assert wr.endpoints_up(groups) is up
     assert (select_revision(groups).revision is not None) is pair  # what the picker tells the room
+
+
+@pytest.mark.parametrize("bounds, ready, want", [
+    (ON, True, (200, "ok")),
+    (ON, False, (200, "waiting")),  # at zero: kept in the Service (else nothing reaches the room) and scraped
+    (OFF, True, (200, "ok")),
+    (OFF, False, (503, "unavailable")),  # negative control: the room off is the old readiness
+])
+def test_health(bounds, ready, want):
+    assert wr.health(bounds, pair_ready=ready) == want
