@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -39,6 +39,11 @@ from pdfleet.contract.routing import GENERATE_ROUTES
 log = logging.getLogger("pdfleet.epp")
 
 Send = Callable[[pb.ProcessingResponse], Awaitable[None]]
+
+# The proxy's message kinds (ProcessingRequest's oneof) and the Exchange method each goes to.
+_HANDLERS = {kind: f"_{kind}" for kind in ("request_headers", "request_body", "request_trailers",
+                                            "response_headers", "response_body", "response_trailers")}
+
 
 class Exchange:
     """The state of one request between the proxy and the EPP (one gRPC stream)."""
@@ -73,7 +78,7 @@ class Exchange:
     # ---- messages from the proxy ---------------------------------------------------
 
     async def on_message(self, msg: pb.ProcessingRequest) -> None:
-        kind = msg.WhichOneof("request")
+        """One message from the proxy: its protocol settings and metadata, then its kind's handler."""
         if msg.HasField("protocol_config"):
             self._on_protocol(msg.protocol_config)
         metadata = MessageToDict(msg.metadata_context).get("filterMetadata", {}) if msg.HasField("metadata_context") \
@@ -84,60 +89,66 @@ class Exchange:
             except protocol.BadSubset as exc:
                 await self._immediate(refuse(400, str(exc), "bad_subset"))
                 return
-        if kind == "request_headers":
-            if self.headers:  # one request per stream: a second request's headers decide nothing more
-                self.epp.metrics.dropped.labels("repeated_request_headers").inc()
-                return
-            hs = msg.request_headers.headers.headers
-            self.headers = protocol.header_map((h.key, h.raw_value or h.value) for h in hs)
-            if msg.request_headers.end_of_stream:
-                await self._decide(b"", with_body=False)
-            elif not self.duplex:  # BUFFERED: the body follows (asked for where the proxy allows, see protocol)
-                await self.send(messages.continue_headers(
-                    mode_override=protocol.mode_override(self.request_mode, self.response_mode)))
-        elif kind == "request_body":
-            if self.decided:
-                return
-            if protocol.streamed_too_early(self.request_mode, msg.request_body.end_of_stream):
-                await self._immediate(refuse(
-                    500, "the gateway streams request bodies (request_body_mode STREAMED) without letting the "
-                         "Endpoint Picker ask for BUFFERED (allow_mode_override): the request went on before a "
-                         "decode was chosen", "streamed_request_body"))
-                return
-            chunk = msg.request_body.body
-            self.size += len(chunk)
-            if self.size > self.router.config.max_body_bytes:
-                await self._immediate(refuse(
-                    413, f"request body exceeds the EPP's limit of {self.router.config.max_body_bytes} bytes",
-                    "client_too_large"))
-                return
-            self.chunks.append(chunk)
-            if msg.request_body.end_of_stream:
-                await self._decide(b"".join(self.chunks), with_body=True)
-        elif kind == "request_trailers":
-            if not self.decided:
-                await self._decide(b"".join(self.chunks), with_body=True)
-            if not self.duplex:
-                await self.send(messages.empty_trailers())
-        elif kind == "response_headers":
-            hs = protocol.header_map((h.key, h.raw_value or h.value) for h in msg.response_headers.headers.headers)
-            self.epp.modes.responded(self.request_mode, self.response_mode)
-            self.served = protocol.served_endpoint(metadata, hs)
-            await self._on_response(int(hs.get(":status", "0") or 0))
-            if msg.response_headers.end_of_stream:
-                await self._answered()
-        elif kind == "response_body":
-            # Decode's answer passes through unchanged, as its body mode wants it answered (protocol.
-            # response_body_reply); its end is when the request stops holding the decode and its flow slot.
-            body = msg.response_body
-            timing.chunk(body.body)  # TTFT and ITL as the router measures them on its own relay
-            await self.send(messages.response_body(protocol.response_body_reply(self.response_mode), body.body,
-                                                   body.end_of_stream))
-            if body.end_of_stream:
-                await self._answered()
-        elif kind == "response_trailers":
-            await self.send(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
+        kind = msg.WhichOneof("request")
+        if kind in _HANDLERS:
+            await getattr(self, _HANDLERS[kind])(getattr(msg, kind), metadata)
+
+    async def _request_headers(self, msg: pb.HttpHeaders, metadata: Mapping[str, Any]) -> None:
+        if self.headers:  # one request per stream: a second request's headers decide nothing more
+            self.epp.metrics.dropped.labels("repeated_request_headers").inc()
+            return
+        self.headers = protocol.header_map((h.key, h.raw_value or h.value) for h in msg.headers.headers)
+        if msg.end_of_stream:
+            await self._decide(b"", with_body=False)
+        elif not self.duplex:  # BUFFERED: the body follows (asked for where the proxy allows, see protocol)
+            await self.send(messages.continue_headers(
+                mode_override=protocol.mode_override(self.request_mode, self.response_mode)))
+
+    async def _request_body(self, msg: pb.HttpBody, metadata: Mapping[str, Any]) -> None:
+        if self.decided:
+            return
+        if protocol.streamed_too_early(self.request_mode, msg.end_of_stream):
+            await self._immediate(refuse(
+                500, "the gateway streams request bodies (request_body_mode STREAMED) without letting the "
+                     "Endpoint Picker ask for BUFFERED (allow_mode_override): the request went on before a "
+                     "decode was chosen", "streamed_request_body"))
+            return
+        self.size += len(msg.body)
+        if self.size > self.router.config.max_body_bytes:
+            await self._immediate(refuse(
+                413, f"request body exceeds the EPP's limit of {self.router.config.max_body_bytes} bytes",
+                "client_too_large"))
+            return
+        self.chunks.append(msg.body)
+        if msg.end_of_stream:
+            await self._decide(b"".join(self.chunks), with_body=True)
+
+    async def _request_trailers(self, msg: pb.HttpTrailers, metadata: Mapping[str, Any]) -> None:
+        if not self.decided:
+            await self._decide(b"".join(self.chunks), with_body=True)
+        if not self.duplex:
+            await self.send(messages.empty_trailers())
+
+    async def _response_headers(self, msg: pb.HttpHeaders, metadata: Mapping[str, Any]) -> None:
+        hs = protocol.header_map((h.key, h.raw_value or h.value) for h in msg.headers.headers)
+        self.epp.modes.responded(self.request_mode, self.response_mode)
+        self.served = protocol.served_endpoint(metadata, hs)
+        await self._on_response(int(hs.get(":status", "0") or 0))
+        if msg.end_of_stream:
             await self._answered()
+
+    async def _response_body(self, msg: pb.HttpBody, metadata: Mapping[str, Any]) -> None:
+        # Decode's answer passes through unchanged, as its body mode wants it answered (protocol.
+        # response_body_reply); its end is when the request stops holding the decode and its flow slot.
+        timing.chunk(msg.body)  # TTFT and ITL as the router measures them on its own relay
+        await self.send(messages.response_body(protocol.response_body_reply(self.response_mode), msg.body,
+                                               msg.end_of_stream))
+        if msg.end_of_stream:
+            await self._answered()
+
+    async def _response_trailers(self, msg: pb.HttpTrailers, metadata: Mapping[str, Any]) -> None:
+        await self.send(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
+        await self._answered()
 
     # ---- the decision --------------------------------------------------------------
 
