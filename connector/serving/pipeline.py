@@ -1,7 +1,7 @@
 """The serving pipeline: one request's steps, in order, for every front end.
 
-    read -> admit (the waiting room at zero, the flow gate) -> choose (the revision pair, the P/D decision) -> prefill leg
-         -> decode slot (flow control's bound) -> decode pick -> [the front end's decode leg]
+    read -> admit (the waiting room at zero, the flow gate) -> choose (the revision pair, the P/D decision)
+         -> prefill leg -> decode slot (flow control's bound) -> decode pick -> [the front end's decode leg]
          -> finished (timing and the per-revision series; the hold on the gate given back)
 
 The router's HTTP handlers (router/handlers.py) and the gateway's Endpoint Picker (epp/exchange.py)

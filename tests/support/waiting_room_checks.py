@@ -31,8 +31,8 @@ class Publisher:
         await asyncio.Event().wait()
 
     def publish(self, prefill, decode, *, prefill_ready: bool = True) -> None:
-        self.state.set_endpoints([RevisionEndpoints(
-            "r1", tuple(Endpoint(e.url, ready=prefill_ready) for e in prefill), tuple(Endpoint(e.url) for e in decode))])
+        prefills = tuple(Endpoint(e.url, ready=prefill_ready) for e in prefill)
+        self.state.set_endpoints([RevisionEndpoints("r1", prefills, tuple(Endpoint(e.url) for e in decode))])
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         return self.state.metrics.registry.get_sample_value(name, labels or {})
