@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdfleet.connector.serving import waiting_room
+from pdfleet.connector.serving.flow import deadline
 from pdfleet.connector.serving.flow.discipline import FlowQueue, Item
 from pdfleet.connector.serving.flow.gate import FlowGate
 from pdfleet.contract import scale_to_zero as stz
@@ -146,12 +147,7 @@ class WaitingRoom:
     # ---- expiry -------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
-        due = self.queue.next_expiry()
-        if due is None or (self._timer is not None and self._timer.when() <= due):
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(due, self._expire)
+        self._timer = deadline.arm(self._timer, self.queue.next_expiry(), self._expire)
 
     def _expire(self) -> None:
         self._timer = None

@@ -46,6 +46,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdfleet.connector.serving.errors import error_response
+from pdfleet.connector.serving.flow import deadline
 from pdfleet.contract.flow_control import FAIRNESS_COST, FlowControlConfig
 from pdfleet.connector.serving.flow.discipline import (
     DISPLACED,
@@ -400,11 +401,7 @@ class FlowGate:
         """One timer, at the oldest waiting request's deadline (of either wait)."""
         due = min((d for d in (self.queue.next_expiry(), self.decode_queue.next_expiry()) if d is not None),
                   default=None)
-        if due is None or (self._timer is not None and self._timer.when() <= due):
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_at(due, self._expire)
+        self._timer = deadline.arm(self._timer, due, self._expire)
 
     def _expire(self) -> None:
         self._timer = None
