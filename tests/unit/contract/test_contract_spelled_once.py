@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.contract import connector_config, env, fabric, kv_params, labels, metrics, ports, routing
+from pdfleet.contract import connector_config, env, fabric, kv_params, labels, metrics, ports, routing, scale_to_zero
 
 ROOT = Path(__file__).resolve().parents[3]
 PRODUCT = ("operator", "connector", "bench")
@@ -34,7 +34,7 @@ def _constants(*modules) -> dict[object, str]:
     return out
 
 
-CONTRACT = _constants(labels, ports, env, routing, metrics, fabric, kv_params)
+CONTRACT = _constants(labels, ports, env, routing, metrics, fabric, kv_params, scale_to_zero)
 CONTRACT.update({v: f"connector_config.{k}" for k, v in vars(connector_config).items()
                  if k.isupper() and isinstance(v, str) and v not in GENERIC})
 
