@@ -8,29 +8,18 @@ and Envoy AI Gateway's charts and images."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from quickstart_script import run_script
+
 SCRIPT_TIMEOUT_S = 75 * 60  # the quickstart's hour, plus the gateway's install
 
 
 @pytest.mark.k8s
 def test_the_gateway_walkthrough_ends_in_answers() -> None:
-    missing = [tool for tool in ("kubectl", "helm", "curl") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"the walkthrough needs {', '.join(missing)} on PATH")
-    registry = os.environ.get("PDFLEET_QUICKSTART_REGISTRY")
-    if not registry:
-        pytest.skip("set PDFLEET_QUICKSTART_REGISTRY to where the images are (docs/quickstart.md step 1)")
-    env = {**os.environ, "REGISTRY": registry, "BUILD_IMAGES": os.environ.get("PDFLEET_QUICKSTART_BUILD", "0"),
-           "LOCAL_PORT": os.environ.get("PDFLEET_QUICKSTART_GATEWAY_PORT", "18080")}
-    result = subprocess.run(["bash", str(REPO / "docs" / "quickstart-gateway.sh")], env=env, capture_output=True,
-                            text=True, timeout=SCRIPT_TIMEOUT_S)
+    result = run_script("quickstart-gateway.sh", port_env="PDFLEET_QUICKSTART_GATEWAY_PORT", default_port="18080",
+                        timeout_s=SCRIPT_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     completion, chat = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")][-2:]
     assert completion["choices"][0]["text"].strip(), completion

@@ -23,13 +23,13 @@ import yaml
 from pdfleet.connector.epp import caller_auth
 from pdfleet.connector.epp.envoy_config import FULL_DUPLEX, render
 from pdfleet.connector.epp.envoy_process import Envoy
-from pdfleet.contract.env import ENGINE_API_KEY
-from pdfleet.contract.metrics import EPP_UNAUTHENTICATED
+# the fleet (an EPP, one prefill, one decode, the engine token set) and the refusal counter, as there; each test
+# below runs its own Envoy in the shape under test beside the fixture's
+from test_epp_caller_auth import ENGINE_TOKEN, _refused, fleet  # noqa: F401
 
 pytestmark = pytest.mark.timeout(90)
 
 POLICY = Path(__file__).resolve().parents[3] / "examples" / "quickstart-gateway" / "envoy-patch-policy.yaml"
-ENGINE_TOKEN = "fleet-engine-token-0123456789"
 POOL, NAMESPACE = "quickstart-gw", "pdfleet-demo"
 # Envoy AI Gateway's names for the pool's filter and the picker's cluster
 FILTER = f"envoy.filters.http.ext_proc/endpointpicker/{POOL}_{NAMESPACE}_ext_proc"
@@ -98,16 +98,6 @@ def patched(cfg: dict[str, Any], epp_port: int, token: str | None) -> dict[str, 
     return cfg
 
 
-@pytest.fixture
-async def fleet(gw, monkeypatch):
-    monkeypatch.setenv(ENGINE_API_KEY, ENGINE_TOKEN)
-    p = await gw.engine("p1", "prefill")
-    d = await gw.engine("d1", "decode")
-    await gw.start([p], [d])
-    await gw.close_envoy()  # each test runs its own Envoy in the shape under test
-    return gw, p, d
-
-
 async def _serve(gw, cfg: dict[str, Any], requests: list[tuple[str, dict[str, Any]]]) -> list[tuple[int, str]]:
     envoy = Envoy(yaml.safe_dump(cfg))
     await asyncio.to_thread(envoy.start)
@@ -120,10 +110,6 @@ async def _serve(gw, cfg: dict[str, Any], requests: list[tuple[str, dict[str, An
     finally:
         await asyncio.to_thread(envoy.stop)
     return out
-
-
-def _refused(gw, reason: str) -> float:
-    return gw.epp.router.metrics.registry.get_sample_value(f"{EPP_UNAUTHENTICATED}_total", {"reason": reason}) or 0.0
 
 
 COMPLETION = ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 3})
