@@ -73,6 +73,7 @@ class ApiCall:
     status: int = 0
     label_selector: str | None = None
     agent: str = ""
+    field_manager: str | None = None   # the fieldManager parameter of a write, if any
 
     @property
     def rbac(self) -> tuple[str, str, str, bool]:
@@ -258,7 +259,7 @@ class FakeKube(kmock.KubernetesEmulator):
         resource_name = res.plural + (f"/{request.subresource}" if request.subresource else "")
         call = ApiCall(verb, res.group or "", resource_name, self._namespaced(res),
                        request.namespace, request.name, label_selector=request.params.get("labelSelector"),
-                       agent=request.headers.get("User-Agent", ""))
+                       agent=request.headers.get("User-Agent", ""), field_manager=request.params.get("fieldManager"))
         index = len(self.calls)
         self.calls.append(call)  # recorded first: watches answer only when they end
         try:

@@ -12,6 +12,7 @@ DEGRADED = "Degraded"
 RECONCILING = "Reconciling"  # kstatus's Progressing
 STALLED = "Stalled"  # kstatus's Degraded
 SCALING_LIMITED = "ScalingLimited"
+SCALED_TO_ZERO = "ScaledToZero"  # spec.scaling.scaleToZero only: True while both roles are at 0 (also Ready's reason)
 PREFIX_ROUTING = "PrefixRouting"  # whether the front ends hash prompts with the model's tokenizer (prefixAware)
 ROLLOUT_PROGRESSING = "RolloutProgressing"  # strategy Canary only
 ROLLOUT_ABORTED = "RolloutAborted"  # strategy Canary only
@@ -27,6 +28,8 @@ CANARY_STEP = "CanaryStep"
 CANARY_WAITING = "CanaryWaiting"
 ABORTED = "Aborted"
 NOT_ABORTED = "NotAborted"
+ACTIVATING = "Activating"  # ScaledToZero False: the pair is asked for and its pods are not all ready yet
+ACTIVE = "Active"  # ScaledToZero False: the pair serves
 NOT_READ = "NotRead"  # PrefixRouting Unknown: no front end answered (none ready yet, or none reachable)
 
 # Why pods are not ready (issue 39): Ready's reason names the first cause of a role without a ready pod

@@ -39,3 +39,7 @@ SCALING_CLAMPED = "ScalingClamped"  # Warning
 SCALING_WITHIN_BOUNDS = "ScalingWithinBounds"
 PLANNER_SCALED = "PlannerScaled"
 PLANNER_CONFLICT = "PlannerConflict"  # Warning
+# Scale to zero as a pair (autoscale/scale_to_zero_edge.py): both scalers 0 -> 1, both -> 0, a half pair completed
+PAIR_ACTIVATED = "PairActivated"
+PAIR_RETIRED = "PairRetired"
+PAIR_COMPLETED = "PairCompleted"

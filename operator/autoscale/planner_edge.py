@@ -18,7 +18,7 @@ import aiohttp
 
 from pdfleet.operator.api import DisaggregatedInference
 from pdfleet.operator.api import scaler as scaler_api
-from pdfleet.operator.api.rules import replica_range
+from pdfleet.operator.api.rules import replica_range, scale_to_zero_on
 from pdfleet.operator.autoscale.clamp import Bounds, Ratio
 from pdfleet.operator.autoscale.planner import PlannerConfig, PlannerState, decide
 from pdfleet.operator.autoscale.scalers import SCALER_KIND, ScalingPlan
@@ -62,9 +62,14 @@ def config_of(cr: DisaggregatedInference) -> PlannerConfig:
     return PlannerConfig(
         targets_s={"prefill": p.ttft_ms / 1000, "decode": p.itl_ms / 1000},
         scale_down_delay_s=float(p.scale_down_delay_seconds),
-        bounds={role: Bounds(*replica_range(cr.spec.role(role))) for role in ("prefill", "decode")},
+        bounds={role: _floor_one(cr, Bounds(*replica_range(cr.spec.role(role)))) for role in ("prefill", "decode")},
         ratio=Ratio(ratio.min, ratio.max) if ratio else Ratio(),
     )
+
+
+def _floor_one(cr: DisaggregatedInference, bounds: Bounds) -> Bounds:
+    """Under scaleToZero the pair's 0 <-> 1 is scale to zero's (both roles together): the planner never picks 0."""
+    return Bounds(max(1, bounds.min), max(1, bounds.max)) if scale_to_zero_on(cr.spec) else bounds
 
 
 class PlannerEdge:
@@ -92,6 +97,9 @@ class PlannerEdge:
         if p is None or not p.enabled or plan.result is None:
             self.forget(key)
             return PlannerOutcome()
+        if scale_to_zero_on(cr.spec) and any(plan.result.requested[r] == 0 for r in plan.autoscaled):
+            self._samples.pop(key, None)   # the next interval starts when the pair is back
+            return PlannerOutcome(None, "standing by: the pair is at 0 (scale to zero); the first request wakes it")
         if conflicts:
             reason = (f"refused: {', '.join(conflicts)} also scale(s) this fleet's scalers; the planner and "
                       "an HPA/KEDA must not both drive one fleet: remove the HPA/ScaledObject or disable the planner")

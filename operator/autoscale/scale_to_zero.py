@@ -24,6 +24,7 @@ from typing import Mapping, Optional
 
 from pdfleet.contract import metrics as names
 from pdfleet.contract import scale_to_zero as stz
+from pdfleet.operator.api import conditions
 from pdfleet.operator.observability.metrics_text import total, usable_samples
 
 ROLES = ("prefill", "decode")
@@ -127,10 +128,10 @@ def poll_interval(replicas: Mapping[str, int], idle_seconds: float) -> float:
 def condition(replicas: Mapping[str, int], ready: Mapping[str, int], waiting: int) -> tuple[bool, str, str]:
     """The ScaledToZero condition (status, reason, message) from the scalers and the roles' ready pods."""
     if all(replicas.get(r, 0) == 0 for r in ROLES):
-        return True, "ScaledToZero", ("prefill and decode are at 0 (idle); the front ends hold the first request "
+        return True, conditions.SCALED_TO_ZERO, ("prefill and decode are at 0 (idle); the front ends hold the first request "
                                       "and it wakes both")
     if any(ready.get(r, 0) == 0 for r in ROLES):
         held = f"; {waiting} request(s) held" if waiting else ""
-        return False, "Activating", ("waking the pair: " + ", ".join(
+        return False, conditions.ACTIVATING, ("waking the pair: " + ", ".join(
             f"{r} {ready.get(r, 0)}/{replicas.get(r, 0)} ready" for r in ROLES) + held)
-    return False, "Active", "the pair serves"
+    return False, conditions.ACTIVE, "the pair serves"

@@ -228,6 +228,16 @@ class KubeClient:
                                 payload={"spec": {"replicas": replicas}},
                                 headers={"Content-Type": "application/merge-patch+json"})
 
+    async def apply_scale(self, kind: Kind, namespace: str, name: str, replicas: int, field_manager: str
+                          ) -> dict[str, Any]:
+        """Set replicas by server-side apply of an autoscaling/v1 Scale on the /scale subresource, as
+        ``field_manager`` (forced: the value is the decision; an HPA's or KEDA's update keeps working)."""
+        url = kind.path(namespace, name, "scale") + "?" + urlencode({"fieldManager": field_manager, "force": "true"})
+        body = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": replicas}}
+        return await self._call("patch", f"{kind.plural}/scale", "patch", url, payload=body,
+                                headers={"Content-Type": "application/apply-patch+yaml"})
+
     async def post_event(self, namespace: Optional[str], event: Mapping[str, Any]) -> Any:
         """Create a core/v1 Event (best effort is the caller's choice)."""
         return await self._call("create", "events", "post", EVENT.path(namespace), payload=dict(event))

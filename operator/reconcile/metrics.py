@@ -49,6 +49,12 @@ class OperatorMetrics:
             "pdfleet_operator_scraped_values_rejected",
             "Values scraped from router /metrics that were skipped: not finite, negative, or a counter that went "
             "down within a step", ["reason"], registry=r)
+        self.pair_activations = Counter(
+            "pdfleet_operator_pair_activations", "Scale to zero: times both roles were woken from 0 (0 -> 1 on both "
+            "scalers) for a request the front ends held", ["namespace", "fleet"], registry=r)
+        self.pair_retirements = Counter(
+            "pdfleet_operator_pair_retirements", "Scale to zero: times both roles went to 0 together after "
+            "idleSeconds with no request", ["namespace", "fleet"], registry=r)
         self._fleet_labels: dict[tuple[str, str], list[tuple[Gauge, tuple[str, ...]]]] = {}
         self._runner: Optional[web.AppRunner] = None
 
@@ -75,10 +81,11 @@ class OperatorMetrics:
         """Drop every series of a deleted fleet."""
         for gauge, labels in self._fleet_labels.pop((namespace, fleet), []):
             gauge.remove(*labels)
-        try:
-            self.children.remove(namespace, fleet)
-        except KeyError:
-            pass
+        for metric in (self.children, self.pair_activations, self.pair_retirements):
+            try:
+                metric.remove(namespace, fleet)
+            except KeyError:
+                pass
 
     def count(self, name: str, labels: Optional[dict[str, str]] = None) -> float:
         """A sample's value (tests and the bench read counters through this)."""

@@ -19,6 +19,8 @@ from pdfleet.contract import labels as label_keys
 from pdfleet.operator import api
 from pdfleet.operator.autoscale.edge import ScalingEdge
 from pdfleet.operator.autoscale.planner_edge import PlannerEdge, _fetch
+from pdfleet.operator.autoscale.scale_to_zero import ACTIVATE, RETIRE
+from pdfleet.operator.autoscale.scale_to_zero_edge import ScaleToZeroEdge
 from pdfleet.operator.observability import prefix_routing
 from pdfleet.operator.observability.metrics_text import rejected_values
 from pdfleet.operator.kube.observed import LWS_NAME_LABEL, ObservedReplicaSet
@@ -111,6 +113,8 @@ class Reconciler:
         self.autoscalers = autoscalers   # (namespace, scaler name) -> HPAs that target it
         self.planner = PlannerEdge(client, self._event, fetch=self._screened_fetch,
                                    count_rejected=self._count_rejected)
+        self.scale_to_zero = ScaleToZeroEdge(client, self._event, fetch=self._screened_fetch,
+                                             count=self._count_pair)
         self.canary = CanaryEdge(self._event, interval_s=options.canary_interval_s, fetch=self._screened_fetch,
                                  count_rejected=self._count_rejected)
 
@@ -141,6 +145,11 @@ class Reconciler:
     def _count_rejected(self, reason: str, n: int = 1) -> None:
         self.metrics.scraped_rejected.labels(reason).inc(n)
 
+    def _count_pair(self, action: str, namespace: str, name: str) -> None:
+        counter = {ACTIVATE: self.metrics.pair_activations, RETIRE: self.metrics.pair_retirements}.get(action)
+        if counter is not None:
+            counter.labels(namespace, name).inc()
+
     # ------------------------------------------------------------------ watch side
     def on_cr_event(self, event_type: Optional[str], body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -157,6 +166,7 @@ class Reconciler:
             self._unowned_seen.pop(key, None)
             self.scaling.forget(key)
             self.planner.forget(key)
+            self.scale_to_zero.forget(key)
             self.canary.forget(key)
             self.auth_secrets.forget(*key)
             self.queue.forget(key)
@@ -277,12 +287,15 @@ class Reconciler:
         conflicts = [f"HorizontalPodAutoscaler/{h}" for role in plan.scaling.autoscaled
                      for h in self.autoscalers((namespace, f"{name}-{role}"))]
         planned = await self.planner.run(key, body, plan.cr, plan.gate.pods, plan.scaling, conflicts)
+        # after the planner: the pair's 0 <-> 1 is the last word of this reconcile
+        zero = await self.scale_to_zero.run(key, body, plan.cr, plan.gate.pods, plan.scaling)
 
         # settle: the last events and the status, written once
         prefix_condition, prefix_requeue = await self._prefix_routing(key, plan)
         done = settle(plan, guarded, now=observed.now, errors=errors, planner_status=planned.status,
                       planner_requeue=planned.requeue_after, scaling_condition=scaling_condition(plan.scaling),
-                      prefix_routing=prefix_condition, prefix_requeue=prefix_requeue)
+                      prefix_routing=prefix_condition, prefix_requeue=prefix_requeue,
+                      scaled_to_zero=zero.condition, scale_to_zero_requeue=zero.requeue_after)
         await self._post(body, done.events)
         self._causes_reported[key] = done.causes_reported
         await self._write_status(key, body, plan.previous, done.status)

@@ -334,13 +334,15 @@ def guard(plan: Plan, *, foreign: Sequence[ch.ChildRef] = (), unchecked: Sequenc
 def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequence[str] = (),
            planner_status: Optional[str] = None, planner_requeue: Optional[float] = None,
            scaling_condition: Optional[tuple[bool, str, str]] = None,
-           prefix_routing: Optional[tuple[str, str, str]] = None, prefix_requeue: Optional[float] = None
+           prefix_routing: Optional[tuple[str, str, str]] = None, prefix_requeue: Optional[float] = None,
+           scaled_to_zero: Optional[tuple[bool, str, str]] = None, scale_to_zero_requeue: Optional[float] = None
            ) -> Settlement:
     """Step 4. ``errors``: what the writes (the Secret's, the owner checks', the children's, the serving
     marks', the scalers') returned; ``planner_*``: the planner edge's outcome; ``scaling_condition``:
     ScalingLimited of ``plan.scaling`` (autoscale/edge.py's, handed in: that module imports the client);
     ``prefix_routing``: PrefixRouting, read from the front ends (observability/prefix_routing.py), and when
-    to read it again while it is not settled."""
+    to read it again while it is not settled; ``scaled_to_zero``: ScaledToZero (autoscale/scale_to_zero_edge.py),
+    and when to read the front ends again."""
     assert plan.cr is not None and plan.decision is not None and plan.gate is not None
     cr, decision = plan.cr, plan.decision
     error = "; ".join(errors)[:1000] if errors else None
@@ -357,7 +359,7 @@ def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequ
         not_owned=guarded.not_owned,
         desired=plan.want,
         scaling={**(plan.scaling.fleet_status() or {}), **({"planner": planner_status} if planner_status else {})},
-        scaling_condition=scaling_condition, prefix_routing=prefix_routing,
+        scaling_condition=scaling_condition, prefix_routing=prefix_routing, scaled_to_zero=scaled_to_zero,
         strategy=cr.spec.rollout.strategy, canary=plan.canary.record,
         causes=plan.causes, secret_missing=guarded.secret_missing,
         progress_deadline_s=cr.spec.progress_deadline_seconds,
@@ -372,7 +374,7 @@ def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequ
     left = progress.seconds_left(status.get("progressingSince"), cr.spec.progress_deadline_seconds, now)
     deadline = left + 1.0 if left is not None and left > 0 else None  # a status flip no watch event brings
     requeue = min((r for r in (decision.requeue_after, planner_requeue, plan.canary.requeue_after, deadline,
-                               prefix_requeue) if r is not None), default=None)
+                               prefix_requeue, scale_to_zero_requeue) if r is not None), default=None)
     return Settlement(status, tuple(events), "; ".join(problems) if problems else None, requeue,
                       "changed" if guarded.actions.writes else "unchanged", reported)
 

@@ -115,6 +115,7 @@ class StatusInputs:
     scaling: Optional[Mapping[str, Any]] = None                 # autoscaled roles: requested, applied, why
     scaling_condition: Optional[tuple[bool, str, str]] = None   # ScalingLimited (status, reason, message)
     prefix_routing: Optional[tuple[str, str, str]] = None  # PrefixRouting ("True"/"False"/"Unknown", reason, message)
+    scaled_to_zero: Optional[tuple[bool, str, str]] = None  # ScaledToZero (spec.scaling.scaleToZero only)
     kv_transport: Mapping[str, RoleTransport] = field(default_factory=dict)  # per role; empty: preflight off
     strategy: str = "Paired"                                    # spec.rollout.strategy
     canary: Optional[CanaryRecord] = None                       # the canary of the target revision, if any
@@ -182,6 +183,7 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     fabric = fleet_transport(inp.kv_transport) if inp.kv_transport else None
     fabric_bad = fabric is not None and fabric.status == "False"
     why = f"; {causes_message(inp.causes)}" if inp.causes else ""
+    zero = inp.scaled_to_zero
     conds: list[Cond] = []
     if inp.not_owned:
         conds.append(Cond(condition.READY, False, reasons.NOT_OWNED, inp.not_owned))
@@ -192,6 +194,9 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         conds.append(Cond(condition.READY, False, condition.KV_TRANSPORT_DEGRADED, f"KVTransport {fabric.reason}: {fabric.message}"))
     elif inp.secret_missing:
         conds.append(Cond(condition.READY, False, condition.SECRET_MISSING, inp.secret_missing))
+    elif pairs_ready and have_prefill_endpoint and router_ready and epp_ready and zero is not None and zero[0]:
+        # both roles at 0 by design: ready to take requests (the front ends hold them and wake the pair)
+        conds.append(Cond(condition.READY, True, condition.SCALED_TO_ZERO, zero[2] + why))
     elif pairs_ready and have_prefill_endpoint and router_ready and epp_ready:
         conds.append(Cond(condition.READY, True, condition.READY if complete else condition.SERVING,
                           f"revision {serving}: {roles['prefill'].ready} prefill, {roles['decode'].ready} decode ready"
@@ -241,6 +246,8 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
         conds.append(Cond(condition.DEGRADED, False, condition.AS_EXPECTED, ""))
     if inp.scaling_condition is not None:
         conds.append(Cond(condition.SCALING_LIMITED, *inp.scaling_condition))
+    if zero is not None:
+        conds.append(Cond(condition.SCALED_TO_ZERO, *zero))
     if inp.prefix_routing is not None:
         state, reason, message = inp.prefix_routing
         conds.append(Cond(condition.PREFIX_ROUTING, {"True": True, "False": False}.get(state, "Unknown"), reason,

@@ -125,3 +125,21 @@ def test_the_scaled_to_zero_condition(scalers, ready, waiting, want) -> None:
     status, reason, message = condition(scalers, ready, waiting)
     assert (status, reason) == want
     assert ("2 request(s) held" in message) == (waiting == 2)
+
+
+# (case, the scalers as the watch shows them, pending (seen, wrote), effective, still pending)
+PENDING = [
+    ("written, not shown yet: the write counts", at(0, 0), {"prefill": (0, 1), "decode": (0, 1)}, at(1, 1),
+     {"prefill": (0, 1), "decode": (0, 1)}),
+    ("shown: forgotten", at(1, 1), {"prefill": (0, 1), "decode": (0, 1)}, at(1, 1), {}),
+    ("someone else changed it meanwhile: theirs counts", at(3, 0), {"prefill": (0, 1), "decode": (0, 1)}, at(3, 1),
+     {"decode": (0, 1)}),
+    ("nothing pending", at(2, 2), {}, at(2, 2), {}),
+]
+
+
+@pytest.mark.parametrize("case,seen,pending,want,still", PENDING, ids=[p[0] for p in PENDING])
+def test_a_write_counts_until_the_watch_shows_it(case, seen, pending, want, still) -> None:
+    """So that a reconcile running before the watch brings the scaler back never writes a second time."""
+    from pdfleet.operator.autoscale.scale_to_zero_edge import effective
+    assert effective(seen, pending) == (want, still)
