@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pdfleet.contract import scale_to_zero as stz
+
 HERE = Path(__file__).resolve().parent
 CHART_COPY = HERE.parents[1] / "charts" / "pdfleet" / "files" / "grafana-dashboard.json"
 DOCS_COPY = HERE / "pdfleet.json"
@@ -127,6 +129,14 @@ ROWS: list[tuple[str, list[dict]]] = [
         panel("Conditions", [
             t(f"max by (fleet, type) (pdfleet_operator_fleet_condition{TRUE})", "{{fleet}} {{type}}")],
             "short", "1 while the condition is True.", kind="state-timeline"),
+        panel("Scale to zero: held requests, activations, retirements", [
+            t(f"sum by (fleet) ({stz.ROUTER_WAITING_REQUESTS}{sel()})", "{{fleet}} held"),
+            t(f"sum by (fleet) (increase(pdfleet_operator_pair_activations_total{sel()}[{RATE}]))",
+              "{{fleet}} activations"),
+            t(f"sum by (fleet) (increase(pdfleet_operator_pair_retirements_total{sel()}[{RATE}]))",
+              "{{fleet}} retirements")],
+            "short", "spec.scaling.scaleToZero: requests the front ends hold while no prefill/decode pair is ready, "
+            "and the operator's writes of both scalers 0 -> 1 (activations) and -> 0 (retirements)."),
         panel("Reconciles by result", [
             t(f"sum by (result) (rate(pdfleet_operator_reconciles_total[{RATE}]))", "{{result}}")], "ops",
             "The operator's reconciles (all fleets it serves)."),
