@@ -13,7 +13,7 @@ from pdfleet.connector.serving import waiting_room
 from pdfleet.connector.serving.flow.gate import FlowGate
 from pdfleet.connector.serving.waiting import Dropped, WaitingRoom
 from pdfleet.contract import scale_to_zero as stz
-from pdfleet.contract.flow_control import PRIORITY_HEADER, FlowControlConfig, Priority
+from pdfleet.contract.flow_control import PRIORITY_HEADER, TENANT_HEADER, FlowControlConfig, Priority
 from pdfleet.contract.router_config import RouterConfig
 
 
@@ -62,6 +62,17 @@ async def test_under_flow_control_the_top_class_goes_first() -> None:
     r.set_endpoints(pair_ready=True, endpoints_up=True)
     await asyncio.gather(*tasks)
     assert order[0] == "interactive" and order[1:] == ["batch0", "batch1", "batch2"]
+
+
+async def test_under_flow_control_tenants_take_turns() -> None:
+    r, _ = room(FlowControlConfig(enabled=True))
+    order: list[str] = []
+    arrivals = [("a", "a0"), ("a", "a1"), ("a", "a2"), ("b", "b0")]
+    tasks = [asyncio.create_task(held(r, order, name, {TENANT_HEADER: tenant})) for tenant, name in arrivals]
+    await asyncio.sleep(0)
+    r.set_endpoints(pair_ready=True, endpoints_up=True)
+    await asyncio.gather(*tasks)
+    assert order == ["a0", "b0", "a1", "a2"]  # negative control: flow control off, arrival order (the first test)
 
 
 async def test_a_ready_pair_lets_requests_through_at_once_and_the_room_off_holds_nothing() -> None:
