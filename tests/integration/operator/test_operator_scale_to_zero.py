@@ -97,8 +97,10 @@ async def start(kube: FakeKube, start_operator, port: int, replicas: int) -> tup
 async def test_a_held_request_wakes_both_roles_in_one_write_each(kube: FakeKube, start_operator, front_end):
     port, state = front_end
     driver, rev = await start(kube, start_operator, port, replicas=0)
+    await make_fleet_ready(driver, "llama")   # the StatefulSet controller reports 0 of 0
     st = await wait_status(driver, "llama", lambda s: condition(s, "ScaledToZero").get("status") == "True"
-                           and condition(s, "Ready").get("status") == "True", "Ready, scaled to zero")
+                           and condition(s, "Ready").get("status") == "True"
+                           and condition(s, "Progressing").get("reason") == "Complete", "Ready, scaled to zero, complete")
     assert condition(st, "Ready")["reason"] == "ScaledToZero", condition(st, "Ready")
     assert st["prefill"]["replicas"] == 0 and st["decode"]["replicas"] == 0
     # Negative control: at 0 with nothing held, the operator reads the front end and writes nothing.

@@ -96,6 +96,11 @@ CASES = {
                            cond("Progressing", "True", "SecretMissing", "Secret hf-token ... does not exist", 2),
                            cond("Degraded", "False", "AsExpected", "", 2))),
         "Progressing"),
+    # issue 41: both roles at 0 by design (spec.scaling.scaleToZero) is healthy, not waiting
+    "scaled to zero": (
+        resource(3, status(3, cond("Ready", "True", "ScaledToZero", "prefill and decode are at 0 (idle)", 3),
+                           COMPLETE, NOT_DEGRADED, cond("ScaledToZero", "True", "ScaledToZero", "", 3))),
+        "Healthy"),
     "conditions carry no generation": (
         resource(3, status(3, cond("Ready", "True", "Ready"), cond("Progressing", "False", "Complete"))), "Healthy"),
 }
