@@ -23,6 +23,9 @@ Keys (all optional):
   NIXL UCX backend posts a READ of at least ``nixl_split_batch`` descriptors from ``nixl_threads``
   threads at once, each with its own UCX worker (on a GPU, its own CUDA stream). The operator
   renders ``GPU_NIXL_THREADS`` for ``bufferDevice: cuda`` unless the spec says otherwise.
+- ``required_kv_cache_layout`` (``"LBHNC"``): the physical KV layout to ask vLLM for instead of the connector's own
+  choice; the operator sets it when the connector runs beside vLLM's OffloadingConnector (spec.kvOffload),
+  which asks for that one, under MultiConnector, which refuses children that disagree.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
+
+from pdfleet.contract import kv_offload
 
 CONNECTOR_CLASS = "PdfleetConnector"
 CONNECTOR_MODULE = "pdfleet.connector"
@@ -46,6 +51,8 @@ READ_FLOOR_BANDWIDTH = "read_floor_bandwidth"
 READ_TIMEOUT_FLOOR = "read_timeout_floor"
 NIXL_THREADS = "nixl_threads"
 NIXL_SPLIT_BATCH = "nixl_split_batch"
+KV_CACHE_LAYOUT = "required_kv_cache_layout"
+KV_CACHE_LAYOUT_CHOICES = (kv_offload.OFFLOAD_KV_CACHE_LAYOUT,)
 # What a GPU fleet runs with (bench part l on an H100, 256 MiB pull: one thread posts 128 pages
 # in 0.69 ms and reads at ~250 GB/s, one CUDA stream; 4 threads split at 4: 509-730 GB/s).
 GPU_NIXL_THREADS = 4
@@ -84,6 +91,7 @@ class ConnectorExtraConfig:
     read_timeout_floor: float = 5.0
     nixl_threads: int = 0
     nixl_split_batch: int = 4
+    required_kv_cache_layout: str | None = None  # None: the connector chooses (adapter/kv_layout.py)
 
     def to_extra(self) -> dict[str, Any]:
         """The JSON object vLLM passes to the connector. The keys the operator always sets are
@@ -93,6 +101,8 @@ class ConnectorExtraConfig:
             out[COMPAT_EXTRA] = self.compat_extra
         if self.auth_secret_file is not None:
             out[AUTH_SECRET_FILE] = self.auth_secret_file
+        if self.required_kv_cache_layout is not None:
+            out[KV_CACHE_LAYOUT] = self.required_kv_cache_layout
         for f in fields(self):
             if f.name in (HANDSHAKE_TIMEOUT, HANDSHAKE_RETRIES, ALLOW_UNAUTHENTICATED, READ_FLOOR_BANDWIDTH,
                           READ_TIMEOUT_FLOOR, NIXL_THREADS, NIXL_SPLIT_BATCH):
@@ -131,6 +141,10 @@ class ConnectorExtraConfig:
             )
         if path is not None and (not isinstance(path, str) or not path):
             raise ConnectorConfigError(f"{_where(AUTH_SECRET_FILE)} must be a file path, got {path!r}")
+        layout = extra.get(KV_CACHE_LAYOUT)
+        if layout is not None and layout not in KV_CACHE_LAYOUT_CHOICES:
+            raise ConnectorConfigError(f"{_where(KV_CACHE_LAYOUT)} must be one of {list(KV_CACHE_LAYOUT_CHOICES)}"
+                                       f" or unset, got {layout!r}")
         return cls(
             lease_seconds=_positive(extra, LEASE_SECONDS, DEFAULTS.lease_seconds),
             backends=tuple(backends),
@@ -143,6 +157,7 @@ class ConnectorExtraConfig:
             read_timeout_floor=_positive(extra, READ_TIMEOUT_FLOOR, DEFAULTS.read_timeout_floor),
             nixl_threads=_int_in(extra, NIXL_THREADS, DEFAULTS.nixl_threads, 0, MAX_NIXL_THREADS),
             nixl_split_batch=_int_in(extra, NIXL_SPLIT_BATCH, DEFAULTS.nixl_split_batch, 1, MAX_NIXL_SPLIT_BATCH),
+            required_kv_cache_layout=layout,
         )
 
 

@@ -24,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
 from pdfleet.connector.adapter.config import parse_adapter_config
 from pdfleet.connector.adapter.nodes import node_hosts
@@ -31,6 +32,7 @@ from pdfleet.connector.adapter.scheduler import PdfleetConnectorMetadata, Schedu
 from pdfleet.connector.adapter.stats import PdfleetConnectorStats, PdfleetPromMetrics
 from pdfleet.connector.adapter.vllm_workarounds import apply_shm_recheck, apply_shm_spin
 from pdfleet.connector.testhooks import install_wall_clock_step
+from pdfleet.contract.connector_config import CONNECTOR_CLASS, CONNECTOR_MODULE
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -60,6 +62,20 @@ def _show_pdfleet_logs() -> None:
 
 
 _show_pdfleet_logs()
+
+
+def _register_by_name() -> None:
+    """Under vLLM's MultiConnector (spec.kvOffload) the API server rebuilds each child's stats by class name from
+    KVConnectorFactory's registry, which holds vLLM's own connectors only: unregistered, the first stats crash its
+    output handler ("Connector 'PdfleetConnector' is not registered"). vLLM imports this module there too (it
+    resolves the children's classes for their Prometheus metrics)."""
+    try:
+        KVConnectorFactory.register_connector(CONNECTOR_CLASS, CONNECTOR_MODULE, CONNECTOR_CLASS)
+    except ValueError:
+        pass  # already registered
+
+
+_register_by_name()
 
 
 class PdfleetHandshakeMetadata(KVConnectorHandshakeMetadata):

@@ -14,8 +14,9 @@ import logging
 from typing import Any
 
 from pdfleet.connector.transfer.layout import KV_CACHE_LAYOUTS, LayoutChoice, choose_kv_cache_layout
+from pdfleet.contract.connector_config import ALLOW_UNAUTHENTICATED, ConnectorExtraConfig
 
-__all__ = ["attention_layouts", "kernel_split_reason", "required_layout", "resolved_layout"]
+__all__ = ["attention_layouts", "configured_layout", "kernel_split_reason", "required_layout", "resolved_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,22 @@ def attention_layouts(vllm_config: Any) -> tuple[str, ...] | None:
     return None if layouts is None else tuple(layout.name for layout in layouts)
 
 
+def configured_layout(vllm_config: Any) -> str | None:
+    """The layout the connector's own config names (``required_kv_cache_layout``: set beside vLLM's OffloadingConnector,
+    which asks for that one), or None: the connector chooses."""
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    extra = getattr(ktc, "kv_connector_extra_config", None) or {}
+    return ConnectorExtraConfig.parse({**extra, ALLOW_UNAUTHENTICATED: True}).required_kv_cache_layout if extra else None
+
+
 def required_layout(vllm_config: Any) -> str | None:
     """The layout name for ``get_required_kvcache_layout``, or None without a model config."""
     if vllm_config is None or vllm_config.model_config is None:
         return None
+    configured = configured_layout(vllm_config)
+    if configured is not None:
+        _log_once(LayoutChoice(configured, False, "kv_connector_extra_config asks for it (a sibling connector's)"))
+        return configured
     try:
         supported = attention_layouts(vllm_config)
         cc = vllm_config.cache_config
@@ -72,13 +85,17 @@ def required_layout(vllm_config: Any) -> str | None:
     except Exception as exc:  # unknown backend: ask for the fallback, explicitly
         choice = LayoutChoice("LBHNC", True, f"the attention backend's layouts are unknown ({exc}); falling back"
                                              " to LBHNC (one descriptor per layer and block run)")
+    _log_once(choice)
+    return choice.layout
+
+
+def _log_once(choice: LayoutChoice) -> None:
     key = (choice.layout, choice.reason)
     if key not in _logged:  # vLLM may ask more than once
         _logged.add(key)
         (log.warning if choice.fallback else log.info)(
             "pdfleet connector asks for KV cache layout %s: %s", choice.layout, choice.reason
         )
-    return choice.layout
 
 
 def resolved_layout(vllm_config: Any, kv_cache_config: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from pdfleet.contract import env as env_names
 from pdfleet.contract import labels, ports, routing
 from pdfleet.contract import gateway
+from pdfleet.operator.api import quantity
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec, RoleSpec
 
 ROLES = ("prefill", "decode")
@@ -540,6 +541,62 @@ PREFIX_SCORING_RULES: tuple[Rule, ...] = (
     ),
 )
 SPEC_RULES = SPEC_RULES + PREFIX_SCORING_RULES
+
+
+# --- the KV offload tier (issue 40) ---------------------------------------------------
+
+
+def _offload_block_multiple(spec: DisaggregatedInferenceSpec) -> bool:
+    o = spec.kv_offload
+    return o is None or o.block_size is None or o.block_size % spec.engine.block_size == 0
+
+
+def _offload_roles_unique(spec: DisaggregatedInferenceSpec) -> bool:
+    return spec.kv_offload is None or len(set(spec.kv_offload.roles)) == len(spec.kv_offload.roles)
+
+
+def _offload_fits_memory(role_name: str) -> Callable[[DisaggregatedInferenceSpec], bool]:
+    def check(spec: DisaggregatedInferenceSpec) -> bool:
+        o, memory = spec.kv_offload, spec.role(role_name).resources.memory
+        if o is None or role_name not in o.roles or memory is None:
+            return True
+        try:
+            return quantity.parse(memory) > quantity.parse(o.cpu.capacity)
+        except quantity.BadQuantity:
+            return True  # refused by its own field's rule
+
+    return check
+
+
+_KVO = "self.kvOffload"
+KV_OFFLOAD_RULES: tuple[Rule, ...] = (
+    Rule(
+        field="kvOffload.blockSize",
+        message="must be a multiple of engine.blockSize (an offloaded chunk is whole engine blocks)",
+        check=_offload_block_multiple,
+        cel=f"!has({_KVO}) || !has({_KVO}.blockSize) || {_KVO}.blockSize % self.engine.blockSize == 0",
+    ),
+    Rule(
+        field="kvOffload.roles",
+        message="must not name a role twice",
+        check=_offload_roles_unique,
+        cel=f"!has({_KVO}) || !has({_KVO}.roles) || {_KVO}.roles.all(r, {_KVO}.roles.filter(q, q == r).size() == 1)",
+    ),
+    *(
+        Rule(
+            field=f"{role}.resources.memory",
+            message="must be above kvOffload.cpu.capacity when the role has the offload tier (the tier is host "
+            "memory of the engine's own pod)",
+            check=_offload_fits_memory(role),
+            cel=f"!has({_KVO}) || (has({_KVO}.roles) && !({_KVO}.roles.exists(r, r == '{role}')))"
+            f" || !has(self.{role}.resources.memory) || !isQuantity(self.{role}.resources.memory)"
+            f" || !isQuantity({_KVO}.cpu.capacity)"
+            f" || quantity(self.{role}.resources.memory).isGreaterThan(quantity({_KVO}.cpu.capacity))",
+        )
+        for role in ROLES
+    ),
+)
+SPEC_RULES = SPEC_RULES + KV_OFFLOAD_RULES
 
 
 # --- canary rollouts (issue 22) ---------------------------------------------------

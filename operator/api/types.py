@@ -19,7 +19,7 @@ from pdfleet.contract import kv_tiers, ports, routing
 from pdfleet.contract import gateway
 from pdfleet.contract.connector_config import DEFAULTS as CONNECTOR_DEFAULTS, GPU_NIXL_THREADS, MAX_NIXL_THREADS
 from pdfleet.contract.flow_control import FAIRNESS_COST, FAIRNESS_REQUESTS
-from pdfleet.operator.api import cidr
+from pdfleet.operator.api import cidr, quantity
 
 GROUP = "pdfleet.io"
 VERSION = "v1alpha1"
@@ -207,6 +207,42 @@ class KVTransferSpec(Model):
         f" (on a GPU, its own CUDA stream). Unset: {GPU_NIXL_THREADS} with bufferDevice cuda, 0 with cpu.",
     )
 
+
+
+def _capacity(value: str) -> str:
+    try:
+        ok = quantity.parse(value) >= 1
+    except quantity.BadQuantity as exc:
+        raise PydanticCustomError("quantity", str(exc)) from None
+    if not ok:
+        raise PydanticCustomError("quantity", "must be a positive quantity of at least 1 (bytes), e.g. 16Gi")
+    return value
+
+
+# Checked here (quantity.py) and by the CRD with Kubernetes' CEL quantity library, in the same words.
+Capacity = Annotated[str, StringConstraints(max_length=64, pattern=QUANTITY), AfterValidator(_capacity), Field(json_schema_extra={"x-kubernetes-validations": [{
+    "rule": "isQuantity(self) && !quantity(self).isLessThan(quantity('1'))",
+    "message": "must be a positive quantity of at least 1 (bytes), e.g. 16Gi"}]})]
+OffloadRole = Literal["prefill", "decode"]
+
+
+class KVOffloadCPUSpec(Model):
+    capacity: Capacity = Field(
+        description="Host memory per engine (all its TP ranks together) that holds KV blocks the engine evicts, "
+        "a quantity (e.g. 16Gi). It is taken from the engine pod's own memory: set resources.memory above it.")
+
+
+class KVOffloadSpec(Model):
+    """A second KV tier under each engine (issue 40): blocks the engine's KV cache evicts are kept in host memory
+    by vLLM's OffloadingConnector (beside pdfleet's connector under vLLM's MultiConnector) and loaded back, not
+    recomputed, when a later prompt starts with them; the router scores them by prefixScoring.tierWeights.CPU."""
+
+    cpu: KVOffloadCPUSpec = Field(description="The host-memory tier.")
+    roles: Annotated[list[OffloadRole], Field(min_length=1, max_length=2)] = Field(
+        default_factory=lambda: ["prefill", "decode"], description="The roles whose engines get the tier.")
+    block_size: Optional[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default=None, description="Tokens per offloaded chunk, a multiple of engine.blockSize; unset: the "
+        "engine's block size (one chunk per block).")
 
 class RDMASpec(Model):
     resource_name: Optional[Annotated[str, StringConstraints(max_length=253, pattern=EXTENDED_RESOURCE)]] = Field(
@@ -617,6 +653,9 @@ class DisaggregatedInferenceSpec(Model):
     kv_transfer: KVTransferSpec = Field(
         default_factory=KVTransferSpec, description="How the KV cache moves from prefill to decode (NIXL)."
     )
+    kv_offload: Optional[KVOffloadSpec] = Field(
+        default=None, description="A host-memory KV tier under the engines (vLLM's OffloadingConnector); unset: none."
+    )
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="RDMA, UCX, preflight, NetworkPolicy.")
     router: RouterSpec = Field(default_factory=RouterSpec, description="The P/D router in front of the fleet.")
     disruption: DisruptionSpec = Field(default_factory=DisruptionSpec, description="PodDisruptionBudgets per role.")
@@ -714,6 +753,15 @@ class ScalingStatus(Model):
     planner: Optional[str] = None
 
 
+class KVOffloadStatus(Model):
+    """The host-memory KV tier of spec.kvOffload, as the engines were configured with it."""
+
+    capacity: str = Field(description="Per engine, as the spec gives it.")
+    capacity_bytes: int = Field(description="Per engine, in bytes (the engines' cpu_bytes_to_use).")
+    roles: list[str] = Field(default_factory=list, description="The roles whose engines hold the tier.")
+    block_size: int = Field(description="Tokens per offloaded chunk.")
+
+
 class DisaggregatedInferenceStatus(Model):
     observed_generation: Optional[int] = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -726,6 +774,7 @@ class DisaggregatedInferenceStatus(Model):
     url: Optional[str] = None
     rollout: Optional[RolloutStatus] = None
     scaling: Optional[ScalingStatus] = None
+    kv_offload: Optional[KVOffloadStatus] = Field(default=None, description="The host-memory KV tier (spec.kvOffload).")
     progressing_since: Optional[str] = Field(
         default=None, description="When the fleet started progressing towards the current generation "
         "(spec.progressDeadlineSeconds counts from here); unset while it is complete.")

@@ -17,7 +17,7 @@ from pdfleet.contract.connector_config import (
 from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
 from pdfleet.operator.api.rules import UCX_TCP_PORT_RANGE_VAR, parse_port_range  # noqa: F401
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
-from pdfleet.operator.plan import drain
+from pdfleet.operator.plan import drain, offload
 
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 SECRET_DIR = "/var/run/secrets/pdfleet"
@@ -59,14 +59,14 @@ def kv_transfer_config(
         auth_secret_file=secret_file or f"{SECRET_DIR}/{SECRET_FILE}",
         nixl_threads=nixl_threads_for(kv.buffer_device, kv.nixl_threads),
     ).to_extra()
-    return {
+    return offload.with_offload(spec, role, {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": KV_ROLES[role],
         "kv_buffer_device": kv.buffer_device,
         "kv_load_failure_policy": kv.load_failure_policy,
         "kv_connector_extra_config": extra,
-    }
+    })  # spec.kvOffload: under vLLM's MultiConnector beside the offload tier (plan/offload.py)
 
 
 def model_path(spec: DisaggregatedInferenceSpec) -> str:

@@ -30,7 +30,7 @@ from pdfleet.operator.api import event_reasons as reasons
 from pdfleet.operator.autoscale.scalers import ObservedScaler, ScalingPlan, plan_scaling
 from pdfleet.operator.kube.observed import ObservedReplicaSet
 from pdfleet.operator.kube.owned import fleet_workloads, owned_pods
-from pdfleet.operator.plan import kinds
+from pdfleet.operator.plan import kinds, offload
 from pdfleet.operator.reconcile_plan import causes as pod_causes
 from pdfleet.operator.reconcile_plan import children as ch
 from pdfleet.operator.reconcile_plan import progress
@@ -363,6 +363,7 @@ def settle(plan: Plan, guarded: Guarded, *, now: datetime.datetime, errors: Sequ
         strategy=cr.spec.rollout.strategy, canary=plan.canary.record,
         causes=plan.causes, secret_missing=guarded.secret_missing,
         progress_deadline_s=cr.spec.progress_deadline_seconds,
+        kv_offload=offload.status(cr.spec),
     ), now=now)
     # One Warning per new cause of the pods' (not per reconcile), remembered until the fleet is complete.
     events += [Event(reasons.WARNING, c.cause.reason, pod_causes.event_message(c))

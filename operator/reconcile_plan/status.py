@@ -122,6 +122,7 @@ class StatusInputs:
     causes: Sequence[RoleCause] = ()                            # why the fleet's own pods are not ready
     secret_missing: Optional[str] = None                        # a Secret the spec names is absent or lacks its key
     progress_deadline_s: int = DEFAULT_PROGRESS_DEADLINE_SECONDS  # spec.progressDeadlineSeconds
+    kv_offload: Optional[Mapping[str, Any]] = None              # spec.kvOffload's tier (plan/offload.status)
 
 
 def canary_conditions(strategy: str, d: Decision, rec: Optional[CanaryRecord]) -> list[Cond]:
@@ -290,6 +291,8 @@ def build_status(inp: StatusInputs, *, now: datetime.datetime) -> dict[str, Any]
     out["rollout"] = rollout
     if inp.scaling:
         out["scaling"] = dict(inp.scaling)
+    if inp.kv_offload:
+        out["kvOffload"] = dict(inp.kv_offload)
     if since is not None:
         out["progressingSince"] = since
     return out

@@ -17,6 +17,7 @@ import jsonschema
 
 from pdfleet.operator.api import DisaggregatedInferenceSpec
 from pdfleet.operator.api.crd import crd
+from pdfleet.operator.api import quantity
 
 
 def root_schema() -> dict[str, Any]:
@@ -60,7 +61,23 @@ def _is_sorted(values: Any) -> Any:
     return celpy.celtypes.BoolType(all(a <= b for a, b in zip(values, values[1:])))
 
 
-K8S_CEL_FUNCTIONS = {"isSorted": _is_sorted}
+def _is_quantity(value: Any) -> Any:
+    """Kubernetes' CEL quantity library (k8s >= 1.29; cel-python lacks it): isQuantity, quantity, and the
+    comparisons, on the quantity's value (pdfleet.operator.api.quantity parses it as apimachinery does)."""
+    try:
+        quantity.parse(str(value))
+    except quantity.BadQuantity:
+        return celpy.celtypes.BoolType(False)
+    return celpy.celtypes.BoolType(True)
+
+
+def _quantity(value: Any) -> Any:
+    return celpy.celtypes.DoubleType(float(quantity.parse(str(value))))  # raises (a CEL error) when not one
+
+
+K8S_CEL_FUNCTIONS = {"isSorted": _is_sorted, "isQuantity": _is_quantity, "quantity": _quantity,
+                     "isLessThan": lambda a, b: celpy.celtypes.BoolType(a < b),
+                     "isGreaterThan": lambda a, b: celpy.celtypes.BoolType(a > b)}
 
 
 def _cel(rules: list[dict[str, Any]], value: Any) -> list[str]:

@@ -20,6 +20,7 @@ from pdfleet.operator.api.rules import PREFIX_SCORING_RULES  # own grid: test_pr
 from pdfleet.operator.api.rules import SCALE_TO_ZERO_RULES  # own grid: test_scale_to_zero_api.py
 from pdfleet.operator.api.rules import GATEWAY_RULES  # own grid: test_gateway_api.py
 from pdfleet.operator.api.rules import FAIL_OPEN_RULES  # own grid: test_gateway_fail_open_api.py
+from pdfleet.operator.api.rules import KV_OFFLOAD_RULES  # own grid: test_kv_offload_api.py
 from crd_admission import assert_cel_agrees_with_python, disagreements, root_schema  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,7 +97,7 @@ CEL_RULES = [r for r in SPEC_RULES if r.cel and r not in SCALING_RULES and r not
              and r not in FLOW_CONTROL_RULES and r not in CANARY_RULES
              and r not in TEST_HOOK_RULES and r not in DISAGGREGATION_RULES]  # those have their own grids
 CEL_RULES = [r for r in CEL_RULES if r not in GATEWAY_RULES and r not in FAIL_OPEN_RULES
-             and r not in PREFIX_SCORING_RULES and r not in SCALE_TO_ZERO_RULES]
+             and r not in PREFIX_SCORING_RULES and r not in SCALE_TO_ZERO_RULES and r not in KV_OFFLOAD_RULES]
 
 
 def _spec(prefill_tp, decode_tp, prefill_gpus, decode_gpus, buffer, side_port, engine_port, block, rdma, source):
