@@ -6,9 +6,9 @@ that only carries the router's labels (no owner) is never read."""
 from __future__ import annotations
 
 import pytest
-from aiohttp import web
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import FakeKube
+from metrics_page import metrics_page  # noqa: E402
 from operator_scenarios import DEPLOY, IMAGE, condition, fleet, wait_status
 
 from pdfleet.contract import metrics as names
@@ -27,19 +27,8 @@ def page(reason: str) -> str:
 @pytest.fixture
 async def router_metrics(unused_tcp_port: int):
     state = {"reason": names.TOKENIZER_NOT_FOUND}
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=page(state["reason"]), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
-    try:
+    async with metrics_page(unused_tcp_port, lambda: page(state["reason"])):
         yield unused_tcp_port, state
-    finally:
-        await runner.cleanup()
 
 
 async def test_the_router_pods_tokenizer_state_is_the_fleets_prefix_routing_condition(kube: FakeKube, start_operator,

@@ -11,9 +11,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from aiohttp import web
 from fake_env import NAMESPACE, FakeDriver
 from kube_fixture import FakeKube, eventually
+from metrics_page import metrics_page  # noqa: E402
 from operator_scenarios import STS, condition, fleet, make_fleet_ready, wait_status
 
 from pdfleet.contract import metrics as names
@@ -41,19 +41,8 @@ def page(s: dict[str, float]) -> str:
 async def front_end(unused_tcp_port: int):
     """The router pod's /metrics as the waiting room exposes them."""
     state = {"waiting": 0.0, "activations": 0.0, "requests": 0.0, "streams": 0.0}
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=page(state), content_type="text/plain")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", unused_tcp_port).start()
-    try:
+    async with metrics_page(unused_tcp_port, lambda: page(state)):
         yield unused_tcp_port, state
-    finally:
-        await runner.cleanup()
 
 
 def pair_fleet(port: int, replicas: int, idle_seconds: int = 1) -> dict[str, Any]:
