@@ -34,6 +34,21 @@ EPP_METRICS = 9090  # the EPP's /metrics and /health (HTTP)
 GRPC_PORT_FLAG = "--grpc-port"
 GRPC_PORT_NAME = "grpc"  # the ext_proc port's name on the EPP's container and Service
 
+# Secure serving, as GAIE's reference EPP has it (--secure-serving, default true; --cert-path): ext_proc over
+# TLS, because the gateways that dial an InferencePool's picker (Envoy AI Gateway, agentgateway) speak TLS to it
+# and verify nothing. The certificate: tls.crt and tls.key in the --cert-path folder, else a self-signed one made
+# at start (connector/epp/tls.py). --no-secure-serving serves h2c (a gateway on the same host, the tests).
+SECURE_SERVING_FLAG = "--secure-serving"
+NO_SECURE_SERVING_FLAG = "--no-" + SECURE_SERVING_FLAG.removeprefix("--")  # argparse's BooleanOptionalAction
+CERT_PATH_FLAG = "--cert-path"
+TLS_CERT_FILE = "tls.crt"  # a kubernetes.io/tls Secret's keys, so such a Secret mounts as the folder
+TLS_KEY_FILE = "tls.key"
+# grpc.health.v1 alone, in plaintext, for the kubelet's gRPC probes (they cannot speak TLS): GAIE's
+# --grpc-health-port. The ext_proc port answers grpc.health.v1 too, over its own transport.
+GRPC_HEALTH_PORT_FLAG = "--grpc-health-port"
+EPP_GRPC_HEALTH = 9003
+GRPC_HEALTH_PORT_NAME = "grpc-health"
+
 # Who may call the EPP (docs/gateway.md, "Who may call the Endpoint Picker"): the gateway sends the fleet's
 # EPP caller token in this gRPC metadata key on every ext_proc stream (Envoy: grpc_service.initial_metadata);
 # the EPP refuses any other caller with UNAUTHENTICATED (connector/epp/caller_auth.py).

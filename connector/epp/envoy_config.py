@@ -33,6 +33,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
+# The epp cluster's transport: TLS verifying nothing (a secure-serving EPP's certificate is self-signed or its own
+# CA's; Envoy AI Gateway and agentgateway verify nothing either), ALPN h2 as gRPC over TLS expects; else h2c.
+EPP_TLS = {"name": "envoy.transport_sockets.tls", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+    "common_tls_context": {"alpn_protocols": ["h2"]}}}
+EPP_PLAINTEXT = {"name": "envoy.transport_sockets.raw_buffer", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"}}
+
+
 # HTTP/2 PINGs on the connection to the EPP: an EPP that vanishes without a reset (node lost, pod
 # frozen, partition) is noticed within interval x 1.15 (Envoy's jitter) + timeout, 16.5 s, not after
 # message_timeout (300 s, sized above a whole prefill leg) or, in FULL_DUPLEX, stream_idle_timeout.
@@ -47,7 +56,7 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, calle
            connect_timeout_s: float = 3.0,
            stream_idle_timeout_s: float = 300.0, keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
            keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S, host: str = "127.0.0.1",
-           epp_host: str = "127.0.0.1") -> str:
+           epp_host: str = "127.0.0.1", epp_tls: bool = False) -> str:
     """The Envoy bootstrap for ``mode`` (BUFFERED or FULL_DUPLEX).
 
     ``caller_token``: the EPP's caller token (caller_auth.py), sent on every ext_proc stream.
@@ -55,6 +64,7 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, calle
     ``message_timeout_s`` must outlast a whole prefill leg (the EPP runs it while Envoy waits).
     ``keepalive_interval_s`` / ``keepalive_timeout_s``: HTTP/2 PINGs on the connection to the EPP, which
     bound how long requests wait on an EPP that went silent without closing its connection.
+    ``epp_tls``: the EPP serves TLS (``pdfleet epp`` by default): the epp cluster speaks it, verifying nothing.
     """
     if mode not in MODES:
         raise ValueError(f"gateway mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -79,4 +89,5 @@ def render(mode: str, *, listen_port: int, epp_port: int, admin_port: int, calle
         message_timeout=_duration(message_timeout_s), connect_timeout=_duration(connect_timeout_s),
         stream_idle_timeout=_duration(stream_idle_timeout_s), keepalive_interval=_duration(keepalive_interval_s),
         keepalive_timeout=_duration(keepalive_timeout_s), decode_only_endpoints=json.dumps(endpoints),
-        fallback_headers=json.dumps(_FALLBACK if failure_mode == FAIL_OPEN else []))
+        fallback_headers=json.dumps(_FALLBACK if failure_mode == FAIL_OPEN else []),
+        epp_transport_socket=json.dumps(EPP_TLS if epp_tls else EPP_PLAINTEXT))

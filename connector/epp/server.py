@@ -23,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from pdfleet.connector.epp import caller_auth
-from pdfleet.connector.epp import protocol
+from pdfleet.connector.epp import protocol, tls
 from pdfleet.connector.epp.exchange import Exchange
 from pdfleet.connector.epp.gateway_modes import GatewayModes
 from pdfleet.connector.epp.health import Health
@@ -92,6 +92,8 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if self._discovery is None:
             self.router.set_endpoints(static_groups(config))
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None  # grpc.health.v1 alone, plaintext (start's health_port)
+        self.health_port_bound: int | None = None
         self._http: web.AppRunner | None = None
         self.metrics_url: str | None = None  # once serving /metrics (start's metrics_port; 0: a free port)
         self._task: asyncio.Task | None = None
@@ -111,21 +113,28 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
 
     # ---- lifecycle -------------------------------------------------------------------
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0, *, metrics_port: int | None = None) -> int:
-        """Serve ext_proc on host:port (0: a free port); returns the bound port."""
+    async def start(self, host: str = "127.0.0.1", port: int = 0, *, metrics_port: int | None = None,
+                    tls_pair: tuple[bytes, bytes] | None = None, health_port: int | None = None) -> int:
+        """Serve ext_proc on host:port (0: a free port), over TLS with ``tls_pair`` (certificate PEM, key PEM;
+        tls.py) else h2c, and grpc.health.v1 alone in plaintext on ``health_port`` (0: a free one; None: none);
+        returns the bound ext_proc port (the health port's: ``health_port_bound``)."""
         await self.router.open()
         await self.router.picker.start()
         if self._discovery is not None:
             self._task = asyncio.create_task(self._discovery(self.router))
+        main, *health_only = tls.listeners(port, health_port, secure=tls_pair is not None)
         self._server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=self._interceptors)
         pb_grpc.add_ExternalProcessorServicer_to_server(self, self._server)
         self.health.add_to(self._server)
         await self.health.update()
         self._health_task = asyncio.create_task(self.health.follow())
-        bound = self._server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")  # a v6 pod IP
-        if bound == 0:
-            raise OSError(f"cannot bind the EPP's gRPC port {host}:{port}")
+        bound = _bind(self._server, host, main.port, tls.server_credentials(tls_pair) if tls_pair else None)
         await self._server.start()
+        for listener in health_only:  # its own server: a port of one server would serve ext_proc as well
+            self._health_server = grpc.aio.server(options=SERVER_OPTIONS)
+            self.health.add_to(self._health_server)
+            self.health_port_bound = _bind(self._health_server, host, listener.port, None)
+            await self._health_server.start()
         if metrics_port is not None:
             app = web.Application()
             app.router.add_get("/metrics", self._metrics)
@@ -136,8 +145,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             await site.start()
             bound_http = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             self.metrics_url = f"http://{'[' + host + ']' if ':' in host else host}:{bound_http}/metrics"
-        log.info("endpoint picker serving ext_proc and grpc.health.v1 on %s:%d; the gateway's ext_proc filter needs: %s",
-                 host, bound, protocol.GATEWAY_NEEDS)
+        log.info("endpoint picker serving ext_proc and grpc.health.v1 on %s:%d (%s), grpc.health.v1 alone on %s; the "
+                 "gateway's ext_proc filter needs: %s", host, bound, "TLS" if tls_pair else "h2c",
+                 self.health_port_bound or "no other port", protocol.GATEWAY_NEEDS)
         return bound
 
     async def stop(self, grace: float | None = 1.0) -> None:
@@ -147,6 +157,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+            self._health_server = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -174,3 +187,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 "decode_ready": len(group.ready(DECODE)) if group else 0,
                 "prefix_routing": self.router.picker.prefix.status()}
         return web.Response(status=status, body=json_encode(body), content_type="application/json")
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, credentials) -> int:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # a v6 pod IP
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"cannot bind the EPP's gRPC port {host}:{port}")
+    return bound
