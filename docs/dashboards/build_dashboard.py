@@ -31,6 +31,7 @@ def sel(extra: str = "") -> str:
 DECODE = sel('role="decode"')
 DESIRED_READY = sel('state=~"desired|ready"')
 TRUE = sel('status="true"')
+KV_TIER_PANEL = "Cached prompt tokens by tier"
 
 
 def quantiles(metric: str, extra: str, by: str) -> list[dict]:
@@ -92,6 +93,12 @@ ROWS: list[tuple[str, list[dict]]] = [
         panel("Prompt tokens by source (decode)", [
             t(f"sum by (source) (rate(vllm:prompt_tokens_by_source_total{DECODE}[{RATE}]))", "{{source}}")],
             "short", "external_kv_transfer: pulled from prefill; local_compute: computed by decode."),
+        panel(KV_TIER_PANEL, [
+            t(f"sum by (role, source) (rate(vllm:prompt_tokens_cached_by_source_total{sel()}[{RATE}]))",
+              "{{role}} {{source}}")],
+            "short", "Prompt tokens per second whose KV an engine did not compute, by where it came from: device "
+            "(its own KV cache), host (the offload tier of spec.kvOffload, loaded from host memory), p2p (pulled by "
+            "pdfleet's connector), disk. host stays 0 without the tier."),
         panel("KV failures by kind", [
             t(f"sum(rate(vllm:pdfleet_connector_pull_failures_total{sel()}[{RATE}]))", "pull failed"),
             t(f"sum(rate(vllm:pdfleet_connector_pull_lease_expired_total{sel()}[{RATE}]))", "pull: lease expired"),
