@@ -18,7 +18,12 @@ from pdfleet.contract.router_config import RouterConfig
 from pdfleet.operator.api.rules import FieldError
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan.engine import ENGINE_MODULE, UCX_CUDA_IPC_GET_ZCOPY, engine_env, hash_seed, vllm_args
-from pdfleet.operator.plan.router import disaggregation_fields, flow_control_config, prefix_scoring_fields
+from pdfleet.operator.plan.router import (
+    disaggregation_fields,
+    flow_control_config,
+    prefix_scoring_fields,
+    scale_to_zero_fields,
+)
 
 ROLES = ("prefill", "decode")
 LOOPBACK = "127.0.0.1"
@@ -285,5 +290,5 @@ def router_config(spec: DisaggregatedInferenceSpec, launches: Iterable[EngineLau
                         for lch in launches if lch.ports.kv_events),
         tokenizer=model_path or spec.model.name, block_size=spec.engine.block_size,
         hash_seed=hash_seed(spec), flow_control=flow_control_config(spec), **disaggregation_fields(spec),
-        **prefix_scoring_fields(spec),
+        **prefix_scoring_fields(spec), **scale_to_zero_fields(spec),
     )

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from pdfleet.operator.autoscale.scale_to_zero import ACTIVATE
 from pdfleet.operator.local.console import EXIT_FAILED, EXIT_OK, StartupFailed, err, exit_code_after_stop, say
 
 # How often the supervisor looks at its engines, and the start-up wait at the engines' /health.
@@ -47,6 +48,7 @@ class LocalRunner:
         self.run_dir = args.run_dir
         self.temp_run_dir = args.run_dir is None
         self.kv_transport: dict[str, Any] = {}
+        self.pair = None  # scale_to_zero.PairAtZero when spec.scaling.scaleToZero is enabled
 
     # --- top level ----------------------------------------------------------
 
@@ -104,6 +106,7 @@ class LocalRunner:
             self._write_state(healthy=True)
         if self.args.smoke:
             return await self._smoke()
+        self._scale_to_zero()
         await self._supervise()
         err(f"stopping ({self.stop_reason})")
         return exit_code_after_stop(self.stop_reason)
@@ -279,14 +282,56 @@ class LocalRunner:
                              metrics_raw=self.args.metrics_raw, stopped=self.stop.is_set)
         return EXIT_OK if ok else EXIT_FAILED
 
+    # --- scale to zero ------------------------------------------------------------
+
+    def _scale_to_zero(self) -> None:
+        """With spec.scaling.scaleToZero: the pair stops when idle and starts on the first request."""
+        from pdfleet.connector.router.app import ROUTER_KEY
+        from pdfleet.connector.serving.router_state import static_groups
+        from pdfleet.operator.local.fleet import router_config
+        from pdfleet.operator.local.scale_to_zero import PairAtZero
+
+        s = self.spec.scaling.scale_to_zero
+        if s is None or not s.enabled:
+            return
+        router = self.router_runner.app[ROUTER_KEY]
+        fronts = [router] + ([self.gateway.epp.router] if self.gateway is not None else [])
+        # the engines as they run now (one may have moved to new ports when it started again)
+        groups = lambda: static_groups(router_config(self.spec, self.launches.values(), self.model_path))  # noqa: E731
+        self.pair = PairAtZero(front_ends=lambda: fronts, groups=groups,
+                               stop_engines=self._stop_engines, start_engines=self._start_engines,
+                               idle_seconds=float(s.idle_seconds))
+        self.pair.hook()
+        err(f"scale to zero: the pair stops after {s.idle_seconds}s without a request and starts on the next one")
+
+    async def _stop_engines(self) -> None:
+        from pdfleet.operator.local.processes import stop_groups
+
+        children, self.children = list(self.children.values()), {}
+        await asyncio.to_thread(stop_groups, [c.pgid for c in children], [c.proc for c in children])
+        for c in children:
+            self.watchdog.forget(c.pgid)
+        err(f"scaled to zero: no request for {self.pair.idle_seconds:g}s; every engine stopped "
+            "(the router holds the next request and starts them)")
+        self._write_state(healthy=False)
+
+    async def _start_engines(self) -> bool:
+        for name in self.launches:
+            self._start(name)
+        ok = await self._wait_healthy(list(self.launches))
+        self._write_state(healthy=ok)
+        return ok
+
     # --- running ----------------------------------------------------------------
 
     async def _pause(self) -> None:
-        """POLL_S, or less when the run is asked to stop."""
-        try:
-            await asyncio.wait_for(self.stop.wait(), POLL_S)
-        except asyncio.TimeoutError:
-            pass
+        """POLL_S, or less when the run is asked to stop (or the pair asked to wake)."""
+        waits = [asyncio.ensure_future(self.stop.wait())]
+        if self.pair is not None:
+            waits.append(asyncio.ensure_future(self.pair.asked.wait()))
+        _, pending = await asyncio.wait(waits, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+        for w in pending:
+            w.cancel()
 
     async def _supervise(self) -> None:
         from pdfleet.operator.local.processes import stop_groups
@@ -309,6 +354,9 @@ class LocalRunner:
                 self._write_state(healthy=False)
                 if await self._wait_healthy([name]):
                     self._write_state(healthy=True)
+            if self.pair is not None and not self.stop.is_set() and await self.pair.step() == ACTIVATE:
+                err(self.pair.wakes[-1].line() if self.pair.wakes and not self.pair.asleep
+                    else "waking the pair failed: see the engines' lines above")
             await self._pause()
 
     # --- teardown ----------------------------------------------------------------

@@ -1,0 +1,131 @@
+"""Scale from zero as a pair on `pdfleet local` (issue 41): cycles of 0 -> 1 -> 0 under a burst, and where a
+wake's time goes.
+
+    flock /tmp/pdfleet-vllm.lock .venv/bin/python bench/scale_from_zero.py --cycles 20 --burst 20 [--gateway]
+
+One fleet from examples/tiny-cpu-scale-to-zero.yaml (idleSeconds 5). Each cycle waits until the pair is at
+zero (both engines stopped), sends a burst of streamed completions through the front end (the router, or
+Envoy and the Endpoint Picker with --gateway), and records per request its status, the P/D headers and the
+time to its first token. Checks: 0 lost (every answer 200 and whole), 0 duplicated (each request id answered
+once), 0 answered decode-alone. Prints per cycle, and the medians: first request -> first token, and the
+wake's parts as `pdfleet local` measured them (activation: first held request -> engines started; engine
+start: -> every engine healthy; offer: -> the front ends serve the pair).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
+
+from local_fleet import MODEL, local_fleet  # noqa: E402
+
+from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_HEADER  # noqa: E402
+from pdfleet.operator.local.scale_to_zero import WAKE_LINE  # noqa: E402
+
+CR = REPO / "examples" / "tiny-cpu-scale-to-zero.yaml"
+AT_ZERO = "scaled to zero:"
+
+
+async def one(client: httpx.AsyncClient, base: str, k: int, sent: float) -> dict:
+    body = {"model": MODEL, "prompt": f"Request {k}: the river runs", "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    out = {"id": f"stz-{k}-{time.monotonic_ns()}", "status": 0, "ttft_s": None, "done": False}
+    try:
+        async with client.stream("POST", base + "/v1/completions", json=body,
+                                 headers={"x-request-id": out["id"]}) as resp:
+            out["status"] = resp.status_code
+            out["fallback"] = resp.headers.get(FALLBACK_HEADER)
+            out["disaggregation"] = resp.headers.get(DISAGGREGATION_HEADER, "")
+            out["answered_id"] = resp.headers.get("x-request-id")
+            async for line in resp.aiter_lines():
+                if line.startswith("data:") and out["ttft_s"] is None and "[DONE]" not in line:
+                    out["ttft_s"] = time.monotonic() - sent
+                if line.strip() == "data: [DONE]":
+                    out["done"] = True
+    except httpx.HTTPError as exc:
+        out["error"] = repr(exc)
+    return out
+
+
+async def burst(base: str, n: int) -> list[dict]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        sent = time.monotonic()
+        return await asyncio.gather(*(one(client, base, k, sent) for k in range(n)))
+
+
+def wait_for(fleet, text: str, count: int, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while fleet.stderr().count(text) < count:
+        if time.monotonic() > deadline or fleet.proc.poll() is not None:
+            raise SystemExit(f"no {count} x {text!r}:\n{fleet.stderr()[-3000:]}")
+        time.sleep(0.2)
+
+
+def wakes(stderr: str) -> list[dict[str, float]]:
+    out = []
+    for line in stderr.splitlines():
+        if WAKE_LINE in line:
+            parts = line.split(WAKE_LINE, 1)[1].split()
+            out.append({k: float(v) for k, v in (p.split("=") for p in parts)})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--burst", type=int, default=20)
+    ap.add_argument("--gateway", action="store_true", help="through Envoy and the Endpoint Picker")
+    args = ap.parse_args()
+    rows, problems = [], []
+    with tempfile.TemporaryDirectory(prefix="pdfleet-stz-") as tmp:
+        with local_fleet(Path(tmp) / "fleet", cr=CR, extra_args=("--gateway",) if args.gateway else ()) as fleet:
+            base = fleet.router
+            if args.gateway:
+                while not base.startswith("http") or base == fleet.router:
+                    line = fleet.next_line(60.0)
+                    if line is None:
+                        raise SystemExit(fleet.stderr()[-3000:])
+                    if line.startswith("gateway: http"):
+                        base = line[len("gateway: "):]
+            for cycle in range(1, args.cycles + 1):
+                wait_for(fleet, AT_ZERO, cycle)
+                answers = asyncio.run(burst(base, args.burst))
+                wait_for(fleet, WAKE_LINE, cycle)
+                ids = [a.get("answered_id") for a in answers]
+                lost = [a for a in answers if a["status"] != 200 or not a["done"]]
+                alone = [a for a in answers if a.get("fallback") or not a.get("disaggregation", "").startswith(
+                    "remote_prefill")]
+                duplicated = len(ids) - len(set(ids))
+                ttfts = sorted(a["ttft_s"] for a in answers if a["ttft_s"] is not None)
+                wake = wakes(fleet.stderr())[-1]
+                row = {"cycle": cycle, "first_token_s": round(ttfts[0], 2) if ttfts else None,
+                       "last_first_token_s": round(ttfts[-1], 2) if ttfts else None, "lost": len(lost),
+                       "duplicated": duplicated, "decode_alone": len(alone),
+                       **{k: round(v, 2) for k, v in wake.items()}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if lost or duplicated or alone:
+                    problems.append(row)
+    med = lambda key: round(statistics.median(r[key] for r in rows if r.get(key) is not None), 2)  # noqa: E731
+    summary = {"cycles": len(rows), "burst": args.burst, "front_end": "gateway" if args.gateway else "router",
+               "lost": sum(r["lost"] for r in rows), "duplicated": sum(r["duplicated"] for r in rows),
+               "decode_alone": sum(r["decode_alone"] for r in rows),
+               "first_request_to_first_token_s_p50": med("first_token_s"),
+               **{f"{k}_p50": med(k) for k in ("activation_s", "engine_start_s", "offer_s", "total_s")}}
+    print("summary " + json.dumps(summary), flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Scale to zero as a pair on `pdfleet local` with real engines (issue 41): idle for idleSeconds, both
+engines stop; a burst sent at zero is held by the front end, wakes both, and is answered token-identical
+to a plain server, through the router and through `--gateway` (Envoy and the Endpoint Picker), nothing
+lost, nothing answered decode-alone. One cycle per front end here; bench/scale_from_zero.py runs 20.
+
+Negative control of the identity check: the plain server's answers differ from prompt to prompt (so a
+fleet answering one canned output would fail); of the wake: the engines are checked gone before the burst."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from local_fleet import REPO, ask_all, local_fleet
+
+STZ_CR = REPO / "examples" / "tiny-cpu-scale-to-zero.yaml"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait(fleet, text: str, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while fleet.stderr().count(text) < count:
+        assert time.monotonic() < deadline, f"no {count} x {text!r} in:\n{fleet.stderr()[-3000:]}"
+        assert fleet.proc.poll() is None, fleet.stderr()[-3000:]
+        time.sleep(0.5)
+
+
+def test_the_pair_sleeps_when_idle_and_a_held_burst_wakes_it(tmp_path, prompts, reference):
+    reqs = [q for q in prompts.identity][:6]
+    assert len({tuple(reference[q.label].token_ids) for q in reqs}) > len(reqs) // 2
+    with local_fleet(tmp_path / "stz", cr=STZ_CR, extra_args=("--gateway",)) as fleet:
+        gateway = None
+        while gateway is None:
+            line = fleet.next_line(60.0)
+            assert line is not None, fleet.stderr()[-3000:]
+            if line.startswith("gateway: http"):
+                gateway = line[len("gateway: "):]
+        for cycle, base in enumerate((fleet.router, gateway), start=1):
+            _wait(fleet, "scaled to zero:", cycle)
+            pids = [e["pid"] for e in fleet.state()["engines"]]
+            assert pids and not any(_alive(pid) for pid in pids), "engines still run at zero"
+            answers = asyncio.run(ask_all(base, reqs, concurrency=len(reqs)))  # all sent at zero: held
+            problems = [f"{q.label}: {a.status} {a.error or a.text[:200]}" for q, a in zip(reqs, answers)
+                        if a.status != 200 or a.error]
+            problems += [f"{q.label}: {a.token_ids} != {reference[q.label].token_ids}" for q, a in zip(reqs, answers)
+                         if a.status == 200 and a.token_ids != reference[q.label].token_ids]
+            problems += [f"{q.label}: answered {a.fallback}" for q, a in zip(reqs, answers) if a.fallback]
+            assert not problems, (base, problems)
+            assert fleet.stderr().count("woke the pair") == cycle
