@@ -143,3 +143,18 @@ def test_a_write_counts_until_the_watch_shows_it(case, seen, pending, want, stil
     """So that a reconcile running before the watch brings the scaler back never writes a second time."""
     from pdfleet.operator.autoscale.scale_to_zero_edge import effective
     assert effective(seen, pending) == (want, still)
+
+
+@pytest.mark.parametrize("enabled,floor", [(True, 1), (False, 0)])
+def test_the_planner_never_picks_zero_under_scale_to_zero(enabled, floor) -> None:
+    """0 <-> 1 is the pair's (both roles together); the planner's floor is 1 (negative control: off, 0 stays 0)."""
+    from pdfleet.operator.api import parse
+    from pdfleet.operator.autoscale.planner_edge import config_of
+
+    role = {"replicas": 1, "autoscaling": {"minReplicas": 0, "maxReplicas": 4}}
+    cr = parse({"apiVersion": "pdfleet.io/v1alpha1", "kind": "DisaggregatedInference",
+                "metadata": {"name": "llama", "namespace": "ml"},
+                "spec": {"model": {"name": "m"}, "prefill": role, "decode": role,
+                         "scaling": {"planner": {"enabled": True}, "scaleToZero": {"enabled": enabled}}}})
+    bounds = config_of(cr).bounds
+    assert (bounds["prefill"].min, bounds["decode"].min, bounds["decode"].max) == (floor, floor, 4)
