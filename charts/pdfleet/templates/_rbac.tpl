@@ -23,7 +23,7 @@ watches every namespace, by a Role in each watched namespace otherwise.
   resources: ["disaggregatedinferencescalers/status"]
   verbs: ["patch"]
 # The SLO planner scales the scalers as an HPA does, and stands down while an HPA
-# (or KEDA's) targets one of them.
+# (or KEDA's) targets one of them; scale to zero applies 0 <-> 1 to both (server-side apply is a patch).
 - apiGroups: ["pdfleet.io"]
   resources: ["disaggregatedinferencescalers/scale"]
   verbs: ["patch"]
