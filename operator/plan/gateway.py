@@ -67,13 +67,26 @@ def epp_args(ctx: Context, spec: DisaggregatedInferenceSpec) -> list[str]:
     config = dataclasses.replace(router.router_config(ctx, spec), host=f"$({POD_IP_VAR})", port=gw.EPP_METRICS)
     pool = spec.gateway.inference_pool
     anyone = [gw.INSECURE_ANY_CALLER_FLAG] if pool.caller_auth == gw.CALLER_AUTH_NONE else []  # behind the policy
-    return ["epp", *config.to_argv(), gw.GRPC_PORT_FLAG, str(pool.epp_port), *anyone]
+    # ext_proc over TLS (a self-signed certificate made at start: the gateways verify nothing), as GAIE's EPP and
+    # the gateways that dial it expect; grpc.health.v1 in plaintext for the kubelet's gRPC probes
+    return ["epp", *config.to_argv(), gw.GRPC_PORT_FLAG, str(pool.epp_port), gw.SECURE_SERVING_FLAG,
+            gw.GRPC_HEALTH_PORT_FLAG, str(gw.EPP_GRPC_HEALTH), *anyone]
+
+
+def epp_probes() -> dict[str, Any]:
+    """gRPC probes on the plaintext health port (a gRPC probe cannot do TLS): readiness follows the endpoints
+    (connector/epp/health.py), liveness the process."""
+    def probe(service: str, period: int) -> dict[str, Any]:
+        return {"grpc": {"port": gw.EPP_GRPC_HEALTH, "service": service}, "periodSeconds": period,
+                "failureThreshold": 3}
+    return {"readinessProbe": probe(gw.HEALTH_READINESS, 5), "livenessProbe": probe(gw.HEALTH_LIVENESS, 10)}
 
 
 def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     ports = [
         {"name": gw.GRPC_PORT_NAME, "containerPort": spec.gateway.inference_pool.epp_port, "protocol": "TCP"},
         {"name": HTTP_NAME, "containerPort": gw.EPP_METRICS, "protocol": "TCP"},
+        {"name": gw.GRPC_HEALTH_PORT_NAME, "containerPort": gw.EPP_GRPC_HEALTH, "protocol": "TCP"},
     ]
     # it runs prefill legs and waits on decodes as the router does: the same pod, drain and token
     out = router.front_end_deployment(ctx, spec, role=ROLE_EPP, name=epp_name(ctx.fleet), container_name=ROLE_EPP,
@@ -81,9 +94,9 @@ def deployment(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]
                                       replicas=spec.gateway.inference_pool.epp_replicas)
     # and serves only the gateway that sends the fleet's caller token, on the pod's IP
     token = [epp_caller_token_env(ctx.fleet)] if needs_epp_caller_secret(spec) else []
-    out["spec"]["template"]["spec"]["containers"][0]["env"] += [
-        *token, {"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    ]
+    container = out["spec"]["template"]["spec"]["containers"][0]
+    container["env"] += [*token, {"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    container.update(epp_probes())
     return out
 
 
@@ -96,9 +109,11 @@ def service(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": naming.selector(ctx.fleet, ROLE_EPP),
-            # appProtocol: gateways (Istio, kgateway) speak HTTP/2 to it without guessing
+            # appProtocol: gateways (Istio, kgateway) speak HTTP/2 to it without guessing; "http2", as GAIE's chart
+            # has it, not kubernetes.io/h2c: it serves TLS (--secure-serving). The kubelet reaches the health port
+            # on the pod itself: no Service port.
             "ports": [{"name": gw.GRPC_PORT_NAME, "port": port, "targetPort": gw.GRPC_PORT_NAME, "protocol": "TCP",
-                       "appProtocol": "kubernetes.io/h2c"}],
+                       "appProtocol": "http2"}],
         },
     }
 
@@ -138,7 +153,9 @@ def network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, 
 
 def epp_network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     """The EPP's pods: the gateway's proxies (allowFrom) reach its ext_proc port; its HTTP port (/health,
-    /metrics: no credential, no decision) stays open to the kubelet's probes and to Prometheus."""
+    /metrics) and its plaintext grpc.health.v1 port (no credential, no decision: health alone) stay open to
+    Prometheus and to the kubelet's probes. Most CNIs do not apply a NetworkPolicy to the kubelet's own probes
+    (they come from the node); the rule keeps them working on those that do."""
     peers = [p.model_dump(mode="json", by_alias=True, exclude_none=True)
              for p in spec.gateway.inference_pool.allow_from]
     return {
@@ -152,7 +169,7 @@ def epp_network_policy(ctx: Context, spec: DisaggregatedInferenceSpec) -> dict[s
                 # an empty `from` would admit every source: without peers, no rule for the gRPC port
                 *([{"from": peers, "ports": [{"protocol": "TCP", "port": spec.gateway.inference_pool.epp_port}]}]
                   if peers else []),
-                {"ports": [{"protocol": "TCP", "port": gw.EPP_METRICS}]},
+                {"ports": [{"protocol": "TCP", "port": gw.EPP_METRICS}, {"protocol": "TCP", "port": gw.EPP_GRPC_HEALTH}]},
             ],
         },
     }

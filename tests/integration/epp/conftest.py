@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from datetime import datetime, timezone
 
 import aiohttp
 import pytest
 
 from router_fakes import FakeEngine  # noqa: E402
 
+from pdfleet.connector.epp import tls  # noqa: E402
 from pdfleet.connector.epp.envoy_config import render  # noqa: E402
 from pdfleet.connector.epp.envoy_process import Envoy, free_port  # noqa: E402
 from pdfleet.connector.epp.server import EndpointPicker  # noqa: E402
@@ -35,6 +37,9 @@ class Gateway:
         # the EPP's caller token: Envoy sends it, the EPP requires it (connector/epp/caller_auth.py)
         self.caller_token = secrets.token_hex(32)
         self.discovery = None  # the EPP's discovery when set (else the static endpoints)
+        # secure serving (start's secure): the EPP's certificate and key; None: h2c, as pdfleet local serves it
+        self.tls_pair: tuple[bytes, bytes] | None = None
+        self.health_port: int | None = None  # start's secure also serves grpc.health.v1 alone, in plaintext
 
     async def engine(self, name: str, role: str, **kw) -> FakeEngine:
         e = FakeEngine(name=name, role=role, **kw)
@@ -45,7 +50,9 @@ class Gateway:
     async def start_epp(self, port: int = 0) -> int:
         assert self.config is not None
         self.epp = EndpointPicker(self.config, discovery=self.discovery, caller_token=self.caller_token)
-        self.epp_port = await self.epp.start("127.0.0.1", port)
+        self.epp_port = await self.epp.start("127.0.0.1", port, tls_pair=self.tls_pair,
+                                             health_port=0 if self.tls_pair else None)
+        self.health_port = self.epp.health_port_bound
         return self.epp_port
 
     async def stop_epp(self) -> None:
@@ -55,9 +62,12 @@ class Gateway:
 
     async def start(self, prefill, decode, *, mode: str = "buffered", failure_mode: str = FAIL_CLOSE,
                     message_timeout_s: float = 30.0, epp: bool = True, epp_port: int = 0, extra_filters=(),
-                    envoy: dict | None = None, **overrides) -> str:
-        """``envoy``: more arguments of envoy_config.render (e.g. keepalive_interval_s); ``overrides``: of
-        the RouterConfig."""
+                    envoy: dict | None = None, secure: bool = False, **overrides) -> str:
+        """``envoy``: more arguments of envoy_config.render (e.g. keepalive_interval_s); ``secure``: the EPP serves
+        TLS (a self-signed certificate, as `pdfleet epp` makes) and Envoy speaks it; ``overrides``: of the
+        RouterConfig."""
+        if secure:
+            self.tls_pair = tls.self_signed(tls.alt_names("127.0.0.1", ""), datetime.now(timezone.utc))
         settings = dict(FAST)
         settings.update(overrides)
         urls = lambda xs: tuple(x if isinstance(x, str) else x.url for x in xs)  # noqa: E731
@@ -67,7 +77,8 @@ class Gateway:
         else:  # no EPP (down), or one run elsewhere on epp_port
             self.epp_port = epp_port or free_port()
         self._envoy_args = dict(mode=mode, decode_only=urls(decode), failure_mode=failure_mode,
-                                message_timeout_s=message_timeout_s, extra_filters=extra_filters, **(envoy or {}))
+                                message_timeout_s=message_timeout_s, extra_filters=extra_filters,
+                                **({"epp_tls": True} if secure else {}), **(envoy or {}))
         return await self.start_envoy()
 
     async def start_envoy(self, **changes) -> str:

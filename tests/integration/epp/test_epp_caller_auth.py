@@ -37,13 +37,13 @@ def _requests():
     yield pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY, end_of_stream=True))
 
 
-async def _raw_call(port: int, metadata) -> tuple[list[bytes], grpc.StatusCode | None]:
+async def _raw_call(port: int, metadata, channel=None) -> tuple[list[bytes], grpc.StatusCode | None]:
     """One ext_proc stream as any pod could open it, BUFFERED as Envoy drives it (headers, their ack, the
     body, the decision): what it received (serialized replies) and its status (None: the decision came and
     the stream was then cancelled). Each message waits for the previous reply: grpc.aio's client reports a
-    write after the server's status as INTERNAL instead of that status."""
+    write after the server's status as INTERNAL instead of that status. ``channel``: another than h2c to port."""
     received: list[bytes] = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with channel or grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = pb_grpc.ExternalProcessorStub(channel).Process(metadata=metadata)
         try:
             async with asyncio.timeout(10):

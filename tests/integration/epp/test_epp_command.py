@@ -12,7 +12,9 @@ import pytest
 
 from pdfleet.connector.epp.envoy_process import free_port
 from pdfleet.contract.env import EPP_CALLER_TOKEN
-from pdfleet.contract.gateway import INSECURE_ANY_CALLER_FLAG
+from pdfleet.contract.gateway import CERT_PATH_FLAG, HEALTH_LIVENESS, INSECURE_ANY_CALLER_FLAG, NO_SECURE_SERVING_FLAG
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+import grpc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,6 +34,10 @@ TOKEN = "t" * 64
     (GOOD, "t" * 31, "at least 32 characters"),
     (GOOD, "t" * 31 + " ", "at least 32 characters"),
     ([*GOOD, INSECURE_ANY_CALLER_FLAG], TOKEN, "exclude each other"),
+    # secure serving (connector/epp/tls.py): the health port apart from the others, a folder with a pair
+    (["--grpc-health-port", "9002", *GOOD], TOKEN, "--grpc-port and --grpc-health-port must differ"),
+    ([CERT_PATH_FLAG, "/nonexistent", *GOOD], TOKEN, "--cert-path /nonexistent: cannot read tls.crt"),
+    ([CERT_PATH_FLAG, "/tmp", NO_SECURE_SERVING_FLAG, *GOOD], TOKEN, f"{CERT_PATH_FLAG} needs"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, token, needle):
     env = {k: v for k, v in os.environ.items() if k != EPP_CALLER_TOKEN}
@@ -43,18 +49,24 @@ def test_bad_flags_exit_2_naming_the_flag(argv, token, needle):
 
 
 async def test_epp_process_serves_p_d_through_envoy(gw):
+    """By default over TLS (a self-signed certificate made at start), Envoy speaking it without verification, and
+    grpc.health.v1 in plaintext on the health port."""
     p = await gw.engine("p1", "prefill")
     d = await gw.engine("d1", "decode")
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port, health_port = free_port(), free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pdfleet.operator.cli", "epp", "--prefill", p.url, "--decode", d.url,
-        "--grpc-port", str(grpc_port), "--port", str(http_port), "--log-level", "WARNING",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        "--grpc-port", str(grpc_port), "--port", str(http_port), "--grpc-health-port", str(health_port),
+        "--log-level", "WARNING", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, EPP_CALLER_TOKEN: gw.caller_token})
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        assert b"epp: ext_proc on" in line, line
-        await gw.start([p], [d], epp=False, epp_port=grpc_port)  # Envoy dials the process's port
+        assert b"epp: ext_proc on" in line and b"(TLS)" in line, line
+        await gw.start([p], [d], epp=False, epp_port=grpc_port, envoy={"epp_tls": True})  # Envoy dials its port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            reply = await asyncio.wait_for(health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=HEALTH_LIVENESS)), 10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
         async with gw.session.post(gw.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
             assert r.status == 200
             assert (await r.json())["kv_seen"]["remote_engine_id"] == "p1"

@@ -2,12 +2,14 @@
 configured as Envoy AI Gateway configures an InferencePool (envoyproxy/ai-gateway internal/extensionserver/
 inferencepool.go): the pool's ext_proc filter named .../endpointpicker/<pool>_<namespace>_ext_proc, both body modes
 FULL_DUPLEX_STREAMED, trailers SEND, 300 s message timeout, FailClose, no metadata, and the picker's cluster over
-TLS (no verification). Envoy Gateway applies EnvoyPatchPolicies before AI Gateway adds that filter and cluster, so
-the policy cannot touch them; it adds a plaintext cluster and a per-route ext_proc override instead.
+TLS (no verification, no ALPN). Envoy Gateway applies EnvoyPatchPolicies before AI Gateway adds that filter and
+cluster, so the policy cannot touch them; it adds its own cluster (TLS, no verification) and a per-route ext_proc
+override that sends the caller token instead.
 
-As generated, the gateway cannot reach pdfleet's picker (h2c): every request is a 5xx and no engine is called.
-With the policy's two patches applied as Envoy Gateway applies them, requests are served P/D; the same patches
-without the token are refused by the picker (negative control)."""
+The picker serves TLS (secure serving, as GAIE's EPP and as the operator runs it): as generated, the gateway reaches
+it and is refused only for want of the token; the same shape with the token is served P/D; with the policy's two
+patches applied as Envoy Gateway applies them, requests are served P/D, and without the token refused. Negative
+control: against a picker serving h2c (before secure serving), the generated shape reaches nothing."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import yaml
 from pdfleet.connector.epp import caller_auth
 from pdfleet.connector.epp.envoy_config import FULL_DUPLEX, render
 from pdfleet.connector.epp.envoy_process import Envoy
+from pdfleet.contract.env import ENGINE_API_KEY
+from pdfleet.contract.gateway import CALLER_TOKEN_METADATA
 # the fleet (an EPP, one prefill, one decode, the engine token set) and the refusal counter, as there; each test
 # below runs its own Envoy in the shape under test beside the fixture's
 from test_epp_caller_auth import ENGINE_TOKEN, _refused, fleet  # noqa: F401
@@ -116,30 +120,57 @@ COMPLETION = ("/v1/completions", {"prompt": "The capital of France is", "max_tok
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True})
 
 
-async def test_as_ai_gateway_generates_it_the_gateway_cannot_reach_the_picker(fleet):
-    """Its picker cluster speaks TLS; pdfleet's picker serves h2c: FailClose 5xx, no leg ran."""
-    gw, p, d = fleet
+@pytest.fixture
+async def secure_fleet(gw, monkeypatch):
+    """The fleet of test_epp_caller_auth, its EPP serving TLS with a self-signed certificate."""
+    monkeypatch.setenv(ENGINE_API_KEY, ENGINE_TOKEN)
+    p = await gw.engine("p1", "prefill")
+    d = await gw.engine("d1", "decode")
+    await gw.start([p], [d], secure=True)
+    return gw, p, d
+
+
+def _with_token(cfg: dict[str, Any], token: str) -> dict[str, Any]:
+    """The generated filter, sending the caller token itself (what the policy's override adds)."""
+    (ext,) = [f for f in _hcm(cfg)["http_filters"] if f["name"] == FILTER]
+    ext["typed_config"]["grpc_service"]["initial_metadata"] = [{"key": CALLER_TOKEN_METADATA, "value": token}]
+    return cfg
+
+
+async def test_as_ai_gateway_generates_it_the_gateway_reaches_the_picker_and_lacks_only_the_token(secure_fleet):
+    """Its TLS cluster (no verification, no ALPN) completes the handshake; the call is refused for want of the
+    caller token (AI Gateway sends no metadata): FailClose 5xx, no leg ran."""
+    gw, p, d = secure_fleet
     cfg = ai_gateway_shape(gw.epp_port, d.url, gw.caller_token)
     [(status, text)] = await _serve(gw, cfg, [COMPLETION])
     assert status >= 500, text
     assert p.received == [] and d.received == []
-    assert all(_refused(gw, reason) == 0 for reason in caller_auth.REASONS)  # no gRPC call reached it
+    assert _refused(gw, caller_auth.MISSING) >= 1  # the call got through TLS to the caller check
 
 
-async def test_control_without_tls_the_same_shape_reaches_the_picker(fleet):
-    """Control for the test above: its cluster without the TLS socket, the picker gets the call (and refuses
-    it: AI Gateway sends no caller token), so TLS is what kept the gateway out."""
+async def test_as_ai_gateway_generates_it_with_the_token_both_routes_are_served_pd(secure_fleet):
+    gw, p, d = secure_fleet
+    cfg = _with_token(ai_gateway_shape(gw.epp_port, d.url, gw.caller_token), gw.caller_token)
+    (s1, completion), (s2, chat) = await _serve(gw, cfg, [COMPLETION, CHAT])
+    assert (s1, s2) == (200, 200), (completion, chat)
+    assert json.loads(completion)["kv_seen"]["remote_engine_id"] == "p1"  # decode read prefill's KV
+    assert "data: [DONE]" in chat
+    assert len(p.received) == 2 and len(d.received) == 2
+    assert all(_refused(gw, reason) == 0 for reason in caller_auth.REASONS)
+
+
+async def test_control_a_picker_serving_h2c_is_out_of_reach_of_the_generated_shape(fleet):
+    """Negative control (the picker before secure serving): the same shape and token, 5xx, no gRPC call reached it."""
     gw, p, d = fleet
-    cfg = ai_gateway_shape(gw.epp_port, d.url, gw.caller_token)
-    for cluster in cfg["static_resources"]["clusters"]:
-        cluster.pop("transport_socket", None)
+    cfg = _with_token(ai_gateway_shape(gw.epp_port, d.url, gw.caller_token), gw.caller_token)
     [(status, text)] = await _serve(gw, cfg, [COMPLETION])
     assert status >= 500, text
-    assert _refused(gw, caller_auth.MISSING) >= 1
+    assert p.received == [] and d.received == []
+    assert all(_refused(gw, reason) == 0 for reason in caller_auth.REASONS)
 
 
-async def test_with_the_patch_policy_both_routes_are_served_pd(fleet):
-    gw, p, d = fleet
+async def test_with_the_patch_policy_both_routes_are_served_pd(secure_fleet):
+    gw, p, d = secure_fleet
     cfg = patched(ai_gateway_shape(gw.epp_port, d.url, gw.caller_token), gw.epp_port, gw.caller_token)
     (s1, completion), (s2, chat) = await _serve(gw, cfg, [COMPLETION, CHAT])
     assert (s1, s2) == (200, 200), (completion, chat)
@@ -150,8 +181,8 @@ async def test_with_the_patch_policy_both_routes_are_served_pd(fleet):
     assert all(_refused(gw, reason) == 0 for reason in caller_auth.REASONS)
 
 
-async def test_control_the_patch_without_the_token_is_refused(fleet):
-    gw, p, d = fleet
+async def test_control_the_patch_without_the_token_is_refused(secure_fleet):
+    gw, p, d = secure_fleet
     cfg = patched(ai_gateway_shape(gw.epp_port, d.url, gw.caller_token), gw.epp_port, None)
     [(status, text)] = await _serve(gw, cfg, [COMPLETION])
     assert status >= 500, text

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import third_party_crds
-from pdfleet.contract.gateway import CALLER_AUTH_TOKEN, CALLER_TOKEN_METADATA
+from pdfleet.contract.gateway import CALLER_AUTH_TOKEN, CALLER_TOKEN_METADATA, SECURE_SERVING_FLAG
 from pdfleet.contract.routing import GENERATE_ROUTES, PASSTHROUGH_ROUTES
 from pdfleet.operator.api import parse
 from pdfleet.operator.kube.pool_status import CONDITION_TYPE
@@ -156,7 +156,13 @@ def test_the_policy_names_what_the_plan_and_the_gateway_render() -> None:
                        "port_value": service["spec"]["ports"][0]["port"]}
     assert service["spec"]["ports"][0]["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]
     assert cluster_patch["name"] == cluster["name"] == cluster["load_assignment"]["cluster_name"]
-    assert "transport_socket" not in cluster  # h2c, as the picker serves
+    # TLS without verification, as the picker serves it (the plan runs it with --secure-serving) and as AI Gateway's
+    # own cluster speaks it
+    assert SECURE_SERVING_FLAG in one(objs, "Deployment", service["metadata"]["name"])["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    tls_context = cluster["transport_socket"]["typed_config"]
+    assert tls_context["@type"].endswith("tls.v3.UpstreamTlsContext")
+    assert "validation_context" not in tls_context["common_tls_context"]
     (listener,) = gateway["spec"]["listeners"]
     assert route_patch["name"] == f"{gateway['metadata']['namespace']}/{gateway['metadata']['name']}/{listener['name']}"
     assert f"'httproute/{route['metadata']['namespace']}/{route['metadata']['name']}/.*'" in \

@@ -176,8 +176,10 @@ def test_only_allow_from_reaches_the_epps_grpc_port(case, allow, want) -> None:
     rules = policy["spec"]["ingress"]
     grpc_rules = [r for r in rules if r["ports"] == [{"protocol": "TCP", "port": 19002}]]
     assert [r["from"] for r in grpc_rules] == ([want] if want is not None else [])
-    # /health and /metrics: the kubelet's probes and Prometheus, from anywhere; nothing else
-    assert [r for r in rules if r not in grpc_rules] == [{"ports": [{"protocol": "TCP", "port": gw.EPP_METRICS}]}]
+    # /health and /metrics, and grpc.health.v1 alone (plaintext): the kubelet's probes and Prometheus, from
+    # anywhere; nothing else
+    assert [r for r in rules if r not in grpc_rules] == [{"ports": [{"protocol": "TCP", "port": gw.EPP_METRICS},
+                                                                    {"protocol": "TCP", "port": gw.EPP_GRPC_HEALTH}]}]
 
 
 @pytest.mark.parametrize("network_policy, want", [(True, True), (False, False)])

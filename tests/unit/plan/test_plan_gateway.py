@@ -136,8 +136,8 @@ def test_the_picker_runs_with_the_routers_discovery_and_picking() -> None:
     epp = one(objs, "Deployment", "tiny-epp")["spec"]["template"]["spec"]["containers"][0]
     rtr = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]["containers"][0]
     assert epp["command"] == ["pdfleet"] and epp["args"][0] == "epp"
-    flag = epp["args"].index(gw.GRPC_PORT_FLAG)
-    epp_config = parse_argv(epp["args"][1:flag] + epp["args"][flag + 2:])
+    flag = epp["args"].index(gw.GRPC_PORT_FLAG)  # the router's flags, then the EPP's own (test_plan_epp_secure_serving)
+    epp_config = parse_argv(epp["args"][1:flag])
     router_config = parse_argv(rtr["args"][1:])
     assert epp_config.port == gw.EPP_METRICS
     assert epp_config.kubernetes_fleet == "tiny" and epp_config.kubernetes_namespace == "ml"
@@ -147,8 +147,8 @@ def test_the_picker_runs_with_the_routers_discovery_and_picking() -> None:
     # the fleet's uid (only its own Services are trusted) and the engine token, as the router; then the EPP's
     # caller token and pod IP (test_plan_epp_front_door.py)
     assert epp["env"][:len(rtr["env"])] == rtr["env"]
-    probe_port = epp["readinessProbe"]["httpGet"]["port"]
-    assert {p["name"]: p["containerPort"] for p in epp["ports"]}[probe_port] == gw.EPP_METRICS
+    # the probes: gRPC on the plaintext health port (test_plan_epp_secure_serving.py)
+    assert epp["readinessProbe"]["grpc"]["port"] in {p["containerPort"] for p in epp["ports"]}
 
 
 def test_the_pickers_rights_are_the_routers_and_no_wildcards() -> None:
