@@ -159,8 +159,8 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
         router = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "router", *router_cfg.to_argv(),
                                    "--log-level", "WARNING"], stderr=subprocess.DEVNULL)
         epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *epp_cfg.to_argv(),
-                                "--grpc-port", str(grpc_port), "--log-level", "WARNING"], stdout=subprocess.DEVNULL,
-                               env=EPP_ENV)
+                                "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
+                                "--log-level", "WARNING"], stdout=subprocess.DEVNULL, env=EPP_ENV)
         procs += [router, epp]
         async with httpx.AsyncClient(timeout=60) as client:
             for port in (router_cfg.port, epp_cfg.port):
@@ -173,7 +173,7 @@ async def _fakes_run(requests: int, concurrency: int, mdir: str) -> dict:
                         pass
                     await asyncio.sleep(0.2)
         envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0, caller_token=CALLER_TOKEN,
-                             decode_only=base.decode))
+                             decode_only=base.decode, epp_tls=True))  # pdfleet epp serves TLS, as in a cluster
         envoy.start()
         listen = envoy.listener_port()
         procs.append(envoy)
@@ -362,7 +362,8 @@ def main() -> int:
                 prefill_policy=PREFIX_AWARE, decode_policy=PREFIX_AWARE, port=free_port())
             grpc_port = free_port()
             epp = subprocess.Popen([sys.executable, "-m", "pdfleet.operator.cli", "epp", *config.to_argv(),
-                                    "--grpc-port", str(grpc_port), "--log-level", "WARNING"],
+                                    "--grpc-port", str(grpc_port), "--grpc-health-port", str(free_port()),
+                                    "--log-level", "WARNING"],
                                    stdout=subprocess.PIPE, text=True, env=EPP_ENV)
             envoy = None
             try:
@@ -374,7 +375,7 @@ def main() -> int:
                     if health.status_code == 200 and health.json()["prefix_routing"].get("tokenizer"):
                         break
                     time.sleep(0.2)
-                envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0,
+                envoy = Envoy(render(BUFFERED, listen_port=0, epp_port=grpc_port, admin_port=0, epp_tls=True,
                                      caller_token=CALLER_TOKEN, decode_only=config.decode,
                                      message_timeout_s=message_timeout_for(config.prefill_timeout_s,
                                                                            config.prefill_attempts)))
