@@ -128,7 +128,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.health.add_to(self._server)
         await self.health.update()
         self._health_task = asyncio.create_task(self.health.follow())
-        bound = _bind(self._server, host, main.port, tls.server_credentials(tls_pair) if tls_pair else None)
+        bound = _bind(self._server, host, main.port, tls.server_credentials(tls_pair) if main.tls else None)
         await self._server.start()
         for listener in health_only:  # its own server: a port of one server would serve ext_proc as well
             self._health_server = grpc.aio.server(options=SERVER_OPTIONS)
