@@ -18,7 +18,7 @@ SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset"
 # in the response's metadata namespace DESTINATION_METADATA_NAMESPACE (or a response header of that name).
 DESTINATION_SERVED_KEY = "x-gateway-destination-endpoint-served"
 
-# grpc.health.v1 service names the EPP answers on its ext_proc port (GAIE's Endpoint Picker Protocol,
+# grpc.health.v1 service names the EPP answers on its ext_proc port and its health port (GAIE's Endpoint Picker Protocol,
 # "Health Checking", #2514): "" and HEALTH_LIVENESS while the process serves; HEALTH_READINESS and the ext_proc
 # service's own name (Envoy's grpc_health_check service_name) while a revision has ready endpoints.
 HEALTH_LIVENESS = "liveness"

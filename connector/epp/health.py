@@ -1,4 +1,5 @@
-"""grpc.health.v1 on the Endpoint Picker's gRPC port (GAIE's Endpoint Picker Protocol, "Health Checking").
+"""grpc.health.v1 on the Endpoint Picker's gRPC port (GAIE's Endpoint Picker Protocol, "Health Checking"), and alone
+in plaintext on its health port for the kubelet's gRPC probes (tls.listeners; one servicer on both servers).
 
 Liveness ("" and "liveness") is SERVING while the process answers; readiness ("readiness") and the ext_proc
 service's name (what a gateway's gRPC health check asks, e.g. GAIE's test Envoy) are SERVING only while a
