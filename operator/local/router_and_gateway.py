@@ -8,7 +8,7 @@ from typing import Any
 
 from pdfleet.contract.router_config import RouterConfig
 from pdfleet.contract import metrics
-from pdfleet.operator.local.console import StartupFailed, err, say
+from pdfleet.operator.local.console import StartupFailed, err
 
 # How long the router line waits for the router's tokenizer (prefix routing) before it is printed anyway.
 ROUTER_TOKENIZER_WAIT_S = 120.0
@@ -39,8 +39,8 @@ async def wait_for_tokenizer(router_runner: Any) -> None:
             " (prefix routing scores by what the router routed until it is loaded)")
         return
     line = tokenizer_line(prefix.tokenizer_reason)
-    if line is not None:
-        (say if prefix.tokenizer_reason == metrics.TOKENIZER_LOADED else err)(line)
+    if line is not None:  # stderr: stdout carries the router's and the gateway's URL lines only
+        err(line)
 
 
 def tokenizer_line(reason: str | None) -> str | None:
@@ -48,8 +48,8 @@ def tokenizer_line(reason: str | None) -> str | None:
     if reason is None:
         return None
     if reason == metrics.TOKENIZER_LOADED:
-        return "router: prefix routing hashes prompts with the model's tokenizer"
-    return (f"router: prefix routing has no tokenizer ({reason}): it scores by text chunks, not by the engines' "
+        return "prefix routing: the router hashes prompts with the model's tokenizer"
+    return (f"prefix routing: the router has no tokenizer ({reason}): it scores by text chunks, not by the engines' "
             f"blocks (see the router's log; {metrics.ROUTER_TOKENIZER_LOADED} says it too)")
 
 

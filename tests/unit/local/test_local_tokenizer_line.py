@@ -11,9 +11,9 @@ from pdfleet.operator.local.router_and_gateway import start_router, tokenizer_li
 
 @pytest.mark.parametrize("reason,says", [
     (None, None),
-    (metrics.TOKENIZER_LOADED, "router: prefix routing hashes prompts with the model's tokenizer"),
-    (metrics.TOKENIZER_GATED, "router: prefix routing has no tokenizer (Gated)"),
-    (metrics.TOKENIZER_NOT_FOUND, "router: prefix routing has no tokenizer (NotFound)"),
+    (metrics.TOKENIZER_LOADED, "prefix routing: the router hashes prompts with the model's tokenizer"),
+    (metrics.TOKENIZER_GATED, "prefix routing: the router has no tokenizer (Gated)"),
+    (metrics.TOKENIZER_NOT_FOUND, "prefix routing: the router has no tokenizer (NotFound)"),
 ])
 def test_tokenizer_line(reason, says) -> None:
     line = tokenizer_line(reason)
