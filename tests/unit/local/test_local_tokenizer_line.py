@@ -30,4 +30,4 @@ async def test_a_local_router_without_its_tokenizer_says_why(tmp_path, capsys) -
     finally:
         await runner.cleanup()
     err = capsys.readouterr().err
-    assert f"prefix routing has no tokenizer ({metrics.TOKENIZER_NOT_FOUND})" in err, err
+    assert f"prefix routing: the router has no tokenizer ({metrics.TOKENIZER_NOT_FOUND})" in err, err
