@@ -179,10 +179,12 @@ class PromptSets:
     after_restart: list[Req]
     # test_local_two_prefills.py: {policy: (first turns, later turns)}, answered by the same reference server
     prefix_workload: dict[str, tuple[list[Req], list[Req]]] = field(default_factory=dict)
+    # test_local_kv_offload.py: (first turns, second turns) of conversations longer than the fleet's KV memory
+    kv_tier: tuple[list[Req], list[Req]] = field(default_factory=lambda: ([], []))
     all: list[Req] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.all = self.identity + self.concurrent + self.kill + self.after_restart
+        self.all = self.identity + self.concurrent + self.kill + self.after_restart + self.kv_tier[0] + self.kv_tier[1]
         for first, later in self.prefix_workload.values():
             self.all += first + later
 
@@ -226,7 +228,7 @@ def prompt_sets(model_dir: Path) -> PromptSets:
     kill = [completion(f"kill {i}", ids[24000 + 100 * i:24000 + 100 * i + 40 + 7 * i], max_tokens=32)
             for i in range(40)]
     after_restart = [completion("after restart", ids[29000:29300], max_tokens=16)]
-    return PromptSets(identity, concurrent, kill, after_restart, prefix_workload())
+    return PromptSets(identity, concurrent, kill, after_restart, prefix_workload(), kv_tier_workload(model_dir))
 
 
 PREFIX_SYSTEM_PROMPTS = 4
@@ -252,6 +254,32 @@ def prefix_workload() -> dict[str, tuple[list[Req], list[Req]]]:
                 (first if t == 0 else later).append(req)
         out[policy] = (first, later)
     return out
+
+
+KV_TIER_CONVERSATIONS = 4
+KV_TIER_FIRST_TURN_TOKENS = 560  # ~18 blocks of 32: four first turns outgrow a 48-block KV cache
+
+
+def kv_tier_workload(model_dir: Path) -> tuple[list[Req], list[Req]]:
+    """Conversations whose first turns together outgrow the KV memory of test_local_kv_offload.py's engines:
+    a first turn of about KV_TIER_FIRST_TURN_TOKENS tokens each, then a second turn that repeats it and adds a
+    short user message (text prompts: the router hashes them with the model's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from pdfleet.operator.local.tiny_model import build_corpus
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lines = iter(build_corpus(seed=41, sentences=3000))
+    first: list[Req] = []
+    second: list[Req] = []
+    for c in range(KV_TIER_CONVERSATIONS):
+        text = f"Conversation {c}."
+        while len(tok(text).input_ids) < KV_TIER_FIRST_TURN_TOKENS:
+            text += " " + next(lines)
+        more = " ".join(next(lines) for _ in range(3))
+        first.append(completion(f"kv tier c{c} t1", text, max_tokens=8))
+        second.append(completion(f"kv tier c{c} t2", f"{text}\n\nUser: {more}", max_tokens=8))
+    return first, second
 
 
 # --- processes ------------------------------------------------------------------------
@@ -322,7 +350,7 @@ class Fleet:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.next_line(1.0)
-            if line is not None and line.startswith("router: "):
+            if line is not None and line.startswith("router: http"):  # not the tokenizer's "router: ..." line
                 self.router = line[len("router: "):]
                 return self.router
             if line is None and self.proc.poll() is not None:
