@@ -24,6 +24,7 @@ import httpx
 import pytest
 import yaml
 
+from pdfleet.contract.routing import DISAGGREGATION_CONDITIONAL
 from local_fleet import KV_TIER_FIRST_TURN_TOKENS, TINY_CR, Answer, Req, ask_all, local_fleet, metric_sum
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -39,7 +40,7 @@ def offload_cr(workdir: Path) -> Path:
     spec["model"]["maxModelLen"] = 1024  # what 48 blocks can hold whole, with room
     spec["engine"]["extraArgs"] = [*spec["engine"].get("extraArgs", []), "--num-gpu-blocks-override", str(KV_BLOCKS)]
     spec["kvOffload"] = {"cpu": {"capacity": "64Mi"}, "roles": ["decode"]}
-    spec["router"] = {"disaggregation": {"policy": "Conditional", "minRemotePrefillTokens": 128},
+    spec["router"] = {"disaggregation": {"policy": DISAGGREGATION_CONDITIONAL, "minRemotePrefillTokens": 128},
                       "prefixScoring": {"tierWeights": {"GPU": 1.0, "CPU": 1.0, "STORAGE": 0.25}}}
     path = workdir / "kv-offload-cr.yaml"
     path.write_text(yaml.safe_dump(cr))
