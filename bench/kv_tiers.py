@@ -11,13 +11,15 @@ the previous prompt plus a new user message, sent turn by turn across conversati
 then every turn 2, ...), one request at a time, streamed, so that between two turns of a conversation the others
 evict it from the engines' KV memory. Printed per fleet: the turn >= 2 TTFT p50/p90, the engines' cached prompt
 tokens by source over turns >= 2 (vllm:prompt_tokens_cached_by_source) and the prefix hit rate (device + host
-cached tokens over the prompt tokens of turns >= 2), and the ratio of the turn >= 2 TTFT p50s (off / on).
+cached tokens over the prompt tokens of turns >= 2), whether the two fleets' answers are token-identical, and
+the ratio of the turn >= 2 TTFT p50s (off / on).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -84,18 +86,20 @@ def fleet_cr(work: Path, tier: bool, kv_blocks: int, capacity: str, max_model_le
     return path
 
 
-async def ttft(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> float:
+async def ttft(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, list]:
+    """Seconds to the first streamed chunk, and the answer's token ids (greedy: the same with and without the tier)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, "return_token_ids": True}
     started = time.perf_counter()
-    first = None
+    first, ids = None, []
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
-            if first is None and line.startswith("data:") and not line.endswith("[DONE]"):
-                first = time.perf_counter() - started
+            if line.startswith("data:") and not line.endswith("[DONE]"):
+                first = first if first is not None else time.perf_counter() - started
+                ids += [t for c in json.loads(line[5:]).get("choices") or [] for t in c.get("token_ids") or []]
     assert first is not None, "no token streamed"
-    return first
+    return first, ids
 
 
 def counters(urls: list[str]) -> dict[str, float]:
@@ -110,12 +114,15 @@ def counters(urls: list[str]) -> dict[str, float]:
 
 async def replay(router: str, engines: list[str], model: str, convos: list[list[str]], max_tokens: int) -> dict:
     turns: dict[int, list[float]] = {}
+    answers: list[list[int]] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         for t in range(len(convos[0])):
             if t == 1:
                 before = counters(engines)
             for convo in convos:
-                turns.setdefault(t, []).append(await ttft(client, router, model, convo[t], max_tokens))
+                seconds, ids = await ttft(client, router, model, convo[t], max_tokens)
+                turns.setdefault(t, []).append(seconds)
+                answers.append(ids)
                 await asyncio.sleep(0.2)  # the router's index follows the engines' KV events
     after = counters(engines)
     later = sorted(x for t, xs in turns.items() if t >= 1 for x in xs)
@@ -123,7 +130,7 @@ async def replay(router: str, engines: list[str], model: str, convos: list[list[
     return {"turn1_p50_ms": statistics.median(turns[0]) * 1e3, "later_p50_ms": statistics.median(later) * 1e3,
             "later_p90_ms": later[min(len(later) - 1, round(0.9 * (len(later) - 1)))] * 1e3,
             "cached": {s: delta[s] for s in SOURCES}, "hit_rate": (delta["device"] + delta[HOST_SOURCE])
-            / max(1.0, delta["prompt"]), "later_requests": len(later)}
+            / max(1.0, delta["prompt"]), "later_requests": len(later), "answers": answers}
 
 
 def run_fleet(work: Path, cr: Path, model: str, convos: list[list[str]], max_tokens: int) -> dict:
@@ -168,6 +175,8 @@ def main() -> int:
     for name, r in rows.items():
         print(f"{name:6}{r['turn1_p50_ms']:10.1f}ms{r['later_p50_ms']:11.1f}ms{r['later_p90_ms']:11.1f}ms"
               f"{r['hit_rate']:10.2f}  {({k: int(v) for k, v in r['cached'].items()})}")
+    same = sum(a == b for a, b in zip(rows["off"]["answers"], rows["on"]["answers"]))
+    print(f"answers token-identical with and without the tier: {same}/{len(rows['on']['answers'])}")
     ratio = rows["off"]["later_p50_ms"] / rows["on"]["later_p50_ms"]
     print(f"turn >= 2 TTFT p50, off / on: {ratio:.2f}x (goal >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})")
     return 0
