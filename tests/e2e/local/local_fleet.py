@@ -350,7 +350,7 @@ class Fleet:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.next_line(1.0)
-            if line is not None and line.startswith("router: http"):  # not the tokenizer's "router: ..." line
+            if line is not None and line.startswith("router: http"):  # the URL line only
                 self.router = line[len("router: "):]
                 return self.router
             if line is None and self.proc.poll() is not None:
