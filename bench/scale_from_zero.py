@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 
 from local_fleet import MODEL, local_fleet  # noqa: E402
 
-from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_HEADER  # noqa: E402
+from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_HEADER, REMOTE_PREFILL  # noqa: E402
 from pdfleet.operator.local.scale_to_zero import WAKE_LINE  # noqa: E402
 
 CR = REPO / "examples" / "tiny-cpu-scale-to-zero.yaml"
@@ -105,7 +105,7 @@ def main() -> int:
                 ids = [a.get("answered_id") for a in answers]
                 lost = [a for a in answers if a["status"] != 200 or not a["done"]]
                 alone = [a for a in answers if a.get("fallback") or not a.get("disaggregation", "").startswith(
-                    "remote_prefill")]
+                    REMOTE_PREFILL)]
                 duplicated = len(ids) - len(set(ids))
                 ttfts = sorted(a["ttft_s"] for a in answers if a["ttft_s"] is not None)
                 wake = wakes(fleet.stderr())[-1]
