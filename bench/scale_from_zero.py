@@ -81,6 +81,30 @@ def wakes(stderr: str) -> list[dict[str, float]]:
     return out
 
 
+# Where an engine's start goes, from its own log (second resolution): each mark is the first line, after the
+# engine started again, that shows the phase reached.
+PHASES = (("api_server_up", "(APIServer pid="), ("engine_core_up", "Initializing a V1 LLM engine"),
+          ("worker_up", "Starting to load model"), ("model_loaded", "Loading weights took"),
+          ("kv_and_connector_ready", "init engine (profile, create kv cache, warmup model) took"),
+          ("serving", "Starting vLLM server"))
+
+
+def engine_phases(log: str) -> dict[str, float]:
+    """Seconds from the engine's first log line to each phase, for the engine's last start in ``log``."""
+    start = log.rfind("non-default args")
+    segment = log[log.rfind("\n", 0, start) + 1:] if start >= 0 else log
+    stamps: dict[str, float] = {}
+    for name, needle in PHASES:
+        for line in segment.splitlines():
+            if needle in line and " INFO " in line:
+                hms = line.split(" INFO ", 1)[1].split()[1]
+                h, m, sec = (int(x) for x in hms.split(":"))
+                stamps[name] = h * 3600 + m * 60 + sec
+                break
+    base = stamps.get("api_server_up")
+    return {k: v - base for k, v in stamps.items() if base is not None and k != "api_server_up"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=20)
@@ -109,10 +133,12 @@ def main() -> int:
                 duplicated = len(ids) - len(set(ids))
                 ttfts = sorted(a["ttft_s"] for a in answers if a["ttft_s"] is not None)
                 wake = wakes(fleet.stderr())[-1]
+                phases = engine_phases((fleet.run_dir / "prefill-0.log").read_text(errors="replace"))
                 row = {"cycle": cycle, "first_token_s": round(ttfts[0], 2) if ttfts else None,
                        "last_first_token_s": round(ttfts[-1], 2) if ttfts else None, "lost": len(lost),
                        "duplicated": duplicated, "decode_alone": len(alone),
-                       **{k: round(v, 2) for k, v in wake.items()}}
+                       **{k: round(v, 2) for k, v in wake.items()},
+                       "prefill_log_s": phases}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if lost or duplicated or alone:
@@ -124,6 +150,9 @@ def main() -> int:
                "first_request_to_first_token_s_p50": med("first_token_s"),
                **{f"{k}_p50": med(k) for k in ("activation_s", "engine_start_s", "offer_s", "total_s")}}
     print("summary " + json.dumps(summary), flush=True)
+    print("prefill engine, seconds after its API server's first log line (median): " + json.dumps(
+        {name: statistics.median(r["prefill_log_s"][name] for r in rows if name in r["prefill_log_s"])
+         for name, _ in PHASES[1:] if any(name in r["prefill_log_s"] for r in rows)}), flush=True)
     return 1 if problems else 0
 
 
