@@ -4,6 +4,8 @@ its answer bounded (502), numbers read as vLLM reads them (n "4" is a fan-out)."
 
 from __future__ import annotations
 
+import sys
+
 import json
 
 import msgspec
@@ -43,7 +45,12 @@ async def test_negative_control_without_the_bound_the_stream_ends(gw, monkeypatc
     p = await gw.engine("p1", "prefill")
     d = await gw.engine("d1", "decode")
     await gw.start([p], [d])
-    status, _, _ = await post(gw, DEEP)
+    limit = sys.getrecursionlimit()  # CPython's default, as a front end's process has it (a library imported
+    sys.setrecursionlimit(1000)  # earlier in this process may have raised it)
+    try:
+        status, _, _ = await post(gw, DEEP)
+    finally:
+        sys.setrecursionlimit(limit)
     assert status == 500  # RecursionError ends the EPP's stream: Envoy answers for it (FailClose)
 
 
