@@ -75,7 +75,8 @@ def read_request(path: str, headers: Mapping[str, str], raw: bytes, *, forward_h
                  ) -> ServingRequest:
     """The body parsed once, as the engines will read it; raises Refusal (400) for what no engine
     would take. ``path`` must be one of GENERATE_ROUTES."""
-    hdrs = CIMultiDictProxy(CIMultiDict(headers))
+    # the router's are case-insensitive already; the Endpoint Picker's are a plain dict
+    hdrs = headers if isinstance(headers, CIMultiDictProxy) else CIMultiDictProxy(CIMultiDict(headers))
     request_id = upstream_request_id(hdrs.get(REQUEST_ID_HEADER))
     reply = {REQUEST_ID_HEADER.lower(): request_id}
     try:

@@ -35,8 +35,9 @@ def json_decode(raw: bytes) -> Any:
 async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """An engine's answer, or None once it passes ``limit`` bytes (by its Content-Length before reading,
     else while reading: no more than ``limit`` plus one chunk is ever held)."""
-    if resp.content_length is not None and resp.content_length > limit:
-        return None
+    if resp.content_length is not None:
+        # sized within the bound: one read (aiohttp stops at Content-Length); the usual engine answer
+        return None if resp.content_length > limit else await resp.read()
     chunks, size = [], 0
     async for chunk in resp.content.iter_any():
         size += len(chunk)
