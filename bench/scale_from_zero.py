@@ -110,10 +110,11 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--gateway", action="store_true", help="through Envoy and the Endpoint Picker")
+    ap.add_argument("--cr", type=Path, default=CR, help="the fleet (default %(default)s)")
     args = ap.parse_args()
     rows, problems = [], []
     with tempfile.TemporaryDirectory(prefix="pdfleet-stz-") as tmp:
-        with local_fleet(Path(tmp) / "fleet", cr=CR, extra_args=("--gateway",) if args.gateway else ()) as fleet:
+        with local_fleet(Path(tmp) / "fleet", cr=args.cr, extra_args=("--gateway",) if args.gateway else ()) as fleet:
             base = fleet.router
             if args.gateway:
                 while not base.startswith("http") or base == fleet.router:
