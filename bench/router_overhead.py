@@ -308,7 +308,6 @@ def _prefix_workloads(prompt: str, tokenize) -> dict[str, dict]:
 def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dict[str, float]:
     """Median microseconds of each step of one prefixAware choice, in this process."""
     from pdfleet.contract.router_config import RouterConfig
-    from pdfleet.connector.serving.endpoints import pick_least_outstanding
     from pdfleet.connector.serving.metrics import RouterMetrics
     from pdfleet.connector.serving.kvaware.prefix_hash import BlockHasher, HashConfig
     from pdfleet.connector.serving.kvaware.prefix_routing import PrefixRouting, load_tokenizer
@@ -360,7 +359,8 @@ def _in_process_breakdown(model_dir: str, prompt: str, rounds: int = 300) -> dic
         "prefixAware pick, same prompt (token cache hit)": timed(pick("same prompt")),
         "prefixAware pick, shared prefix + new tail": timed(pick("shared prefix")),
         "prefixAware pick, cold prompt": timed(pick("cold")),
-        "leastOutstanding pick": timed(lambda: pick_least_outstanding(("http://a", "http://b"), {})),
+        "leastOutstanding pick": timed(lambda: chain.run(("http://a", "http://b"), PickState({}), prefix_profile.filters,
+                                                         (), None, max_imbalance=0)),
     }
 
 

@@ -115,14 +115,6 @@ def served_url(served: str | None, chosen: str | None, candidates: Iterable[str]
     return chosen
 
 
-def decode_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What decode receives: the client's request, plus prefill's params when prefill succeeded."""
-    out = dict(body)
-    if kv_transfer_params is not None:
-        out["kv_transfer_params"] = dict(kv_transfer_params)
-    return out
-
-
 def response_body_reply(mode: str) -> str:
     """How the EPP answers a response body message under ``response_body_mode`` ``mode``: FULL_DUPLEX_STREAMED
     waits for each chunk back (an empty answer there is "spurious" and fails the stream); STREAMED,

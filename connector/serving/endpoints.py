@@ -29,7 +29,7 @@ without a ready prefill and a ready decode takes nothing: its share goes to the 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pdfleet.contract import kv_params
@@ -111,31 +111,6 @@ def _select_serving(groups: list[RevisionEndpoints]) -> Selection:
         return Selection(newest(candidates), f"serving revision {', '.join(labelled)} has no ready prefill and"
                                              " decode endpoint; newest serviceable")
     return Selection(newest(candidates), "no revision labelled serving; newest serviceable")
-
-
-def pick_least_outstanding(
-    candidates: Sequence[str],
-    outstanding: Mapping[str, int],
-    *,
-    exclude: Collection[str] = (),
-    ejected: Collection[str] = (),
-    tiebreak: int = 0,
-) -> str | None:
-    """Choose the endpoint with the fewest requests in flight.
-
-    ``exclude``: endpoints already tried for this request (never chosen again).
-    ``ejected``: endpoints that failed recently; chosen only when every other
-    candidate is excluded too. ``tiebreak`` rotates among equally loaded
-    endpoints so that an idle fleet still spreads requests.
-    Returns None when every candidate is excluded.
-    """
-    allowed = [c for c in candidates if c not in exclude]
-    if not allowed:
-        return None
-    healthy = [c for c in allowed if c not in ejected] or allowed
-    least = min(outstanding.get(c, 0) for c in healthy)
-    tied = [c for c in healthy if outstanding.get(c, 0) == least]
-    return tied[tiebreak % len(tied)]
 
 
 @dataclass

@@ -116,10 +116,6 @@ def decode_started() -> None:
         admission.decode_started()
 
 
-def current() -> Optional[Admission]:
-    return _current.get()
-
-
 class FlowMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry

@@ -23,11 +23,6 @@ class Admission:
         self._hold = await cm.__aenter__()
         self._cm = cm
 
-    def decode_started(self) -> None:
-        """The request's decode leg starts (the gate counts capacity from decode)."""
-        if self._hold is not None:
-            self._hold.decode_started()
-
     async def leave(self) -> None:
         """The request is over (answered, failed or abandoned): its slot goes to the next."""
         cm, self._cm, self._hold = self._cm, None, None

@@ -67,9 +67,17 @@ def test_within_subset(subset, kept):
 
 
 def test_decode_body_adds_params_without_touching_the_request():
-    body = {"prompt": "x", "max_tokens": 3}
-    assert protocol.decode_body(body, {"a": 1}) == {"prompt": "x", "max_tokens": 3, "kv_transfer_params": {"a": 1}}
-    assert protocol.decode_body(body, None) == body and "kv_transfer_params" not in body
+    """What the Endpoint Picker hands the proxy for decode (the pipeline's decode_body, the router's too)."""
+    from pdfleet.connector.serving.router_state import RouterState
+    from pdfleet.contract.router_config import RouterConfig
+
+    pipeline = RouterState(RouterConfig(prefill=("http://p:1",), decode=("http://d:1",))).pipeline
+    served = pipeline.read("/v1/completions", {}, b'{"prompt": "x", "max_tokens": 3}')
+    body = served.request.body
+    assert pipeline.decode_body(served) == body and "kv_transfer_params" not in body  # prefill failed or skipped
+    served.kv_params = {"a": 1}
+    assert pipeline.decode_body(served) == {"prompt": "x", "max_tokens": 3, "kv_transfer_params": {"a": 1}}
+    assert "kv_transfer_params" not in body
 
 
 @pytest.mark.parametrize("status, verdict", [

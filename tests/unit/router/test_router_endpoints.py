@@ -15,9 +15,11 @@ from pdfleet.connector.serving.endpoints import (
     Outstanding,
     RevisionEndpoints,
     lease_allows_reuse,
-    pick_least_outstanding,
     select_revision,
 )
+from pdfleet.connector.serving.picking import chain
+from pdfleet.connector.serving.picking.chain import PickState
+from pdfleet.connector.serving.picking.profiles import FILTERS
 
 
 def rev(name, created, p_ready=1, p_unready=0, d_ready=1, d_unready=0, serving=False):
@@ -93,9 +95,10 @@ def test_selected_revision_never_mixes_endpoints():
         (("a", "b"), {"a": 0, "b": 9}, (), ("a", "b"), 0, "a"),
     ],
 )
-def test_pick_least_outstanding(candidates, outstanding, exclude, ejected, tiebreak, expected):
-    assert pick_least_outstanding(candidates, outstanding, exclude=exclude, ejected=ejected,
-                                  tiebreak=tiebreak) == expected
+def test_least_outstanding_is_the_chain_without_a_scorer(candidates, outstanding, exclude, ejected, tiebreak,
+                                                          expected):
+    got = chain.run(candidates, PickState(outstanding, exclude, ejected, tiebreak), FILTERS, (), None, max_imbalance=4)
+    assert got.url == expected
 
 
 def test_outstanding_counts_up_and_down():
