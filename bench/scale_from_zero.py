@@ -31,10 +31,10 @@ sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 from local_fleet import MODEL, local_fleet  # noqa: E402
 
 from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_HEADER, REMOTE_PREFILL  # noqa: E402
+from pdfleet.operator.local.scale_to_zero import RETIRED_LINE as AT_ZERO  # noqa: E402
 from pdfleet.operator.local.scale_to_zero import WAKE_LINE  # noqa: E402
 
 CR = REPO / "examples" / "tiny-cpu-scale-to-zero.yaml"
-AT_ZERO = "scaled to zero:"
 
 
 async def one(client: httpx.AsyncClient, base: str, k: int, sent: float) -> dict:

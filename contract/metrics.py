@@ -46,3 +46,5 @@ EPP_DECISION = "pdfleet_epp_decision_seconds"
 # counter, label reason (caller_auth.MISSING | MISMATCH | REPEATED): gRPC calls the Endpoint Picker refused
 # with UNAUTHENTICATED (connector/epp/caller_auth.py); exposed with the suffix _total
 EPP_UNAUTHENTICATED = "pdfleet_epp_unauthenticated"
+# counter, label reason: ext_proc messages the EPP dropped as invalid at that point of a stream
+EPP_DROPPED_MESSAGES = "pdfleet_epp_dropped_messages"

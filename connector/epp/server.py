@@ -32,7 +32,7 @@ from pdfleet.connector.serving.router_state import Discovery, static_groups
 from pdfleet.connector.serving.endpoints import DECODE, PREFILL
 from pdfleet.connector.serving.router_state import RouterState
 from pdfleet.connector.serving.upstream import json_encode
-from pdfleet.contract.metrics import EPP_DECISION
+from pdfleet.contract.metrics import EPP_DECISION, EPP_DROPPED_MESSAGES
 from pdfleet.contract.router_config import RouterConfig
 
 log = logging.getLogger("pdfleet.epp")
@@ -59,7 +59,7 @@ class EppMetrics:
         self.routed = Counter("pdfleet_epp_routed", "Requests the EPP sent on to a decode", registry=registry)
         self.refused = Counter("pdfleet_epp_refused", "Requests the EPP answered itself, by reason", ["reason"],
                                registry=registry)
-        self.dropped = Counter("pdfleet_epp_dropped_messages", "ext_proc messages dropped because they are not "
+        self.dropped = Counter(EPP_DROPPED_MESSAGES, "ext_proc messages dropped because they are not "
                                "valid at that point of a stream (e.g. a second request's headers: one stream is one "
                                "request), by reason", ["reason"], registry=registry)
         self.streams = Counter("pdfleet_epp_streams", "ext_proc streams, by how they ended (done: the proxy "

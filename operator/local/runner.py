@@ -306,12 +306,13 @@ class LocalRunner:
 
     async def _stop_engines(self) -> None:
         from pdfleet.operator.local.processes import stop_groups
+        from pdfleet.operator.local.scale_to_zero import RETIRED_LINE
 
         children, self.children = list(self.children.values()), {}
         await asyncio.to_thread(stop_groups, [c.pgid for c in children], [c.proc for c in children])
         for c in children:
             self.watchdog.forget(c.pgid)
-        err(f"scaled to zero: no request for {self.pair.idle_seconds:g}s; every engine stopped "
+        err(f"{RETIRED_LINE}no request for {self.pair.idle_seconds:g}s; every engine stopped "
             "(the router holds the next request and starts them)")
         self._write_state(healthy=False)
 

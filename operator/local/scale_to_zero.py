@@ -20,7 +20,8 @@ from prometheus_client import generate_latest
 from pdfleet.operator.autoscale import scale_to_zero as stz
 
 DRAIN_TIMEOUT_S = 60.0
-WAKE_LINE = "woke the pair: "  # then the parts of the wake, name=seconds  # the longest a retirement waits for legs in flight before it stops the engines anyway
+WAKE_LINE = "woke the pair: "  # then the parts of the wake, name=seconds
+RETIRED_LINE = "scaled to zero: "  # then why  # the longest a retirement waits for legs in flight before it stops the engines anyway
 
 
 @dataclass

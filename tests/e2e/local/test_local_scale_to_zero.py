@@ -16,6 +16,8 @@ import time
 
 from local_fleet import REPO, ask_all, local_fleet
 
+from pdfleet.operator.local.scale_to_zero import RETIRED_LINE, WAKE_LINE
+
 STZ_CR = REPO / "examples" / "tiny-cpu-scale-to-zero.yaml"
 
 
@@ -45,7 +47,7 @@ def test_the_pair_sleeps_when_idle_and_a_held_burst_wakes_it(tmp_path, prompts, 
             assert line is not None, fleet.stderr()[-3000:]
             if line.startswith("gateway: http"):
                 gateway = line[len("gateway: "):]
-        _wait(fleet, "scaled to zero:", 1)
+        _wait(fleet, RETIRED_LINE, 1)
         pids = [int(p) for p in re.findall(r"^started \S+ \(pid (\d+)\)", fleet.stderr(), re.M)]
         assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "engines still run at zero"
         assert fleet.state()["engines"] == []
@@ -63,4 +65,4 @@ def test_the_pair_sleeps_when_idle_and_a_held_burst_wakes_it(tmp_path, prompts, 
                      if a.status == 200 and a.token_ids != reference[q.label].token_ids]
         problems += [f"{q.label}: answered {a.fallback}" for q, a in zip(order, answers) if a.fallback]
         assert not problems, problems
-        assert fleet.stderr().count("woke the pair") == 1  # one wake for both front ends' held requests
+        assert fleet.stderr().count(WAKE_LINE) == 1  # one wake for both front ends' held requests

@@ -21,7 +21,7 @@ from pdfleet.connector.epp.envoy_config import render
 from pdfleet.connector.epp.envoy_process import Envoy
 from pdfleet.contract.env import ENGINE_API_KEY
 from pdfleet.contract.gateway import CALLER_TOKEN_METADATA
-from pdfleet.contract.metrics import EPP_UNAUTHENTICATED
+from pdfleet.contract.metrics import EPP_DROPPED_MESSAGES, EPP_UNAUTHENTICATED
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -215,6 +215,6 @@ async def test_a_key_holder_repeating_headers_on_one_stream_decides_once_and_lea
         await asyncio.sleep(0.02)
     assert replies == 1
     assert picker.outstanding.counts == {}
-    dropped = gw.epp.router.metrics.registry.get_sample_value("pdfleet_epp_dropped_messages_total",
+    dropped = gw.epp.router.metrics.registry.get_sample_value(f"{EPP_DROPPED_MESSAGES}_total",
                                                               {"reason": "repeated_request_headers"})
     assert dropped == 999
