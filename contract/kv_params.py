@@ -633,3 +633,150 @@ def own_lease_to_release(params: Any, *, engine_id: str, verify: Verify | None) 
             raise InvalidTransferParams(REMOTE_BLOCK_IDS, "must be the list this prefill returned")
         verify(params)
     return request_id
+
+
+# -- decode's KV reused by the next turn's prefill (issue 40, part 3) ----------------------------
+# Request keys, not produced ones (no version change). The router marks a P/D decode leg with
+# ``HOLD_FOR_NEXT_TURN`` (unsigned: it only asks); a decode that is also a KV producer (kv_both) then
+# holds the finished request's full blocks, prompt and generated tokens, under a lease like a prefill
+# hold and returns ``produce`` params plus ``REUSE_BLOCK_HASHES`` (vLLM's prefix-caching hash of each
+# held block, hex) signed a second time with ``REUSE_SIG_KEY``. The router hands them, under
+# ``REUSE_KEY``, to the prefill of the conversation's next turn, with ``REUSE_MIN_TOKENS``; the prefill
+# pulls the longest prefix of held blocks whose hashes match its own prompt's (``parse_reuse``).
+HOLD_FOR_NEXT_TURN = "pdfleet_hold_for_next_turn"
+REUSE_KEY = "pdfleet_reuse"
+REUSE_MIN_TOKENS = "pdfleet_reuse_min_tokens"
+REUSE_BLOCK_HASHES = "pdfleet_block_hashes"
+REUSE_SIG_KEY = "pdfleet_reuse_signature"
+# What the reuse signature covers: everything the v3 signature does, and the block hashes.
+SIGNED_REUSE_FIELDS = SIGNED_FIELDS_V3 + (REUSE_BLOCK_HASHES,)
+# A block hash is a digest: vLLM's are 32 bytes (sha256, sha256_cbor) or 8/16 (xxhash); at most 64.
+max_block_hash_bytes = 64
+# A reuse offer names at most this many blocks (a decode's whole turn; more is refused unread).
+max_reuse_blocks = 65536
+_BLOCK_HASH = re.compile(r"^(?:[0-9a-f]{2}){1,64}$")
+
+
+def wants_hold_for_next_turn(params: Any) -> bool:
+    """True when the router asks a decode to keep the finished request's blocks for the next turn
+    (lenient: anything but ``true`` is no)."""
+    return isinstance(params, Mapping) and params.get(HOLD_FOR_NEXT_TURN) is True
+
+
+def hold_for_next_turn(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Decode's kv_transfer_params with the router's ask to hold the turn's blocks (unsigned key)."""
+    return dict(params) | {HOLD_FOR_NEXT_TURN: True}
+
+
+def with_block_hashes(params: Mapping[str, Any], block_hashes: list[bytes]) -> dict[str, Any]:
+    """Decode's produced params for a hold kept for the next turn: the hash of each held block, hex."""
+    return dict(params) | {REUSE_BLOCK_HASHES: [bytes(h).hex() for h in block_hashes]}
+
+
+def reuse_offer(params: Any) -> bool:
+    """Lenient, for the router: whether a decode's answer params offer its blocks to the next turn."""
+    return (isinstance(params, Mapping) and params.get(DO_REMOTE_PREFILL) is True
+            and isinstance(params.get(REUSE_BLOCK_HASHES), list))
+
+
+def reuse_offer_tokens(params: Any, block_size: int) -> int:
+    """Lenient, for the router: tokens a reuse offer holds (full blocks x block size; 0 if unusable)."""
+    if not reuse_offer(params) or block_size <= 0:
+        return 0
+    return len(params[REUSE_BLOCK_HASHES]) * block_size
+
+
+def reuse_request(offer: Mapping[str, Any], min_tokens: int) -> dict[str, Any]:
+    """The keys the router adds to the next turn's prefill request beside ``do_remote_decode``."""
+    return {REUSE_KEY: dict(offer), REUSE_MIN_TOKENS: int(min_tokens)}
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """A validated reuse offer on a prefill request: where the held blocks are (``remote``, read like a
+    remote prefill's), the hash of each held block, and the router's threshold."""
+
+    remote: RemotePrefill
+    block_hashes: tuple[bytes, ...]
+    min_tokens: int
+
+
+def has_reuse(params: Any) -> bool:
+    return isinstance(params, Mapping) and params.get(REUSE_KEY) is not None
+
+
+def _block_hashes(params: Mapping[str, Any], count: int) -> tuple[bytes, ...]:
+    raw = params.get(REUSE_BLOCK_HASHES)
+    if not isinstance(raw, (list, tuple)):
+        raise InvalidTransferParams(REUSE_BLOCK_HASHES, f"must be a list of hex strings, got {type(raw).__name__}")
+    if len(raw) != count:  # before looking at any element
+        raise InvalidTransferParams(REUSE_BLOCK_HASHES, f"has {len(raw)} hashes for {count} held blocks;"
+                                                        " exactly one per block is required")
+    out = []
+    for pos, value in enumerate(raw):
+        if not isinstance(value, str) or not _BLOCK_HASH.match(value):
+            raise InvalidTransferParams(f"{REUSE_BLOCK_HASHES}[{pos}]", f"must be 2 to {2 * max_block_hash_bytes}"
+                                                                       f" lowercase hex characters, got {_short(value)}")
+        out.append(bytes.fromhex(value))
+    return tuple(out)
+
+
+def parse_reuse(
+    params: Any,
+    *,
+    local_tp_size: int,
+    verify: Verify | None = None,
+    verify_reuse: Verify | None = None,
+    accepted_at: float | None = None,
+) -> Reuse:
+    """Validate the reuse offer a prefill request carries (``REUSE_KEY``); raise ``InvalidTransferParams``
+    naming the field. The offer is a decode's produced params of this version (1.4: a lease id, a lease
+    duration) plus one block hash per held block; with ``verify`` / ``verify_reuse`` (a fleet key) both
+    signatures must hold, so that a client can neither point a prefill at a host of its choosing nor
+    swap which tokens the blocks are said to hold."""
+    params = _root(params)
+    offer = params.get(REUSE_KEY)
+    if not isinstance(offer, Mapping):
+        raise InvalidTransferParams(REUSE_KEY, f"must be a JSON object (a decode's offer), got {type(offer).__name__}")
+    min_tokens = _int(params, REUSE_MIN_TOKENS, 0, 2**31 - 1, default=0)
+    if not _flag(offer, DO_REMOTE_PREFILL) or _flag(offer, DO_REMOTE_DECODE):
+        raise InvalidTransferParams(f"{REUSE_KEY}.{DO_REMOTE_PREFILL}", "must be true (and do_remote_decode false)")
+    if _version(offer) < LEASE_ID_SINCE:
+        raise InvalidTransferParams(f"{REUSE_KEY}.{VERSION_KEY}", f"must be {version_string(LEASE_ID_SINCE)} or"
+                                                                  " newer (decodes that offer blocks write it)")
+    try:
+        engine_id = _str(offer, REMOTE_ENGINE_ID)
+        request_id = _str(offer, REMOTE_REQUEST_ID)
+        host = _host(offer)
+        port = _int(offer, REMOTE_PORT, 1, 65535)
+        tp_size = _int(offer, TP_SIZE, 1, 1024, default=1)
+        if local_tp_size % tp_size != 0:
+            raise InvalidTransferParams(TP_SIZE, f"the decode's tp_size {tp_size} must divide this prefill's"
+                                                 f" tp_size {local_tp_size}")
+        hosts = _hosts(offer, tp_size)
+        instance_id = _str(offer, REMOTE_INSTANCE_ID, required=False)
+        if instance_id is not None and len(instance_id.split(",")) != tp_size:
+            raise InvalidTransferParams(REMOTE_INSTANCE_ID, f"must list one instance id per rank ({tp_size})")
+        block_ids = _block_ids(offer, max_reuse_blocks)
+        hashes = _block_hashes(offer, len(block_ids))
+        lease_id = _lease_id(offer)
+        seconds = _lease_seconds(offer)
+        if verify is not None:
+            verify(offer)
+        if verify_reuse is not None:
+            verify_reuse(offer)
+    except InvalidTransferParams as exc:  # name the field under the offer
+        raise InvalidTransferParams(f"{REUSE_KEY}.{exc.field}", exc.problem) from None
+    assert engine_id is not None and request_id is not None
+    remote = RemotePrefill(
+        remote_engine_id=engine_id, remote_request_id=request_id, remote_host=host, remote_port=port,
+        remote_block_ids=block_ids, tp_size=tp_size, remote_instance_id=instance_id, remote_hosts=hosts,
+        remote_lease_seconds=seconds, remote_lease_id=lease_id,
+        lease_deadline=None if seconds is None or accepted_at is None else accepted_at + seconds)
+    return Reuse(remote, hashes, min_tokens)
+
+
+def reuse_release_target(params: Any, verify: Verify | None) -> tuple[str, int, int, str, tuple[str, ...]] | None:
+    """Where to send the release of a refused or unused reuse offer (``release_target`` on the offer)."""
+    offer = params.get(REUSE_KEY) if isinstance(params, Mapping) else None
+    return release_target(offer, verify)

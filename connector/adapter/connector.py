@@ -111,6 +111,7 @@ class PdfleetConnector(KVConnectorBase_V1):
                 is_consumer=is_consumer,
                 node_hosts=node_hosts(os.environ, getattr(vllm_config.parallel_config, "nnodes", 1),
                                       self._cfg.side_channel_host) if is_producer else (),
+                num_blocks=int(getattr(kv_cache_config, "num_blocks", 0) or 0),
             )
         else:
             from pdfleet.connector.adapter.worker import WorkerSide
@@ -144,6 +145,10 @@ class PdfleetConnector(KVConnectorBase_V1):
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        if self._scheduler is not None and connector_output.finished_sending:
+            self._scheduler.sent(connector_output.finished_sending)
 
     def get_loaded_kv_cache_group_ids(self, request: "Request") -> tuple[int, ...]:
         return tuple(range(len(self._kv_cache_config.kv_cache_groups)))

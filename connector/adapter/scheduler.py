@@ -23,24 +23,32 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from pdfleet.connector.adapter.config import AdapterConfig, key_ring
 from pdfleet.connector.transfer.bounds import DropLog
-from pdfleet.connector.adapter.signed_params import sign_params, verifier
+from pdfleet.connector.adapter.signed_params import reuse_verifier, sign_params, sign_reuse, verifier
+from pdfleet.connector.adapter.turn_reuse import hold_budget, holds_to_release, matched_blocks, tokens_to_pull
 from pdfleet.contract.kv_params import (
     DO_REMOTE_PREFILL,
     RELEASE_KEY,
+    REUSE_KEY,
+    REUSE_SIG_KEY,
     SIG_KEY,
     InvalidTransferParams,
     RemotePrefill,
     error_params,
     lease_id_of,
     num_tokens_to_pull,
+    has_reuse,
     own_lease_to_release,
     parse_remote_prefill,
+    parse_reuse,
     produce,
     release_reply,
     release_target,
+    reuse_release_target,
+    wants_hold_for_next_turn,
     wants_release,
     wants_remote_decode,
     wants_remote_prefill,
+    with_block_hashes,
 )
 
 __all__ = ["KeepAlive", "PullSpec", "PdfleetConnectorMetadata", "SchedulerSide"]
@@ -109,6 +117,7 @@ class SchedulerSide:
         is_producer: bool,
         is_consumer: bool,
         node_hosts: tuple[str, ...] = (),
+        num_blocks: int = 0,
     ) -> None:
         self.cfg = cfg
         self.node_hosts = node_hosts  # a prefill over several pods: each node's side-channel host
@@ -135,7 +144,13 @@ class SchedulerSide:
         # The fleet key: prefill signs the params it returns, decode accepts only signed ones.
         self._ring = key_ring(cfg)
         self._verify = verifier(self._ring)
+        self._verify_reuse = reuse_verifier(self._ring)
         self._drops = DropLog(10.0)
+        # Issue 40: a kv_both decode's holds for conversations' next turns, oldest first: request id ->
+        # (blocks, lease id); bounded to a share of its KV blocks (turn_reuse.py).
+        self._reuse_holds: dict[str, tuple[int, bytes]] = {}
+        self._reuse_budget = hold_budget(num_blocks)
+        self._reuse_refused: set[str] = set()  # prefill requests whose reuse offer was refused or unused
 
     # -- decode ---------------------------------------------------------------
     def _reject(self, request_id: str, exc: Exception, params: Any = None) -> None:
@@ -235,13 +250,42 @@ class SchedulerSide:
             return 0, False
         remote = self._parse(request)
         if remote is None:
-            return 0, False
+            return self._reuse_tokens(request, num_computed_tokens)
         count = num_tokens_to_pull(request.num_prompt_tokens, self.block_size) - num_computed_tokens
         # Remember where the local prefix ends; vLLM hands us block-aligned counts.
         self._waiting[rid] = _Waiting(remote, num_computed_tokens)
         if count <= 0:
             return 0, False
         return count, True
+
+    def _reuse_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        """A prefill request carrying a decode's reuse offer (issue 40): the tokens to load from it."""
+        rid = request.request_id
+        params = request.kv_transfer_params
+        if not self.is_consumer or rid in self._reuse_refused or not has_reuse(params):
+            return 0, False
+        try:
+            reuse = parse_reuse(params, local_tp_size=self.tp_size, verify=self._verify,
+                                verify_reuse=self._verify_reuse, accepted_at=time.monotonic())
+        except InvalidTransferParams as exc:
+            self._reuse_refused.add(rid)
+            self._rejected_since_meta += 1
+            held = self._drops.note(exc.field, time.monotonic())
+            if held is not None:
+                log.warning("request %s: reuse offer refused, computing the history: %s", rid, exc)
+            target = reuse_release_target(params, self._verify)
+            if target is not None:  # a fleet decode holds these blocks: free them now
+                host, port, tp, remote_id, hosts = target
+                lease_id = lease_id_of(params[REUSE_KEY])
+                self._refused_releases.append(KeepAlive(host, port, tp, (remote_id,), hosts,
+                                                        (lease_id,) if lease_id else ()))
+            return 0, False
+        matched = matched_blocks(reuse.block_hashes, list(getattr(request, "block_hashes", ()) or ()))
+        count = tokens_to_pull(matched, block_size=self.block_size, num_prompt_tokens=request.num_prompt_tokens,
+                               num_computed_tokens=num_computed_tokens, min_tokens=reuse.min_tokens)
+        # Below the threshold too: update_state_after_alloc then releases the decode's hold at once.
+        self._waiting[rid] = _Waiting(reuse.remote, num_computed_tokens)
+        return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
@@ -292,6 +336,7 @@ class SchedulerSide:
             # Finished (aborted) before its pull was decided: this decode never reads it.
             self._releases.append(queued or waiting.remote)
         self._handled.discard(rid)
+        self._reuse_refused.discard(rid)
         release = self._release_replies.pop(rid, None)
         if release is not None:
             return False, release
@@ -302,7 +347,11 @@ class SchedulerSide:
             remote_decode = wants_remote_decode(request.kv_transfer_params)
         except InvalidTransferParams as exc:
             return False, error_params(str(exc))
-        if not remote_decode or not self.is_producer:
+        if not self.is_producer:
+            return False, None
+        if not remote_decode:
+            if wants_hold_for_next_turn(request.kv_transfer_params):
+                return self._hold_for_next_turn(request, block_ids)
             return False, None
         from vllm.v1.request import RequestStatus
 
@@ -312,6 +361,40 @@ class SchedulerSide:
         ids = tuple(int(b) for b in block_ids[:computed_blocks])
         if not ids:
             return False, None
+        return True, self._hold(rid, ids, request.num_computed_tokens)
+
+    def _hold_for_next_turn(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Decode (kv_both), asked by the router: hold the turn's full computed blocks, prompt and generated
+        tokens, for the conversation's next prefill; the params carry each block's hash (issue 40)."""
+        from vllm.v1.request import RequestStatus
+
+        if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED):
+            return False, None
+        hashes = list(getattr(request, "block_hashes", ()) or ())
+        n = min(request.num_computed_tokens // self.block_size, len(hashes), len(block_ids))
+        if n <= 0 or n > self._reuse_budget:
+            return False, None
+        rid = request.request_id
+        params = self._hold(rid, tuple(int(b) for b in block_ids[:n]), n * self.block_size, hashes[:n])
+        self._reuse_holds[rid] = (n, self._hold_leases[rid])
+        # Over the share: the oldest holds go first (their blocks return to the cache).
+        for old in holds_to_release([(r, b) for r, (b, _) in self._reuse_holds.items()], self._reuse_budget):
+            _, lease_id = self._reuse_holds.pop(old)
+            self._local_releases.append(old)
+            self._local_release_leases[old] = lease_id
+        return True, params
+
+    def sent(self, request_ids: Iterable[str]) -> None:
+        """Holds that ended (read, released or expired; vLLM's finished_sending): no longer counted."""
+        for rid in request_ids:
+            self._reuse_holds.pop(rid, None)
+
+    @property
+    def reuse_holds(self) -> int:
+        return len(self._reuse_holds)
+
+    def _hold(self, rid: str, ids: tuple[int, ...], num_tokens: int,
+              block_hashes: list[bytes] | None = None) -> dict[str, Any]:
         self._holds[rid] = ids
         instance = None
         if self.instance_ids and set(self.instance_ids) == set(range(self.tp_size)):
@@ -325,13 +408,17 @@ class SchedulerSide:
             tp_size=self.tp_size,
             instance_id=instance,
             lease_seconds=self.cfg.settings.lease_seconds,
-            num_tokens=request.num_computed_tokens,
+            num_tokens=num_tokens,
             hosts=self.node_hosts,
         )
+        if block_hashes is not None:
+            params = with_block_hashes(params, block_hashes)
         # A fresh random lease id (params 1.4): the same goes to every worker's hold.
         lease_id = lease_id_of(params)
         assert lease_id is not None
         self._hold_leases[rid] = lease_id
         if self._ring is not None:
             params[SIG_KEY] = sign_params(params, self._ring.current)
-        return True, params
+            if block_hashes is not None:
+                params[REUSE_SIG_KEY] = sign_reuse(params, self._ring.current)
+        return params

@@ -25,7 +25,7 @@ from pdfleet.connector.transfer import auth
 from pdfleet.contract import kv_params as K
 from pdfleet.contract.kv_params import InvalidTransferParams, Verify
 
-__all__ = ["sign_params", "verify_params", "verifier"]
+__all__ = ["sign_params", "sign_reuse", "verify_params", "verify_reuse", "verifier", "reuse_verifier"]
 
 # Signature version -> (HMAC domain, fields). A prefill signs with _SIG_VERSION.
 _SIG_SCHEMES = {
@@ -36,6 +36,10 @@ _SIG_SCHEMES = {
 # The newest params version each signature may cover: an older scheme leaves newer keys unsigned.
 _SIG_COVERS = {"v1": (1, 2), "v2": (1, 3), "v3": K.VERSION}
 _SIG_VERSION = "v3"
+# A decode's reuse offer (issue 40): a second signature, under its own key and domain, over the v3 fields
+# and the held blocks' hashes; the v3 one stays as it is, so the offer's lease releases like any other.
+_REUSE_VERSION = "r1"
+_REUSE_SCHEME = (b"pdfleet-kv-reuse-offer-v1", K.SIGNED_REUSE_FIELDS)
 # Numbers a JSON encoder may write as integers (30.0 as 30): signed as floats.
 _FLOAT_FIELDS = (K.REMOTE_LEASE_EXPIRY, K.REMOTE_LEASE_SECONDS)
 
@@ -43,7 +47,7 @@ _FLOAT_FIELDS = (K.REMOTE_LEASE_EXPIRY, K.REMOTE_LEASE_SECONDS)
 def _canonical(params: Mapping[str, Any], version: str = _SIG_VERSION) -> bytes:
     """The signed bytes of signature ``version``: its fields in a fixed order, numbers normalised as
     JSON would carry them."""
-    domain, fields = _SIG_SCHEMES[version]
+    domain, fields = _SIG_SCHEMES[version] if version != _REUSE_VERSION else _REUSE_SCHEME
     values = []
     try:
         for key in fields:
@@ -98,3 +102,31 @@ def verifier(ring: Optional[auth.KeyRing]) -> Verify | None:
     """The contract's ``verify`` for this engine: the signature check under ``ring``; None without a
     fleet key (then the contract's readers check no signature)."""
     return None if ring is None else functools.partial(verify_params, ring=ring)
+
+
+def sign_reuse(params: Mapping[str, Any], key: bytes) -> str:
+    """The ``pdfleet_reuse_signature`` value of a decode's reuse offer."""
+    mac = hmac.new(key, _canonical(params, _REUSE_VERSION), hashlib.sha256).hexdigest()
+    return f"{_REUSE_VERSION}.{auth.key_id(key).hex()}.{mac}"
+
+
+def verify_reuse(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
+    """Raise ``InvalidTransferParams`` (field ``pdfleet_reuse_signature``) unless a key of ``ring`` signed
+    the offer's block hashes with the rest of it."""
+    value = params.get(K.REUSE_SIG_KEY)
+    parts = value.split(".") if isinstance(value, str) and len(value) <= 200 else []
+    if len(parts) != 3 or parts[0] != _REUSE_VERSION:
+        raise InvalidTransferParams(K.REUSE_SIG_KEY, f"is required: '{_REUSE_VERSION}.<key id>.<hmac>' (hex)")
+    try:
+        kid, mac = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
+    except ValueError:
+        raise InvalidTransferParams(K.REUSE_SIG_KEY, "key id and hmac must be hex") from None
+    key = ring.lookup(kid)
+    if key is None:
+        raise InvalidTransferParams(K.REUSE_SIG_KEY, "signed with a key this engine does not accept")
+    if not hmac.compare_digest(hmac.new(key, _canonical(params, _REUSE_VERSION), hashlib.sha256).digest(), mac):
+        raise InvalidTransferParams(K.REUSE_SIG_KEY, "does not match the offer (changed after the decode signed it)")
+
+
+def reuse_verifier(ring: Optional[auth.KeyRing]) -> Verify | None:
+    return None if ring is None else functools.partial(verify_reuse, ring=ring)
