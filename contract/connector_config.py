@@ -39,6 +39,7 @@ from pdfleet.contract import kv_offload
 CONNECTOR_CLASS = "PdfleetConnector"
 CONNECTOR_MODULE = "pdfleet.connector"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+KV_BOTH = "kv_both"  # spec.kvTransfer.decodeReuse: each role both holds and pulls (issue 40)
 
 LEASE_SECONDS = "lease_seconds"
 BACKENDS = "backends"

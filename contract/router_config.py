@@ -33,6 +33,10 @@ from pdfleet.contract.routing import (
 )
 
 
+# decode_reuse_min_tokens of a router that never asks decodes to hold a turn's KV (the default)
+DECODE_REUSE_OFF = -1
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Settings of one router process."""
@@ -91,6 +95,9 @@ class RouterConfig:
     disaggregation_policy: str = DISAGGREGATION_ALWAYS
     min_remote_prefill_tokens: int = 128  # Conditional: fewer uncached prompt tokens are computed on decode
     prefill_busy_in_flight: int = 4  # Conditional: prefills this loaded (and decode less) -> decode alone
+    # spec.kvTransfer.decodeReuse (issue 40; serving/turn_reuse.py): the next turn's prefill pulls what the last
+    # turn left on its decode when at least this many tokens are reusable; DECODE_REUSE_OFF: off
+    decode_reuse_min_tokens: int = DECODE_REUSE_OFF
 
     # spec.router.flowControl (flow/): disabled, no gate and no queue; rendered as one --flow-control JSON
     flow_control: FlowControlConfig = field(default_factory=FlowControlConfig)
@@ -105,6 +112,10 @@ class RouterConfig:
     forward_headers: tuple[str, ...] = field(
         default=("authorization", "traceparent", "tracestate", "baggage")
     )
+
+    @property
+    def decode_reuse(self) -> bool:
+        return self.decode_reuse_min_tokens != DECODE_REUSE_OFF
 
     def max_request_seconds(self) -> float:
         """The longest a request admitted now may keep an upstream busy: both legs' connects, the whole
@@ -147,6 +158,9 @@ class RouterConfig:
                             f"got {self.disaggregation_policy!r}")
         if not 0 <= self.min_remote_prefill_tokens <= 1_000_000:
             problems.append(f"min_remote_prefill_tokens: must be 0..1000000, got {self.min_remote_prefill_tokens}")
+        if not DECODE_REUSE_OFF <= self.decode_reuse_min_tokens <= 1_000_000:
+            problems.append(f"decode_reuse_min_tokens: must be {DECODE_REUSE_OFF} (off) or 0..1000000, got "
+                            f"{self.decode_reuse_min_tokens}")
         if not 1 <= self.prefill_busy_in_flight <= 100_000:
             problems.append(f"prefill_busy_in_flight: must be 1..100000, got {self.prefill_busy_in_flight}")
         problems += [f"prefix_tier_weights: {p}" for p in kv_tiers.check(dict(self.prefix_tier_weights))]
@@ -217,6 +231,8 @@ _LIMITS = (
                                   "maxWaiting); 0: the waiting room off, 503 at once"),
     ("scale_to_zero_activation_timeout_s", "how long a request is held for a pair (activationTimeoutSeconds)"),
     ("scale_to_zero_max_waiting_bytes", "request body bytes held at once in the waiting room"),
+    ("decode_reuse_min_tokens", "the next turn's prefill pulls what the last turn left on its decode when at least "
+                                f"this many tokens are reusable (spec.kvTransfer.decodeReuse); {DECODE_REUSE_OFF}: off"),
 )
 _ORDER = ("host", "port", "kubernetes_fleet", "kubernetes_fleet_uid", "kubernetes_namespace", "kubeconfig",
           "port_name", "prefill", "decode", "prefill_policy", "decode_policy", "kv_events", "tokenizer", "block_size",

@@ -178,6 +178,19 @@ class EngineSpec(Model):
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment of both roles' engine containers.")
 
 
+class DecodeReuseSpec(Model):
+    """Decode's KV reused by the next turn's prefill (issue 40): a P/D turn's decode keeps its blocks, prompt and
+    generated tokens, under a lease, and the conversation's next turn's prefill pulls the ones its prompt starts
+    with instead of recomputing them. Both roles' engines then run pdfleet's connector as kv_both."""
+
+    enabled: bool = Field(default=False, description="Hold each P/D turn's KV on its decode for the next turn.")
+    min_reusable_tokens: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        default=256,
+        description="Fewest tokens the next turn's prefill must be able to pull from the decode (past what it has "
+        "cached itself); below, it recomputes them and the decode's hold is released at once.",
+    )
+
+
 class KVTransferSpec(Model):
     backends: Annotated[
         list[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]*$")]], Field(min_length=1, max_length=8)
@@ -205,6 +218,13 @@ class KVTransferSpec(Model):
         default=None,
         description="Threads with which decode posts one KV read's descriptors at once, each with its own UCX worker"
         f" (on a GPU, its own CUDA stream). Unset: {GPU_NIXL_THREADS} with bufferDevice cuda, 0 with cpu.",
+    )
+    decode_reuse: DecodeReuseSpec = Field(
+        default_factory=DecodeReuseSpec,
+        description="Decode's KV reused by the next turn's prefill (off by default): a turn's decode holds its blocks"
+        " for the conversation's next turn (the router keys conversations as for a canary: x-session-id, "
+        "prompt_cache_key, user, else the first turn), held under the lease (leaseSeconds) and at most half the "
+        "decode's KV blocks, oldest released first. Non-streamed answers only.",
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from pdfleet.contract import env as env_names
 from pdfleet.contract import ports
 from pdfleet.contract.connector_config import (
-    CONNECTOR_CLASS, CONNECTOR_MODULE, KV_ROLES, ConnectorExtraConfig, nixl_threads_for,
+    CONNECTOR_CLASS, CONNECTOR_MODULE, KV_BOTH, KV_ROLES, ConnectorExtraConfig, nixl_threads_for,
 )
 from pdfleet.contract.routing import DEFAULT_HASH_SEED, PREFIX_HASH_ALGO
 from pdfleet.operator.api.rules import UCX_TCP_PORT_RANGE_VAR, parse_port_range  # noqa: F401
@@ -62,7 +62,8 @@ def kv_transfer_config(
     return offload.with_offload(spec, role, {
         "kv_connector": CONNECTOR_CLASS,
         "kv_connector_module_path": CONNECTOR_MODULE,
-        "kv_role": KV_ROLES[role],
+        # decodeReuse: decode also holds (for the next turn), prefill also pulls (from the last turn's decode)
+        "kv_role": KV_BOTH if kv.decode_reuse.enabled else KV_ROLES[role],
         "kv_buffer_device": kv.buffer_device,
         "kv_load_failure_policy": kv.load_failure_policy,
         "kv_connector_extra_config": extra,

@@ -8,7 +8,7 @@ from pdfleet.contract import env as env_names
 from pdfleet.contract.flow_control import FlowControlConfig, Priority
 from pdfleet.contract.kv_tiers import MEDIUM_CPU, MEDIUM_GPU, MEDIUM_STORAGE
 from pdfleet.contract.ports import HTTP_NAME
-from pdfleet.contract.router_config import RouterConfig
+from pdfleet.contract.router_config import DECODE_REUSE_OFF, RouterConfig
 from pdfleet.operator.api.types import DisaggregatedInferenceSpec
 from pdfleet.operator.plan import drain, naming
 from pdfleet.operator.plan.engine import hash_seed, model_path
@@ -50,8 +50,10 @@ def router_config(ctx: Context, spec: DisaggregatedInferenceSpec) -> RouterConfi
 def disaggregation_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:
     """spec.router.disaggregation as RouterConfig's fields."""
     d = spec.router.disaggregation
+    reuse = spec.kv_transfer.decode_reuse  # how a P/D turn's decode leg and the next prefill leg go
     return {"disaggregation_policy": d.policy, "min_remote_prefill_tokens": d.min_remote_prefill_tokens,
-            "prefill_busy_in_flight": d.prefill_busy_in_flight}
+            "prefill_busy_in_flight": d.prefill_busy_in_flight,
+            "decode_reuse_min_tokens": reuse.min_reusable_tokens if reuse.enabled else DECODE_REUSE_OFF}
 
 
 def prefix_scoring_fields(spec: DisaggregatedInferenceSpec) -> dict[str, Any]:

@@ -54,7 +54,7 @@ VARIANTS = {
     "prompt_cache_max_bytes": 4096, "disaggregation_policy": "Conditional", "min_remote_prefill_tokens": 512,
     "prefill_busy_in_flight": 2, "prefix_tier_weights": (("GPU", 1.0), ("CPU", 0.5), ("STORAGE", 0.0)), "kubernetes_fleet_uid": "0d7c-uid", "kv_events_max_total_bytes": 64 * 2**20,
     "scale_to_zero_max_waiting": 100, "scale_to_zero_activation_timeout_s": 30.0,
-    "scale_to_zero_max_waiting_bytes": 2**20,
+    "scale_to_zero_max_waiting_bytes": 2**20, "decode_reuse_min_tokens": 256,
     "flow_control": FlowControlConfig(enabled=True, max_queued=5, priorities=(Priority("hi", 4), Priority("lo", 1))),
 }
 STATIC = RouterConfig(prefill=("http://p:1",), decode=("http://d:1",))
