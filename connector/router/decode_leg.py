@@ -5,6 +5,7 @@ release of a lease no decode will read (lease_release.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any, Callable
@@ -58,12 +59,14 @@ class DecodeLeg:
 
     async def run(self, request: web.Request, group: RevisionEndpoints, path: str,
                           body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
-                          kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
+                          kv_params: dict[str, Any] | None, lease: Lease | None,
+                          remember: Callable[[str, bytes], None] | None = None) -> web.StreamResponse:
         """Decode with prefill's kv_params; ``lease`` (until a decode takes the request) is released at
-        the prefill on every path where no decode will read it (lease_release.py)."""
+        the prefill on every path where no decode will read it (lease_release.py). ``remember``: given the
+        decode's URL and its whole answer when the answer is not streamed (turn_reuse.py)."""
         try:
             return await self._attempts(request, group, path, body, headers, reply_headers, kv_params,
-                                               lease)
+                                               lease, remember)
         except asyncio.CancelledError:
             if lease is not None and lease.params:  # the client left before a decode took the request
                 self.releaser.release_unread(lease, body, headers, lease_release.CLIENT_GONE)
@@ -77,7 +80,8 @@ class DecodeLeg:
 
     async def _attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
                                body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
-                               kv_params: dict[str, Any] | None, lease: Lease | None) -> web.StreamResponse:
+                               kv_params: dict[str, Any] | None, lease: Lease | None,
+                               remember: Callable[[str, bytes], None] | None = None) -> web.StreamResponse:
         candidates = group.ready(DECODE)
         tried: set[str] = set()
         cfg = self.config
@@ -123,7 +127,8 @@ class DecodeLeg:
                             else:  # this decode reads the blocks (or releases them itself)
                                 taken, lease.params = lease.params, {}
                         try:
-                            return await self._relay(request, resp, reply_headers)
+                            return await self._relay(request, resp, reply_headers,
+                                                     None if remember is None else functools.partial(remember, url))
                         except BrokeBeforeFirstByte:
                             reason = "broken_answer"  # nothing reached the client: another decode may serve
                             if taken is not None:
@@ -146,7 +151,7 @@ class DecodeLeg:
                               headers=reply_headers)
 
     async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse,
-                     reply_headers: dict[str, str]) -> web.StreamResponse:
+                     reply_headers: dict[str, str], remember: Callable[[bytes], None] | None = None) -> web.StreamResponse:
         headers = dict(reply_headers)
         for name in ("Content-Type", "Content-Encoding", "Cache-Control"):
             value = resp.headers.get(name)
@@ -161,6 +166,8 @@ class DecodeLeg:
             except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
                 raise BrokeBeforeFirstByte from exc
             timing.chunk(data)
+            if remember is not None and resp.status == 200:
+                remember(data)
             return web.Response(status=resp.status, body=data, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         if length is not None:

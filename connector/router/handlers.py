@@ -4,6 +4,7 @@ relayed; and /v1/models, /health, /metrics."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 import aiohttp
@@ -16,6 +17,7 @@ from pdfleet.connector.serving.outcome import CLIENT_CLOSED, recorded_status
 from pdfleet.connector.serving.pipeline import Served
 from pdfleet.connector.serving.request import Refusal, refuse
 from pdfleet.connector.serving.upstream import CLIENT_LEFT, DELIVERED, auth_only, json_encode
+from pdfleet.contract.kv_params import hold_for_next_turn
 
 
 class Handlers:
@@ -55,8 +57,13 @@ class Handlers:
         await pipeline.prefill(served)
         await pipeline.decode_slot(served)
         assert served.group is not None
+        kv_params, remember = served.kv_params, None
+        key = pipeline.conversation(served) if kv_params is not None and req.body.get("stream") is not True else None
+        if key is not None:  # decodeReuse: the decode holds this turn's KV for the next (turn_reuse.py)
+            kv_params = hold_for_next_turn(kv_params)
+            remember = functools.partial(pipeline.remember_offer, served, key)
         return await self.decode.run(request, served.group, req.path, req.body, req.upstream_headers,
-                                     req.reply_headers, served.kv_params, served.lease)
+                                     req.reply_headers, kv_params, served.lease, remember=remember)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes

@@ -41,7 +41,9 @@ DECODE_FAILED = "decode_failed"
 DECODE_REFUSED = "decode_refused"
 LEASE_EXPIRED = "lease_expired"
 CLIENT_GONE = "client_gone"
-REASONS = (DECODE_FAILED, DECODE_REFUSED, LEASE_EXPIRED, CLIENT_GONE)
+# A decode's hold for a conversation's next turn that no prefill will read (turn_reuse.py; issue 40)
+REUSE_UNUSED = "reuse_unused"
+REASONS = (DECODE_FAILED, DECODE_REFUSED, LEASE_EXPIRED, CLIENT_GONE, REUSE_UNUSED)
 
 ACCEPTED = "accepted"  # the prefill queued the release (it frees the lease unless a reader claimed it)
 REFUSED = "refused"  # the prefill refused it, with a reason (not its lease, bad signature, ...)

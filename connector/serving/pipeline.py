@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pdfleet.connector.serving import lease_release, timing
+import msgspec
+
+from pdfleet.connector.serving import canary, lease_release, timing, turn_reuse
 from pdfleet.connector.serving.disaggregation import Decision
 from pdfleet.connector.serving.endpoints import DECODE, RevisionEndpoints
 from pdfleet.connector.serving.errors import error_body
@@ -27,8 +29,10 @@ from pdfleet.connector.serving.fanout import FAN_OUT
 from pdfleet.connector.serving.flow.gate import Shed
 from pdfleet.connector.serving.flow.hold import Admission
 from pdfleet.connector.serving.lease_release import Lease
+from pdfleet.connector.serving.prefill_leg import answer_kv_params
 from pdfleet.connector.serving.request import Refusal, ServingRequest, read_request, refuse
 from pdfleet.connector.serving.waiting import Dropped
+from pdfleet.contract.kv_params import reuse_request
 from pdfleet.contract.routing import DISAGGREGATION_HEADER, FALLBACK_DECODE_ONLY, FALLBACK_HEADER, REVISION_HEADER
 from pdfleet.contract.scale_to_zero import DROPPED_REASON_HEADER
 
@@ -123,10 +127,12 @@ class Pipeline:
         Raises Refusal with prefill's own answer when prefill refused the request (a 4xx)."""
         req, group = served.request, served.group
         assert group is not None and served.decision is not None, "choose() first"
+        reuse = self._take_offer(served)
         if not served.decision.remote:
             return
         state = self.state
-        leg = asyncio.ensure_future(state.prefill.run(group, req.path, req.body, req.upstream_headers, chat=req.chat))
+        leg = asyncio.ensure_future(state.prefill.run(group, req.path, req.body, req.upstream_headers, chat=req.chat,
+                                                      reuse=reuse))
         try:
             # Shielded: a client that leaves mid-leg must not orphan a prefill lease (abandon.py).
             result = await asyncio.shield(leg)
@@ -146,6 +152,51 @@ class Pipeline:
         served.kv_params = result.kv_transfer_params
         if result.url:
             served.lease = Lease(result.url, result.kv_transfer_params, result.received_at, result.wall_at_receipt)
+
+    # ---- decode's KV reused by the next turn (turn_reuse.py; issue 40) ---------------------------
+
+    def conversation(self, served: Served) -> str | None:
+        """The conversation's key when decodeReuse is on and the request names one (never a request id:
+        an offer under it would never be taken)."""
+        if self.state.offers is None:
+            return None
+        req = served.request
+        return canary.explicit_key(req.body, req.headers) or canary.prefix_key(req.body, chat=req.chat)
+
+    def _take_offer(self, served: Served) -> dict[str, Any] | None:
+        """The last turn's decode offer for the prefill leg's params, or None (an unusable one is released)."""
+        key = self.conversation(served)
+        offer = self.state.offers.take(key) if key is not None and self.state.offers is not None else None
+        if offer is None:
+            return None
+        assert served.decision is not None
+        cfg = self.config
+        why = turn_reuse.UNUSED_DECODE_ALONE if not served.decision.remote else turn_reuse.usable(
+            offer, now=time.monotonic(), min_tokens=cfg.decode_reuse_min_tokens, block_size=cfg.block_size,
+            margin_s=cfg.lease_margin_s)
+        if why is not None:
+            self._release_offer(offer, served)
+            return None
+        return reuse_request(offer.params, cfg.decode_reuse_min_tokens)
+
+    def remember_offer(self, served: Served, key: str, url: str, answer: bytes) -> None:
+        """Decode's whole answer: its offer, if it made one, kept for the conversation's next turn."""
+        if self.state.offers is None:
+            return
+        try:
+            params = answer_kv_params(answer)
+        except msgspec.DecodeError:
+            return
+        offer = turn_reuse.offer_of(params)
+        if offer is None:
+            return
+        for old, _why in self.state.offers.remember(key, turn_reuse.Offer(url, offer, time.monotonic())):
+            self._release_offer(old, served)
+
+    def _release_offer(self, offer: turn_reuse.Offer, served: Served) -> None:
+        req = served.request
+        self.state.releases.release_unread(Lease(offer.url, dict(offer.params), offer.received_at), req.body,
+                                           req.upstream_headers, lease_release.REUSE_UNUSED)
 
     async def decode_slot(self, served: Served) -> None:
         """Step 5: wait for a decode slot under flow control's bound (at once when it is off). A client

@@ -99,13 +99,14 @@ class PrefillLeg:
         return self._session()
 
     @staticmethod
-    def prefill_body(body: dict[str, Any], *, chat: bool) -> dict[str, Any]:
-        """The prefill leg's body: one token, not streamed, KV kept for a remote decode."""
-        return one_token_body(body, remote_decode_request(), chat=chat)
+    def prefill_body(body: dict[str, Any], *, chat: bool, reuse: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The prefill leg's body: one token, not streamed, KV kept for a remote decode; ``reuse``: the keys
+        of the last turn's decode offer (turn_reuse.py), when there is one to pull from."""
+        return one_token_body(body, remote_decode_request() | (reuse or {}), chat=chat)
 
     async def run(self, group: RevisionEndpoints, path: str, body: dict[str, Any],
-                           headers: dict[str, str], *, chat: bool) -> PrefillResult:
-        payload = json_encode(self.prefill_body(body, chat=chat))
+                           headers: dict[str, str], *, chat: bool, reuse: dict[str, Any] | None = None) -> PrefillResult:
+        payload = json_encode(self.prefill_body(body, chat=chat, reuse=reuse))
         candidates = group.ready(PREFILL)
         tried: set[str] = set()
         for attempt in range(self.config.prefill_attempts):

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import aiohttp
 
-from pdfleet.connector.serving import engine_auth, lease_release
+from pdfleet.connector.serving import engine_auth, lease_release, turn_reuse
 from pdfleet.connector.serving.abandon import Abandoned
 from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.serving.metrics import RouterMetrics
@@ -61,6 +61,8 @@ class RouterState:
         session = lambda: self.session  # noqa: E731 (opened later, in open())
         self.releases = lease_release.LeaseReleaser(self.metrics, session, prefill_timeout)
         self.prefill = PrefillLeg(config, self.picker, self.metrics, session)
+        # spec.kvTransfer.decodeReuse: the last turn's decode offer per conversation (None: off)
+        self.offers = turn_reuse.Offers() if config.decode_reuse else None
         self.pipeline = Pipeline(self)  # the steps every front end runs, over these parts
         # Decode's first byte and idle gaps are bounded per read (see decode_leg.py).
         self._decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)

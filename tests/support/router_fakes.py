@@ -16,7 +16,7 @@ from aiohttp import web
 
 from pdfleet.connector.serving.body_fields import lax_int
 from pdfleet.contract.kv_params import (InvalidTransferParams, error_params, own_lease_to_release, produce,
-                                        release_reply, wants_release)
+                                        release_reply, wants_hold_for_next_turn, wants_release, with_block_hashes)
 from pdfleet.contract.ports import SIDE_CHANNEL
 
 
@@ -39,6 +39,7 @@ class FakeEngine:
     eof_delay_s: float = 0.0
     delay_s: float = 0.0  # answer every request this much later (a busy engine)
     answer_pad: int = 0  # prefill: this many more bytes in every answer (an engine whose answers are large)
+    reuse_blocks: int = 8  # decode asked to hold a turn (issue 40): the blocks its offer names
     received: list[Received] = field(default_factory=list)
     # prefill: remote request ids of its own leases that release requests named (as its connector checks them)
     released: list[str] = field(default_factory=list)
@@ -83,7 +84,7 @@ class FakeEngine:
                 await asyncio.sleep(3600)
             if self.mode == "slow":  # answers, but only after 0.8 s
                 await asyncio.sleep(0.8)
-            if self.role == "prefill":
+            if self.role == "prefill" or wants_release(body.get("kv_transfer_params")):
                 return self._prefill_answer(request, body)
             return await self._decode_answer(request, body)
         except asyncio.CancelledError:
@@ -123,12 +124,19 @@ class FakeEngine:
         chat = request.path.endswith("/chat/completions")
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
+            offer = None
+            if wants_hold_for_next_turn(kv):  # as a kv_both decode answers: an offer for the next turn
+                offer = with_block_hashes(produce(
+                    block_ids=list(range(self.reuse_blocks)), engine_id=self.name,
+                    request_id=request.headers.get("X-Request-Id") or "", host="127.0.0.1", port=SIDE_CHANNEL,
+                    tp_size=1, instance_id=None, lease_seconds=self.lease_s, num_tokens=16 * self.reuse_blocks),
+                    [bytes([i]) * 32 for i in range(self.reuse_blocks)])
             choices = [{"index": i, "finish_reason": "length",
                         **({"message": {"role": "assistant", "content": "hello world"}} if chat
                            else {"text": "hello world"})} for i in range(_choices(body))]
             return web.json_response({"id": "cmpl-d", "object": kind, "created": 0, "model": body.get("model"),
                                       "choices": choices, "usage": _USAGE,
-                                      "served_by": self.name, "kv_seen": kv})
+                                      "served_by": self.name, "kv_seen": kv, "kv_transfer_params": offer})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         head = {"id": "cmpl-d", "object": kind + ".chunk" if chat else kind, "created": 0,
