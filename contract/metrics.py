@@ -23,6 +23,10 @@ OUTCOME_FALLBACK = "kv_fallback"
 # counter, labels decision (routing.REMOTE_PREFILL | DECODE_ONLY) and reason: the router's per-request choice
 # (connector/serving/disaggregation.py); exposed with the suffix _total
 ROUTER_DISAGGREGATION_DECISIONS = "pdfleet_router_disaggregation_decisions"
+# counter, labels "role" and "endpoint" (the endpoint's name, never its URL): legs started on each endpoint, one
+# per pick that took a leg (retries included); exposed with the suffix _total. Where each request went, for tests
+# and dashboards that check a routing decision against the engines' own counters (issue 40)
+ROUTER_LEGS_STARTED = "pdfleet_router_legs_started"
 # gauge, label TOKENIZER_REASON: 1 once the router (and the Endpoint Picker, which exposes the router's metrics) hashes
 # prompts with the served model's tokenizer as the engines do; 0 while it loads or once it could not, and prefix
 # routing falls back to text chunks; one series at a time, its reason one of TOKENIZER_REASONS

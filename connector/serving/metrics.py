@@ -64,6 +64,10 @@ class RouterMetrics:
         self.in_flight = Gauge(
             "pdfleet_router_in_flight", "Legs in flight per endpoint", ["role", "endpoint"], registry=r
         )
+        self.legs_started = Counter(
+            names.ROUTER_LEGS_STARTED, "Legs started per endpoint (the pick that took each leg)", ["role", "endpoint"],
+            registry=r,
+        )
         self.endpoints = Gauge(
             "pdfleet_router_endpoints", "Endpoints of the serving revision, by role and readiness",
             ["role", "ready"], registry=r,

@@ -68,6 +68,7 @@ class Picker:
         self._tiebreak = {PREFILL: itertools.count(), DECODE: itertools.count()}
         # prometheus children resolved once: labels() costs more than the update itself
         self._in_flight: dict[tuple[str, str], Any] = {}
+        self._legs_started: dict[tuple[str, str], Any] = {}
 
     @property
     def prefix(self) -> PrefixRouting:
@@ -121,6 +122,8 @@ class Picker:
             if url not in known and not self.outstanding.counts.get(url):
                 del self._in_flight[(role, url)]
                 self.metrics.in_flight.remove(role, self.labels(url))
+                if self._legs_started.pop((role, url), None) is not None:
+                    self.metrics.legs_started.remove(role, self.labels(url))
 
     @property
     def groups(self) -> dict[str, RevisionEndpoints]:
@@ -205,6 +208,10 @@ class Picker:
         if gauge is None:
             gauge = self._in_flight[(role, url)] = self.metrics.in_flight.labels(role, self.labels(url))
         gauge.inc()
+        started = self._legs_started.get((role, url))
+        if started is None:
+            started = self._legs_started[(role, url)] = self.metrics.legs_started.labels(role, self.labels(url))
+        started.inc()
 
     def release(self, role: str, url: str) -> None:
         self.outstanding.release(url)

@@ -93,6 +93,9 @@ async def test_router_process_metrics_carry_no_pod_address(fleet):
         # the series are still there, under the endpoints' names
         assert 'pdfleet_router_in_flight{endpoint="prefill-0",role="prefill"} 0.0' in text
         assert 'pdfleet_router_in_flight{endpoint="decode-0",role="decode"} 0.0' in text
+        # where each of the 3 requests went (P/D, Always): one leg each on the prefill and on the decode
+        assert 'pdfleet_router_legs_started_total{endpoint="prefill-0",role="prefill"} 3.0' in text
+        assert 'pdfleet_router_legs_started_total{endpoint="decode-0",role="decode"} 3.0' in text
         assert 'pdfleet_router_kv_events_received_total{endpoint="prefill-0"}' in text
         assert 'pdfleet_router_kv_index_blocks{endpoint="prefill-0"} 3.0' in text
         assert "127.0.0.1" not in text

@@ -377,6 +377,8 @@ async def test_metrics_exposed(fleet):
     assert metric_value(text, 'pdfleet_router_leg_latency_seconds_count{leg="decode_first_byte"}') == 4
     assert metric_value(text, "pdfleet_router_client_kv_transfer_params_dropped_total") == 1
     assert metric_value(text, 'pdfleet_router_in_flight{endpoint="prefill-0",role="prefill"}') == 0
+    assert metric_value(text, 'pdfleet_router_legs_started_total{endpoint="prefill-0",role="prefill"}') == 4
+    assert metric_value(text, 'pdfleet_router_legs_started_total{endpoint="decode-0",role="decode"}') == 4
     assert metric_value(text, 'pdfleet_router_endpoints{ready="true",role="decode"}') == 1
     assert metric_value(text, 'pdfleet_router_serving_revision{revision="static"}') == 1
 
@@ -395,6 +397,9 @@ async def test_in_flight_series_of_vanished_endpoints_are_dropped(fleet):
     text = await metrics(fleet, url)
     assert 'pdfleet_router_in_flight{endpoint="prefill-0",role="prefill"}' not in text  # gone: series dropped
     assert 'pdfleet_router_in_flight{endpoint="decode-0",role="decode"}' in text  # still known: kept
+    # its legs-started count goes with it (the name is reused by the next endpoint); the decode's stays
+    assert 'pdfleet_router_legs_started_total{endpoint="prefill-0",role="prefill"}' not in text
+    assert metric_value(text, 'pdfleet_router_legs_started_total{endpoint="decode-0",role="decode"}') == 1
     # the newcomer took the freed name, and its legs count there
     assert router.labels("http://127.0.0.1:1") == "prefill-0" and router.labels(p.url) == "unknown"
 
