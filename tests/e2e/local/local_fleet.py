@@ -256,7 +256,7 @@ def prefix_workload() -> dict[str, tuple[list[Req], list[Req]]]:
     return out
 
 
-KV_TIER_CONVERSATIONS = 4
+KV_TIER_CONVERSATIONS = 8  # spread over two decodes: four each
 KV_TIER_FIRST_TURN_TOKENS = 560  # ~18 blocks of 32: four first turns outgrow a 48-block KV cache
 
 
