@@ -2,6 +2,7 @@
 wake's time goes.
 
     flock /tmp/pdfleet-vllm.lock .venv/bin/python bench/scale_from_zero.py --cycles 20 --burst 20 [--gateway]
+    flock /tmp/pdfleet-vllm.lock .venv/bin/python bench/scale_from_zero.py --launcher both --cycles 3 --burst 4
 
 One fleet from examples/tiny-cpu-scale-to-zero.yaml (idleSeconds 5). Each cycle waits until the pair is at
 zero (both engines stopped), sends a burst of streamed completions through the front end (the router, or
@@ -10,6 +11,10 @@ time to its first token. Checks: 0 lost (every answer 200 and whole), 0 duplicat
 once), 0 answered decode-alone. Prints per cycle, and the medians: first request -> first token, and the
 wake's parts as `pdfleet local` measured them (activation: first held request -> engines started; engine
 start: -> every engine healthy; offer: -> the front ends serve the pair).
+
+--launcher both runs two fleets one after the other in the same run, the engines started as fresh
+interpreters (`--no-launcher`), then forked by `pdfleet local`'s pre-imported launcher (its default with
+scale to zero, operator/local/launcher.py), and prints each one's medians and the ratio off / on.
 """
 
 from __future__ import annotations
@@ -105,16 +110,12 @@ def engine_phases(log: str) -> dict[str, float]:
     return {k: v - base for k, v in stamps.items() if base is not None and k != "api_server_up"}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cycles", type=int, default=20)
-    ap.add_argument("--burst", type=int, default=20)
-    ap.add_argument("--gateway", action="store_true", help="through Envoy and the Endpoint Picker")
-    ap.add_argument("--cr", type=Path, default=CR, help="the fleet (default %(default)s)")
-    args = ap.parse_args()
-    rows, problems = [], []
+def run_fleet(args: argparse.Namespace, launcher: bool) -> list[dict]:
+    """One fleet, ``args.cycles`` wakes under a burst: a row per cycle."""
+    rows = []
+    extra = (("--gateway",) if args.gateway else ()) + (() if launcher else ("--no-launcher",))
     with tempfile.TemporaryDirectory(prefix="pdfleet-stz-") as tmp:
-        with local_fleet(Path(tmp) / "fleet", cr=args.cr, extra_args=("--gateway",) if args.gateway else ()) as fleet:
+        with local_fleet(Path(tmp) / "fleet", cr=args.cr, extra_args=extra) as fleet:
             base = fleet.router
             if args.gateway:
                 while not base.startswith("http") or base == fleet.router:
@@ -123,6 +124,10 @@ def main() -> int:
                         raise SystemExit(fleet.stderr()[-3000:])
                     if line.startswith("gateway: http"):
                         base = line[len("gateway: "):]
+            forked = "forked by the launcher" in fleet.stderr()
+            if forked != launcher:
+                raise SystemExit(f"launcher {'on' if launcher else 'off'} asked, but engines "
+                                 f"{'were' if forked else 'were not'} forked by it:\n{fleet.stderr()[-3000:]}")
             for cycle in range(1, args.cycles + 1):
                 wait_for(fleet, AT_ZERO, cycle)
                 answers = asyncio.run(burst(base, args.burst))
@@ -135,26 +140,57 @@ def main() -> int:
                 ttfts = sorted(a["ttft_s"] for a in answers if a["ttft_s"] is not None)
                 wake = wakes(fleet.stderr())[-1]
                 phases = engine_phases((fleet.run_dir / "prefill-0.log").read_text(errors="replace"))
-                row = {"cycle": cycle, "first_token_s": round(ttfts[0], 2) if ttfts else None,
+                if "serving" in phases:  # from the start: first the API server's interpreter and imports
+                    first = max(0.0, round(wake["engine_start_s"] - phases["serving"]))
+                    phases = {"api_server_first_line": first, **{k: v + first for k, v in phases.items()}}
+                row = {"launcher": "on" if launcher else "off", "cycle": cycle,
+                       "first_token_s": round(ttfts[0], 2) if ttfts else None,
                        "last_first_token_s": round(ttfts[-1], 2) if ttfts else None, "lost": len(lost),
                        "duplicated": duplicated, "decode_alone": len(alone),
                        **{k: round(v, 2) for k, v in wake.items()},
                        "prefill_log_s": phases}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                if lost or duplicated or alone:
-                    problems.append(row)
+    return rows
+
+
+def summarize(rows: list[dict], args: argparse.Namespace) -> dict:
     med = lambda key: round(statistics.median(r[key] for r in rows if r.get(key) is not None), 2)  # noqa: E731
-    summary = {"cycles": len(rows), "burst": args.burst, "front_end": "gateway" if args.gateway else "router",
-               "lost": sum(r["lost"] for r in rows), "duplicated": sum(r["duplicated"] for r in rows),
-               "decode_alone": sum(r["decode_alone"] for r in rows),
-               "first_request_to_first_token_s_p50": med("first_token_s"),
-               **{f"{k}_p50": med(k) for k in ("activation_s", "engine_start_s", "offer_s", "total_s")}}
-    print("summary " + json.dumps(summary), flush=True)
-    print("prefill engine, seconds after its API server's first log line (median): " + json.dumps(
-        {name: statistics.median(r["prefill_log_s"][name] for r in rows if name in r["prefill_log_s"])
-         for name, _ in PHASES[1:] if any(name in r["prefill_log_s"] for r in rows)}), flush=True)
-    return 1 if problems else 0
+    names = ["api_server_first_line"] + [name for name, _ in PHASES[1:]]
+    return {"launcher": rows[0]["launcher"], "cycles": len(rows), "burst": args.burst,
+            "front_end": "gateway" if args.gateway else "router",
+            "lost": sum(r["lost"] for r in rows), "duplicated": sum(r["duplicated"] for r in rows),
+            "decode_alone": sum(r["decode_alone"] for r in rows),
+            "first_request_to_first_token_s_p50": med("first_token_s"),
+            **{f"{k}_p50": med(k) for k in ("activation_s", "engine_start_s", "offer_s", "total_s")},
+            # the prefill engine's start, seconds after the runner started it (median; its log has whole seconds)
+            "prefill_phases_s_p50": {name: statistics.median(r["prefill_log_s"][name] for r in rows
+                                                             if name in r["prefill_log_s"])
+                                     for name in names if any(name in r["prefill_log_s"] for r in rows)}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=20, help="wakes per fleet")
+    ap.add_argument("--burst", type=int, default=20)
+    ap.add_argument("--gateway", action="store_true", help="through Envoy and the Endpoint Picker")
+    ap.add_argument("--cr", type=Path, default=CR, help="the fleet (default %(default)s)")
+    ap.add_argument("--launcher", choices=("on", "off", "both"), default="on",
+                    help="engines forked by the pre-imported launcher (on, pdfleet local's default), started as fresh"
+                         " interpreters (off), or both fleets in this run and the ratio (default %(default)s)")
+    args = ap.parse_args()
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.launcher]
+    summaries = []
+    for launcher in modes:
+        rows = run_fleet(args, launcher)
+        summaries.append(summarize(rows, args))
+        print("summary " + json.dumps(summaries[-1]), flush=True)
+    if len(summaries) == 2:
+        off, on = summaries
+        print("launcher off / on (p50): " + json.dumps(
+            {k: round(off[k] / on[k], 2) for k in ("engine_start_s_p50", "first_request_to_first_token_s_p50",
+                                                  "total_s_p50") if on[k]}), flush=True)
+    return 1 if any(s["lost"] or s["duplicated"] or s["decode_alone"] for s in summaries) else 0
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-rounds", type=_non_negative_int, default=None, metavar="N",
                         help="P/D requests each prefill/decode pair serves before the router line (handshakes,"
                              " first transfers; default 2, 0: none)")
+    parser.add_argument("--no-launcher", action="store_true",
+                        help="with scale to zero, start each engine as a fresh interpreter (default: a launcher that"
+                             " imported vLLM once forks them, a faster wake)")
 
 
 def _non_negative_int(text: str) -> int:

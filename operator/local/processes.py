@@ -9,6 +9,9 @@ process outlives the runner:
 3. a watchdog process (watchdog.py) holds the read end of a pipe from the runner
    and knows every group; when the runner dies in any way (even SIGKILL) the pipe
    closes and the watchdog kills whatever is left in those groups.
+
+With scale to zero the engines are forked by a pre-imported launcher instead (launcher.py): the same
+session, group, parent-death signal and watchdog registration, a ``launcher.Launched`` as ``Child.proc``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Mapping, Optional, Sequence
+from typing import IO, Any, Mapping, Optional, Sequence
 
 from pdfleet.operator.local.ports import Window, candidate_bases, choose_bases, parse_port_range, windows_outside
 
@@ -94,7 +97,7 @@ def _parent_death_signal(parent: int):
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen
+    proc: Any  # subprocess.Popen, or launcher.Launched (pid, poll, returncode) for an engine the launcher forked
     log_path: Path
 
     @property
@@ -143,7 +146,7 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def stop_groups(pgids: Sequence[int], procs: Sequence[subprocess.Popen] = (), grace_s: float = STOP_GRACE_S) -> None:
+def stop_groups(pgids: Sequence[int], procs: Sequence[Any] = (), grace_s: float = STOP_GRACE_S) -> None:
     """Stop whole process groups whose leader is the group id (as start_child makes them).
 
     A live leader gets SIGTERM alone first, so vLLM's API server shuts its engine core and

@@ -49,6 +49,8 @@ class LocalRunner:
         self.temp_run_dir = args.run_dir is None
         self.kv_transport: dict[str, Any] = {}
         self.pair = None  # scale_to_zero.PairAtZero when spec.scaling.scaleToZero is enabled
+        self.launcher = None  # launcher.Launcher: forks engines from a pre-imported process (scale to zero)
+        self.launcher_on = False  # off after a failed fork: the engines then start as fresh interpreters
 
     # --- top level ----------------------------------------------------------
 
@@ -91,6 +93,7 @@ class LocalRunner:
         from pdfleet.operator.local.processes import Watchdog
 
         self.watchdog = Watchdog(cwd=self.run_dir)
+        await self._start_launcher()
         for name in self.launches:
             self._start(name)
         self._write_state(healthy=False)
@@ -148,20 +151,55 @@ class LocalRunner:
             self.launches[launch.name] = launch
             self.restarts[launch.name] = 0
 
+    async def _start_launcher(self) -> None:
+        """With scale to zero (and not --no-launcher): the pre-imported launcher that forks the engines, so a
+        wake does not pay the API server's import (launcher.py). Any failure: engines start as fresh
+        interpreters, as without it."""
+        from pdfleet.operator.local.launcher import Launcher, LauncherError, common_env
+        from pdfleet.operator.plan.engine import ENGINE_MODULE
+
+        s = self.spec.scaling.scale_to_zero
+        if s is None or not s.enabled or getattr(self.args, "no_launcher", False):
+            return
+        log = self.run_dir / "launcher.log"
+        launcher = Launcher.start(ENGINE_MODULE, common_env([lch.env for lch in self.launches.values()]), log,
+                                  cwd=self.run_dir)  # main thread: its parent-death signal is this thread's
+        self.watchdog.watch(launcher.pgid)
+        try:
+            ready = await asyncio.to_thread(launcher.wait_ready)
+        except LauncherError as exc:
+            err(f"launcher: {exc}; engines start as fresh interpreters (log {log})")
+            await asyncio.to_thread(launcher.close, 10.0)
+            self.watchdog.forget(launcher.pgid)
+            return
+        self.launcher, self.launcher_on = launcher, True
+        err(f"launcher: pid {ready['pid']} imported {ENGINE_MODULE} in {ready['import_s']:.1f}s; it forks the engines")
+
     def _start(self, name: str) -> None:
         # Called from the event loop's (main) thread only: PR_SET_PDEATHSIG fires
         # when the thread that forked the child ends, not only the process.
-        from pdfleet.operator.local.processes import start_child
+        from pdfleet.operator.local.processes import Child, start_child
 
         launch = self.launches[name]
         log = self.run_dir / f"{name}.log"
         self.log_offsets[name] = log.stat().st_size if log.exists() else 0  # this start's lines begin here
-        child = start_child(name, launch.argv, launch.env, log, cwd=self.run_dir)
+        child, how = None, ""
+        if self.launcher_on:
+            from pdfleet.operator.local.launcher import LauncherError
+
+            try:
+                child, how = Child(name, self.launcher.fork(launch.argv, launch.env, log, self.run_dir), log), \
+                    ", forked by the launcher"
+            except LauncherError as exc:
+                err(f"launcher: cannot start {name} ({exc}); it and later engines start as fresh interpreters")
+                self.launcher_on = False  # the launcher itself is closed with the run (_shutdown)
+        if child is None:
+            child = start_child(name, launch.argv, launch.env, log, cwd=self.run_dir)
         self.children[name] = child
         self.watchdog.watch(child.pgid)
         cpus = "|".join(",".join(map(str, r)) for r in launch.cpus)
         err(f"started {name} (pid {child.pid}) on {launch.url}, side channel 127.0.0.1:{launch.ports.side_channel},"
-            f" CPUs {cpus}, log {log}")
+            f" CPUs {cpus}, log {log}{how}")
 
     def _write_state(self, *, healthy: bool) -> None:
         if self.args.state_file is None:
@@ -374,6 +412,9 @@ class LocalRunner:
         children = list(self.children.values())
         if children:
             await asyncio.to_thread(stop_groups, [c.pgid for c in children], [c.proc for c in children])
+        if self.launcher is not None:
+            await asyncio.to_thread(self.launcher.close)
+            self.launcher = None
         if self.watchdog is not None:
             await asyncio.to_thread(self.watchdog.close)
             self.watchdog = None

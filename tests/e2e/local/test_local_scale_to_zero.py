@@ -2,7 +2,8 @@
 engines stop; a burst sent at zero, half through the router and half through `--gateway` (Envoy and the
 Endpoint Picker), is held by both front ends, wakes both engines once, and is answered token-identical to
 a plain server, nothing lost, nothing answered decode-alone. One cycle here (an engine starts in ~30 s on
-2 cores); bench/scale_from_zero.py runs 20.
+2 cores); bench/scale_from_zero.py runs 20. The engines are forked by `pdfleet local`'s pre-imported
+launcher (its default with scale to zero), so this also checks its engines answer as a plain server.
 
 Negative control of the identity check: the plain server's answers differ from prompt to prompt (so a
 fleet answering one canned output would fail); of the wake: the engines are checked gone before the burst."""
@@ -50,6 +51,8 @@ def test_the_pair_sleeps_when_idle_and_a_held_burst_wakes_it(tmp_path, prompts, 
         _wait(fleet, RETIRED_LINE, 1)
         pids = [int(p) for p in re.findall(r"^started \S+ \(pid (\d+)\)", fleet.stderr(), re.M)]
         assert len(pids) == 2 and not any(_alive(pid) for pid in pids), "engines still run at zero"
+        # forked by the pre-imported launcher, scale to zero's default (operator/local/launcher.py)
+        assert fleet.stderr().count("forked by the launcher") == 2, fleet.stderr()[-3000:]
         assert fleet.state()["engines"] == []
 
         async def burst() -> list:  # sent at zero, half through the router, half through the gateway: all held
