@@ -39,7 +39,8 @@ from pdfleet.contract import kv_offload
 CONNECTOR_CLASS = "PdfleetConnector"
 CONNECTOR_MODULE = "pdfleet.connector"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
-KV_BOTH = "kv_both"  # spec.kvTransfer.decodeReuse: each role both holds and pulls (issue 40)
+# spec.kvTransfer.decodeReuse: each role both holds and pulls (issue 40); vLLM's kv_both, spelled in kv_offload.py
+KV_BOTH = kv_offload.MULTI_KV_ROLE
 
 LEASE_SECONDS = "lease_seconds"
 BACKENDS = "backends"
