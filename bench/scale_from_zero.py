@@ -2,7 +2,7 @@
 wake's time goes.
 
     flock /tmp/pdfleet-vllm.lock .venv/bin/python bench/scale_from_zero.py --cycles 20 --burst 20 [--gateway]
-    flock /tmp/pdfleet-vllm.lock .venv/bin/python bench/scale_from_zero.py --launcher both --cycles 3 --burst 4
+    flock /tmp/pdfleet-vllm.lock .venv/bin/python bench/scale_from_zero.py --compare --cycles 3 --burst 4
 
 One fleet from examples/tiny-cpu-scale-to-zero.yaml (idleSeconds 5). Each cycle waits until the pair is at
 zero (both engines stopped), sends a burst of streamed completions through the front end (the router, or
@@ -12,9 +12,12 @@ once), 0 answered decode-alone. Prints per cycle, and the medians: first request
 wake's parts as `pdfleet local` measured them (activation: first held request -> engines started; engine
 start: -> every engine healthy; offer: -> the front ends serve the pair).
 
---launcher both runs two fleets one after the other in the same run, the engines started as fresh
-interpreters (`--no-launcher`), then forked by `pdfleet local`'s pre-imported launcher (its default with
-scale to zero, operator/local/launcher.py), and prints each one's medians and the ratio off / on.
+--compare runs three fleets one after the other in the same run and prints each one's medians and the
+ratios to the first: "before" (the engines started as fresh interpreters, `--no-launcher`, and vLLM's
+multiprocessing executor: the CR without its in-process executor settings), "launcher" (the same CR, the
+engines forked by `pdfleet local`'s pre-imported launcher, operator/local/launcher.py), and "after" (the CR as
+it is: the launcher and the in-process executor). After each wake, --after sequential requests measure
+serving as usual (latency p50), so a faster wake that serves slower shows.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
@@ -67,6 +71,38 @@ async def burst(base: str, n: int) -> list[dict]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         sent = time.monotonic()
         return await asyncio.gather(*(one(client, base, k, sent) for k in range(n)))
+
+
+async def sequential(base: str, n: int) -> list[float]:
+    """Seconds per whole request, one after the other (the pair awake)."""
+    out = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
+        for k in range(n):
+            sent = time.monotonic()
+            a = await one(client, base, 1000 + k, sent)
+            if a["status"] == 200 and a["done"]:
+                out.append(time.monotonic() - sent)
+    return out
+
+
+# The in-process executor's settings (examples/tiny-cpu-scale-to-zero.yaml): without them vLLM's CPU platform
+# runs the worker in a process of its own, spawned by the engine core (one more interpreter importing vLLM).
+UNI_ARGS = ("--distributed-executor-backend", "uni")
+UNI_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def without_in_process_executor(cr: Path, out: Path) -> Path:
+    doc = yaml.safe_load(cr.read_text())
+    engine = doc["spec"]["engine"]
+    args = list(engine.get("extraArgs", []))
+    for i in range(len(args) - 1):
+        if tuple(args[i:i + 2]) == UNI_ARGS:
+            del args[i:i + 2]
+            break
+    engine["extraArgs"] = args
+    engine["env"] = [e for e in engine.get("env", []) if e["name"] != UNI_ENV]
+    out.write_text(yaml.safe_dump(doc))
+    return out
 
 
 def wait_for(fleet, text: str, count: int, timeout: float = 300.0) -> None:
@@ -110,12 +146,12 @@ def engine_phases(log: str) -> dict[str, float]:
     return {k: v - base for k, v in stamps.items() if base is not None and k != "api_server_up"}
 
 
-def run_fleet(args: argparse.Namespace, launcher: bool) -> list[dict]:
+def run_fleet(args: argparse.Namespace, variant: str, cr: Path, launcher: bool) -> list[dict]:
     """One fleet, ``args.cycles`` wakes under a burst: a row per cycle."""
     rows = []
     extra = (("--gateway",) if args.gateway else ()) + (() if launcher else ("--no-launcher",))
     with tempfile.TemporaryDirectory(prefix="pdfleet-stz-") as tmp:
-        with local_fleet(Path(tmp) / "fleet", cr=args.cr, extra_args=extra) as fleet:
+        with local_fleet(Path(tmp) / "fleet", cr=cr, extra_args=extra) as fleet:
             base = fleet.router
             if args.gateway:
                 while not base.startswith("http") or base == fleet.router:
@@ -143,12 +179,14 @@ def run_fleet(args: argparse.Namespace, launcher: bool) -> list[dict]:
                 if "serving" in phases:  # from the start: first the API server's interpreter and imports
                     first = max(0.0, round(wake["engine_start_s"] - phases["serving"]))
                     phases = {"api_server_first_line": first, **{k: v + first for k, v in phases.items()}}
-                row = {"launcher": "on" if launcher else "off", "cycle": cycle,
+                served = sorted(asyncio.run(sequential(base, args.after))) if args.after else []
+                row = {"variant": variant, "cycle": cycle,
                        "first_token_s": round(ttfts[0], 2) if ttfts else None,
                        "last_first_token_s": round(ttfts[-1], 2) if ttfts else None, "lost": len(lost),
                        "duplicated": duplicated, "decode_alone": len(alone),
                        **{k: round(v, 2) for k, v in wake.items()},
-                       "prefill_log_s": phases}
+                       "awake_request_ms_p50": round(1000 * statistics.median(served), 1) if served else None,
+                       "awake_answered": len(served), "prefill_log_s": phases}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
@@ -157,12 +195,14 @@ def run_fleet(args: argparse.Namespace, launcher: bool) -> list[dict]:
 def summarize(rows: list[dict], args: argparse.Namespace) -> dict:
     med = lambda key: round(statistics.median(r[key] for r in rows if r.get(key) is not None), 2)  # noqa: E731
     names = ["api_server_first_line"] + [name for name, _ in PHASES[1:]]
-    return {"launcher": rows[0]["launcher"], "cycles": len(rows), "burst": args.burst,
+    return {"variant": rows[0]["variant"], "cycles": len(rows), "burst": args.burst,
             "front_end": "gateway" if args.gateway else "router",
             "lost": sum(r["lost"] for r in rows), "duplicated": sum(r["duplicated"] for r in rows),
             "decode_alone": sum(r["decode_alone"] for r in rows),
             "first_request_to_first_token_s_p50": med("first_token_s"),
             **{f"{k}_p50": med(k) for k in ("activation_s", "engine_start_s", "offer_s", "total_s")},
+            "awake_request_ms_p50": med("awake_request_ms_p50") if args.after else None,
+            "awake_lost": sum(args.after - r["awake_answered"] for r in rows),
             # the prefill engine's start, seconds after the runner started it (median; its log has whole seconds)
             "prefill_phases_s_p50": {name: statistics.median(r["prefill_log_s"][name] for r in rows
                                                              if name in r["prefill_log_s"])
@@ -175,22 +215,27 @@ def main() -> int:
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--gateway", action="store_true", help="through Envoy and the Endpoint Picker")
     ap.add_argument("--cr", type=Path, default=CR, help="the fleet (default %(default)s)")
-    ap.add_argument("--launcher", choices=("on", "off", "both"), default="on",
-                    help="engines forked by the pre-imported launcher (on, pdfleet local's default), started as fresh"
-                         " interpreters (off), or both fleets in this run and the ratio (default %(default)s)")
+    ap.add_argument("--no-launcher", action="store_true", help="engines started as fresh interpreters")
+    ap.add_argument("--compare", action="store_true", help="before, launcher and after in this run (see above)")
+    ap.add_argument("--after", type=int, default=10, help="sequential requests after each wake (default %(default)s)")
     args = ap.parse_args()
-    modes = {"on": [True], "off": [False], "both": [False, True]}[args.launcher]
     summaries = []
-    for launcher in modes:
-        rows = run_fleet(args, launcher)
-        summaries.append(summarize(rows, args))
-        print("summary " + json.dumps(summaries[-1]), flush=True)
-    if len(summaries) == 2:
-        off, on = summaries
-        print("launcher off / on (p50): " + json.dumps(
-            {k: round(off[k] / on[k], 2) for k in ("engine_start_s_p50", "first_request_to_first_token_s_p50",
-                                                  "total_s_p50") if on[k]}), flush=True)
-    return 1 if any(s["lost"] or s["duplicated"] or s["decode_alone"] for s in summaries) else 0
+    with tempfile.TemporaryDirectory(prefix="pdfleet-stz-cr-") as tmp:
+        if args.compare:
+            before = without_in_process_executor(args.cr, Path(tmp) / "before.yaml")
+            variants = [("before", before, False), ("launcher", before, True), ("after", args.cr, True)]
+        else:
+            variants = [("launcher off" if args.no_launcher else "as is", args.cr, not args.no_launcher)]
+        for name, cr, launcher in variants:
+            summaries.append(summarize(run_fleet(args, name, cr, launcher), args))
+            print("summary " + json.dumps(summaries[-1]), flush=True)
+    if len(summaries) > 1:
+        base = summaries[0]
+        for s in summaries[1:]:
+            print(f"{base['variant']} / {s['variant']} (p50): " + json.dumps(
+                {k: round(base[k] / s[k], 2) for k in ("engine_start_s_p50", "first_request_to_first_token_s_p50",
+                                                      "total_s_p50", "awake_request_ms_p50") if s.get(k)}), flush=True)
+    return 1 if any(s["lost"] or s["duplicated"] or s["decode_alone"] or s["awake_lost"] for s in summaries) else 0
 
 
 if __name__ == "__main__":

@@ -414,6 +414,8 @@ class LocalRunner:
             await asyncio.to_thread(stop_groups, [c.pgid for c in children], [c.proc for c in children])
         if self.launcher is not None:
             await asyncio.to_thread(self.launcher.close)
+            if self.watchdog is not None:
+                self.watchdog.forget(self.launcher.pgid)
             self.launcher = None
         if self.watchdog is not None:
             await asyncio.to_thread(self.watchdog.close)
