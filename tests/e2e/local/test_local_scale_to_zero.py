@@ -1,7 +1,7 @@
 """Scale to zero as a pair on `pdfleet local` with real engines (issue 41): idle for idleSeconds, both
 engines stop; a burst sent at zero, half through the router and half through `--gateway` (Envoy and the
 Endpoint Picker), is held by both front ends, wakes both engines once, and is answered token-identical to
-a plain server, nothing lost, nothing answered decode-alone. One cycle here (an engine starts in ~30 s on
+a plain server, nothing lost, nothing answered decode-alone. One cycle here (a wake takes ~13 s on
 2 cores); bench/scale_from_zero.py runs 20. The engines are forked by `pdfleet local`'s pre-imported
 launcher (its default with scale to zero), so this also checks its engines answer as a plain server.
 
