@@ -72,12 +72,29 @@ class LocalPlan:
         return tuple(e for e in self.engines if e.role == role)
 
 
+def starts_at_zero(spec: DisaggregatedInferenceSpec) -> bool:
+    """Both roles at 0 replicas with scale to zero on: the run starts with the pair asleep (as the scalers
+    would), its front ends holding the first request that wakes it."""
+    s = spec.scaling.scale_to_zero
+    return s is not None and s.enabled and all(spec.role(role).replicas == 0 for role in ROLES)
+
+
+def awake_spec(spec: DisaggregatedInferenceSpec) -> DisaggregatedInferenceSpec:
+    """The spec whose engines a wake starts: a pair that starts asleep wakes to 1 of each role (the scalers'
+    0 -> 1); any other spec as it is."""
+    if not starts_at_zero(spec):
+        return spec
+    return spec.model_copy(update={role: spec.role(role).model_copy(update={"replicas": 1}) for role in ROLES})
+
+
 def local_errors(spec: DisaggregatedInferenceSpec, *, has_gpu: bool) -> list[FieldError]:
     """What a valid resource still needs to run as processes on this machine."""
     errors = []
+    asleep = starts_at_zero(spec)
     for role in ROLES:
-        if spec.role(role).replicas < 1:
-            errors.append(FieldError(f"spec.{role}.replicas", "a local fleet needs at least 1"))
+        if spec.role(role).replicas < 1 and not asleep:
+            errors.append(FieldError(f"spec.{role}.replicas", "a local fleet needs at least 1 (0 only for both "
+                                     "roles with spec.scaling.scaleToZero.enabled: the pair then starts asleep)"))
     if not has_gpu:
         if spec.kv_transfer.buffer_device != "cpu":
             errors.append(FieldError(

@@ -31,8 +31,11 @@ PROGRESS_S = 10.0
 
 class LocalRunner:
     def __init__(self, resource: Any, args: argparse.Namespace) -> None:
+        from pdfleet.operator.local.fleet import awake_spec, starts_at_zero
+
         self.resource = resource
-        self.spec = resource.spec
+        self.spec = awake_spec(resource.spec)  # the engines a wake starts
+        self.start_asleep = starts_at_zero(resource.spec)  # both roles at 0: no engine until the first request
         self.args = args
         self.stop = asyncio.Event()
         self.stop_reason = ""
@@ -85,6 +88,9 @@ class LocalRunner:
         if self.spec.network.preflight.enabled or self.args.preflight_only:
             if not await self._preflight() or self.args.preflight_only:
                 return EXIT_OK if self.kv_transport.get("status") == "True" else EXIT_FAILED
+        if self.start_asleep and self.args.smoke:
+            raise StartupFailed("--smoke needs engines up, and this fleet starts with both roles at 0 replicas;"
+                                " set spec.prefill.replicas and spec.decode.replicas to 1 for a smoke test")
         model_path = await self._prepare_model()
         if self.stop.is_set():
             return EXIT_FAILED
@@ -94,22 +100,34 @@ class LocalRunner:
 
         self.watchdog = Watchdog(cwd=self.run_dir)
         await self._start_launcher()
-        for name in self.launches:
-            self._start(name)
-        self._write_state(healthy=False)
-        if not await self._wait_healthy():
-            return EXIT_FAILED
+        if not self.start_asleep:
+            for name in self.launches:
+                self._start(name)
+            self._write_state(healthy=False)
+            if not await self._wait_healthy():
+                return EXIT_FAILED
         await self._start_router()
-        await self._warm_up()
-        self._write_state(healthy=True)
+        if self.start_asleep:  # nothing offered before the router is announced: the first request is held
+            self._front_end(self.router_runner).set_endpoints([])
+        else:  # asleep, the first request is the warm-up
+            await self._warm_up()
+        self._write_state(healthy=not self.start_asleep)
         say(f"router: {self.router_url}")
         if self.args.gateway:
-            say(f"gateway: {await self._start_gateway()}")
+            gateway_url = await self._start_gateway()
+            if self.start_asleep:
+                self.gateway.epp.router.set_endpoints([])
+            say(f"gateway: {gateway_url}")
             say(f"gateway metrics: {self.gateway.metrics_url}")  # the EPP's: requests served through Envoy
-            self._write_state(healthy=True)
+            self._write_state(healthy=not self.start_asleep)
         if self.args.smoke:
             return await self._smoke()
         self._scale_to_zero()
+        if self.start_asleep:
+            from pdfleet.operator.local.scale_to_zero import RETIRED_LINE
+
+            self.pair.asleep = True
+            err(f"{RETIRED_LINE}both roles start at 0 replicas (the router holds the first request and starts them)")
         await self._supervise()
         err(f"stopping ({self.stop_reason})")
         return exit_code_after_stop(self.stop_reason)
@@ -295,6 +313,12 @@ class LocalRunner:
         config = router_config(self.spec, self.launches.values(), self.model_path)
         self.router_runner, self.router_url = await start_router(config, self.args.router_port)
         await wait_for_tokenizer(self.router_runner)
+
+    @staticmethod
+    def _front_end(runner: Any) -> Any:
+        from pdfleet.connector.router.app import ROUTER_KEY
+
+        return runner.app[ROUTER_KEY]
 
     async def _start_gateway(self) -> str:
         from pdfleet.operator.local.router_and_gateway import gateway_for, start_gateway

@@ -15,7 +15,12 @@ import os
 import re
 import time
 
-from local_fleet import REPO, ask_all, local_fleet
+import httpx
+import yaml
+
+from local_fleet import REPO, ask, ask_all, local_fleet
+
+from pdfleet.contract.scale_to_zero import DROPPED_REASON_HEADER, REJECTED_NO_ENDPOINTS, REJECTED_WAITING_ROOM_FULL
 
 from pdfleet.operator.local.scale_to_zero import RETIRED_LINE, WAKE_LINE
 
@@ -69,3 +74,51 @@ def test_the_pair_sleeps_when_idle_and_a_held_burst_wakes_it(tmp_path, prompts, 
         problems += [f"{q.label}: answered {a.fallback}" for q, a in zip(order, answers) if a.fallback]
         assert not problems, problems
         assert fleet.stderr().count(WAKE_LINE) == 1  # one wake for both front ends' held requests
+
+
+TTL_S = 2  # activationTimeoutSeconds, well under a wake (an engine start: ~13 s here, bench/scale_from_zero.py)
+
+
+def test_a_pair_that_starts_asleep_answers_past_the_activation_timeout_with_the_reason(tmp_path, prompts, reference):
+    """Both roles at 0 replicas: no engine starts until a request. The first request is held and wakes the pair,
+    but the wake outlasts activationTimeoutSeconds: 503 with the reason rejected-no-endpoints, not before the
+    timeout. Negative control, in the same room: a second request the room (maxWaiting 1) cannot hold is refused
+    at once (503 rejected-waiting-room-full) while the first is still held, so the wait is the room's doing. The
+    wake goes on; the pair then answers token-identical to a plain server."""
+    cr = yaml.safe_load(STZ_CR.read_text())
+    spec = cr["spec"]
+    spec["prefill"]["replicas"] = spec["decode"]["replicas"] = 0
+    spec["scaling"]["scaleToZero"].update(activationTimeoutSeconds=TTL_S, maxWaiting=1, idleSeconds=600)
+    path = tmp_path / "asleep-cr.yaml"
+    path.write_text(yaml.safe_dump(cr))
+    q = prompts.identity[0]
+    with local_fleet(tmp_path / "asleep", cr=path) as fleet:
+        _wait(fleet, RETIRED_LINE, 1)
+        assert fleet.state()["engines"] == [] and "started " not in fleet.stderr()
+
+        async def at_zero() -> tuple[httpx.Response, float, httpx.Response, bool]:
+            async with httpx.AsyncClient(timeout=60.0) as client:
+                t0 = time.monotonic()
+                held = asyncio.create_task(client.post(fleet.router + q.path, json=q.body))
+                while "started " not in fleet.stderr():  # the held request asked for the wake
+                    assert not held.done(), held.result().text
+                    await asyncio.sleep(0.1)
+                over = await client.post(fleet.router + q.path, json=q.body)
+                first_still_held = not held.done()
+                first = await held
+                return first, time.monotonic() - t0, over, first_still_held
+
+        first, waited, over, first_still_held = asyncio.run(at_zero())
+        assert (over.status_code, over.headers.get(DROPPED_REASON_HEADER)) == (503, REJECTED_WAITING_ROOM_FULL)
+        assert first_still_held  # refused at once: not after the held request's timeout
+        assert (first.status_code, first.headers.get(DROPPED_REASON_HEADER)) == (503, REJECTED_NO_ENDPOINTS)
+        assert waited >= TTL_S, f"answered after {waited:.2f}s, before activationTimeoutSeconds"
+        _wait(fleet, WAKE_LINE, 1)  # the wake the expired request asked for goes on
+
+        async def awake():
+            async with httpx.AsyncClient(timeout=120.0) as client:
+                return await ask(client, fleet.router, q)
+
+        answer = asyncio.run(awake())
+        assert (answer.status, answer.error, answer.fallback) == (200, "", None), answer.text[:300]
+        assert answer.token_ids == reference[q.label].token_ids

@@ -8,7 +8,8 @@ import pytest
 
 from pdfleet.operator.api import parse
 from pdfleet.operator.local.fleet import (
-    EnginePorts, assign_cpus, local_errors, omp_bind, plan_local, shared_cpu_engines, spin_capped_engines,
+    EnginePorts, assign_cpus, awake_spec, local_errors, omp_bind, plan_local, shared_cpu_engines,
+    spin_capped_engines, starts_at_zero,
 )
 from pdfleet.operator.plan.engine import ENGINE_MODULE, vllm_args
 
@@ -208,3 +209,27 @@ def test_valid_cpu_resource_has_no_local_errors():
     # With a GPU, a cuda buffer and any block size are fine.
     assert local_errors(resource(kvTransfer={"bufferDevice": "cuda"}, engine={"blockSize": 16}).spec,
                         has_gpu=True) == []
+
+
+def _stz(prefill: int, decode: int, enabled: bool = True):
+    scaling = {"minReplicas": 0, "maxReplicas": 1}
+    return resource(prefill={"replicas": prefill, "autoscaling": scaling},
+                    decode={"replicas": decode, "autoscaling": scaling}, router={"replicas": 1},
+                    scaling={"scaleToZero": {"enabled": enabled}}).spec
+
+
+@pytest.mark.parametrize("prefill, decode, enabled, asleep, errors", [
+    (0, 0, True, True, []),  # the pair starts asleep
+    (1, 1, True, False, []),  # starts up, sleeps when idle
+    (0, 1, True, False, ["spec.prefill.replicas"]),  # half a pair at zero: no such start
+    (1, 0, True, False, ["spec.decode.replicas"]),
+    (0, 0, False, False, ["spec.prefill.replicas", "spec.decode.replicas"]),  # negative control: nothing wakes it
+])
+def test_a_pair_at_zero_replicas_starts_asleep_only_with_scale_to_zero(prefill, decode, enabled, asleep, errors):
+    spec = _stz(prefill, decode, enabled)
+    assert starts_at_zero(spec) is asleep
+    assert [e.field for e in local_errors(spec, has_gpu=False)] == errors
+    awake = awake_spec(spec)
+    # a wake starts one of each role; any spec that does not start asleep is planned as it is
+    assert [awake.role(r).replicas for r in ("prefill", "decode")] == ([1, 1] if asleep else [prefill, decode])
+    assert spec.prefill.replicas == prefill  # the resource itself is left alone
