@@ -8,7 +8,9 @@ spec.kvTransfer.decodeReuse on. Two arms of --conversations token-id conversatio
 holds its KV and the next turn's prefill pulls the previous answer's blocks from it; "recompute" conversations
 name nothing (token ids, no key: the router asks no decode to hold), so the prefill recomputes the previous
 answer. A turn is a first prompt of --first-tokens, then each later one the previous prompt, the previous answer
-(--answer-tokens) and a user message (--user-tokens). Each turn >= 2 is measured by a streamed one-token probe of
+(--answer-tokens) and a user message (--user-tokens). The lease (--lease-seconds) must outlast a round of the
+other conversations' turns: an offer older than its lease is released, not pulled (tiny-cpu.yaml's 30 s does not
+outlast 768-token answers). Each turn >= 2 is measured by a streamed one-token probe of
 the turn's prompt (its TTFT: prefill leg, decode's pull, first token) before the turn itself is sent whole (a
 stream carries no offer: the whole turn makes the next one). Printed: turn >= 2 TTFT p50/p90 per arm, the
 prefill's p2p cached tokens per arm, the ratio recompute / reuse.
@@ -38,9 +40,10 @@ from local_fleet import MODEL, TINY_CR, corpus_ids, local_fleet, metric_sum  # n
 P2P = "vllm:prompt_tokens_cached_by_source_total"
 
 
-def fleet_cr(work: Path, min_tokens: int, max_model_len: int) -> Path:
+def fleet_cr(work: Path, min_tokens: int, max_model_len: int, lease_seconds: int) -> Path:
     cr = yaml.safe_load(TINY_CR.read_text())
     cr["spec"]["model"]["maxModelLen"] = max_model_len
+    cr["spec"]["kvTransfer"]["leaseSeconds"] = lease_seconds  # a hold waits a whole round of the other turns
     cr["spec"]["kvTransfer"]["decodeReuse"] = {"enabled": True, "minReusableTokens": min_tokens}
     path = work / "decode-reuse-bench.yaml"
     path.write_text(yaml.safe_dump(cr))
@@ -115,6 +118,8 @@ def main() -> int:
     parser.add_argument("--user-tokens", type=int, default=32)
     parser.add_argument("--min-tokens", type=int, default=64, help="decodeReuse.minReusableTokens")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--lease-seconds", type=int, default=300,
+                        help="kvTransfer.leaseSeconds: an offer older than its lease is released, not pulled")
     args = parser.parse_args()
     if args.turns < 2 or args.conversations < 1:
         parser.error("--turns must be at least 2 and --conversations at least 1")
@@ -125,12 +130,13 @@ def main() -> int:
     ids = corpus_ids(model_dir, 2 * args.conversations * (args.first_tokens + args.user_tokens * args.turns))
     with tempfile.TemporaryDirectory(prefix="decode-reuse-bench-") as tmp:
         work = Path(tmp)
-        with local_fleet(work, cr=fleet_cr(work, args.min_tokens, args.max_model_len)) as fleet:
+        with local_fleet(work, cr=fleet_cr(work, args.min_tokens, args.max_model_len, args.lease_seconds)) as fleet:
             rows = asyncio.run(replay(fleet.router, fleet.engine("prefill")["url"], ids, args))
     print(f"tiny model, 1 prefill + 1 decode (decodeReuse on, minReusableTokens {args.min_tokens}); "
           f"{args.conversations} conversations per arm x {args.turns} turns, interleaved, one request at a time; "
           f"first prompt {args.first_tokens}, answers {args.answer_tokens}, user messages {args.user_tokens} tokens "
           f"(last prompt {last}); CPUs {sorted(os.sched_getaffinity(0))}")
+    print(f"lease {args.lease_seconds} s")
     print(f"{'arm':10}{'turn>=2 TTFT p50':>18}{'p90':>10}{'n':>5}  prefill p2p tokens")
     for arm, r in rows.items():
         print(f"{arm:10}{r['p50_ms']:16.1f}ms{r['p90_ms']:8.1f}ms{r['n']:5d}  {int(r['p2p_tokens'])}")
