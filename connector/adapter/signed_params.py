@@ -87,15 +87,22 @@ def verify_params(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
             raise InvalidTransferParams(K.SIG_KEY, f"a {parts[0]} signature covers params of version"
                                                    f" {K.version_string(covers)} or older only; these are"
                                                    f" {params.get(K.VERSION_KEY)}: sign them {_SIG_VERSION}")
+    _check_mac(params, parts, ring, K.SIG_KEY, reader="this decode",
+               changed="does not match the params (changed after the prefill signed them)")
+
+
+def _check_mac(params: Mapping[str, Any], parts: list[str], ring: auth.KeyRing, field: str, *, reader: str,
+               changed: str) -> None:
+    """``parts`` (scheme, key id, hmac; the scheme already checked) sign ``params`` under a key of ``ring``."""
     try:
         kid, mac = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
     except ValueError:
-        raise InvalidTransferParams(K.SIG_KEY, "key id and hmac must be hex") from None
+        raise InvalidTransferParams(field, "key id and hmac must be hex") from None
     key = ring.lookup(kid)
     if key is None:
-        raise InvalidTransferParams(K.SIG_KEY, "signed with a key this decode does not accept")
+        raise InvalidTransferParams(field, f"signed with a key {reader} does not accept")
     if not hmac.compare_digest(hmac.new(key, _canonical(params, parts[0]), hashlib.sha256).digest(), mac):
-        raise InvalidTransferParams(K.SIG_KEY, "does not match the params (changed after the prefill signed them)")
+        raise InvalidTransferParams(field, changed)
 
 
 def verifier(ring: Optional[auth.KeyRing]) -> Verify | None:
@@ -117,15 +124,8 @@ def verify_reuse(params: Mapping[str, Any], ring: auth.KeyRing) -> None:
     parts = value.split(".") if isinstance(value, str) and len(value) <= 200 else []
     if len(parts) != 3 or parts[0] != _REUSE_VERSION:
         raise InvalidTransferParams(K.REUSE_SIG_KEY, f"is required: '{_REUSE_VERSION}.<key id>.<hmac>' (hex)")
-    try:
-        kid, mac = bytes.fromhex(parts[1]), bytes.fromhex(parts[2])
-    except ValueError:
-        raise InvalidTransferParams(K.REUSE_SIG_KEY, "key id and hmac must be hex") from None
-    key = ring.lookup(kid)
-    if key is None:
-        raise InvalidTransferParams(K.REUSE_SIG_KEY, "signed with a key this engine does not accept")
-    if not hmac.compare_digest(hmac.new(key, _canonical(params, _REUSE_VERSION), hashlib.sha256).digest(), mac):
-        raise InvalidTransferParams(K.REUSE_SIG_KEY, "does not match the offer (changed after the decode signed it)")
+    _check_mac(params, parts, ring, K.REUSE_SIG_KEY, reader="this engine",
+               changed="does not match the offer (changed after the decode signed it)")
 
 
 def reuse_verifier(ring: Optional[auth.KeyRing]) -> Verify | None:
