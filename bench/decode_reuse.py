@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 from local_fleet import MODEL, TINY_CR, corpus_ids, local_fleet, metric_sum  # noqa: E402  (as kv_tiers.py)
 
-P2P = "vllm:prompt_tokens_cached_by_source_total"
+CACHED = "vllm:prompt_tokens_cached_by_source_total"
+SOURCES = ("device", "p2p")
 
 
 def fleet_cr(work: Path, min_tokens: int, max_model_len: int, lease_seconds: int) -> Path:
@@ -74,8 +75,11 @@ async def whole(client: httpx.AsyncClient, url: str, prompt: list[int], n: int, 
     return ids
 
 
-def p2p(url: str) -> float:
-    return metric_sum(httpx.get(url + "/metrics", timeout=10).text, P2P, source="p2p")
+def prefill_counters(url: str) -> dict[str, float]:
+    """The prefill's cached prompt tokens by source and its prompt tokens (a probe's share is the difference)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {**{s: metric_sum(text, CACHED, source=s) for s in SOURCES},
+            "prompt": metric_sum(text, "vllm:prompt_tokens_total")}
 
 
 async def replay(router: str, prefill: str, ids: list[int], args: argparse.Namespace) -> dict[str, dict]:
@@ -88,58 +92,80 @@ async def replay(router: str, prefill: str, ids: list[int], args: argparse.Names
             arms[arm].append({"user": f"bench-{c}" if arm == "reuse" else None, "prompt": chunk[:args.first_tokens],
                               "users": chunk[args.first_tokens:]})
     ttfts: dict[str, list[float]] = {arm: [] for arm in arms}
-    pulled = {arm: 0.0 for arm in arms}
+    cached = {arm: dict.fromkeys((*SOURCES, "prompt"), 0.0) for arm in arms}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         for t in range(args.turns):
             for c in range(args.conversations):
                 for arm, convs in arms.items():
                     conv = convs[c]
                     if t:
-                        before = p2p(prefill)
+                        before = prefill_counters(prefill)
                         ttfts[arm].append(await probe(client, router, conv["prompt"], conv["user"]))
-                        pulled[arm] += p2p(prefill) - before
+                        after = prefill_counters(prefill)
+                        for k in after:
+                            cached[arm][k] += after[k] - before[k]
                     answer = await whole(client, router, conv["prompt"], args.answer_tokens, conv["user"])
                     user = conv["users"][args.user_tokens * t:args.user_tokens * (t + 1)]
                     conv["prompt"] = conv["prompt"] + answer + user
     out = {}
     for arm, xs in ttfts.items():
         xs.sort()
+        c = cached[arm]
         out[arm] = {"p50_ms": statistics.median(xs) * 1e3, "p90_ms": xs[round(0.9 * (len(xs) - 1))] * 1e3,
-                    "n": len(xs), "p2p_tokens": pulled[arm]}
+                    "n": len(xs), "p2p_tokens": c["p2p"], "device_tokens": c["device"],
+                    "prompt_tokens": c["prompt"],
+                    # prefill's own prefix cache keeps each turn's prompt; the previous answer is pulled or recomputed
+                    "hit_rate": (c["device"] + c["p2p"]) / max(1.0, c["prompt"])}
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--conversations", type=int, default=6)
-    parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--first-tokens", type=int, default=256)
-    parser.add_argument("--answer-tokens", type=int, default=256)
-    parser.add_argument("--user-tokens", type=int, default=32)
-    parser.add_argument("--min-tokens", type=int, default=64, help="decodeReuse.minReusableTokens")
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--lease-seconds", type=int, default=300,
-                        help="kvTransfer.leaseSeconds: an offer older than its lease is released, not pulled")
-    args = parser.parse_args()
+def add_args(parser: argparse.ArgumentParser, prefix: str = "", **defaults: int) -> None:
+    """This bench's knobs; kv_tiers.py adds them as --reuse-* (its own --conversations etc. are the tier arms')."""
+    d = {"conversations": 6, "turns": 5, "first_tokens": 256, "answer_tokens": 256, "user_tokens": 32,
+         "min_tokens": 64, "max_model_len": 4096, "lease_seconds": 300} | defaults
+    for name, help_ in (("conversations", "conversations per arm"), ("turns", None),
+                        ("first_tokens", "tokens of a conversation's first prompt"),
+                        ("answer_tokens", "tokens of every answer"), ("user_tokens", "tokens each user message adds"),
+                        ("min_tokens", "decodeReuse.minReusableTokens"), ("max_model_len", None),
+                        ("lease_seconds", "kvTransfer.leaseSeconds: an offer older than its lease is released, "
+                                          "not pulled")):
+        parser.add_argument(f"--{prefix}{name.replace('_', '-')}", dest=f"{prefix.replace('-', '_')}{name}",
+                            type=int, default=d[name], help=help_)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The last prompt's length; parser.error on knobs that cannot run."""
     if args.turns < 2 or args.conversations < 1:
         parser.error("--turns must be at least 2 and --conversations at least 1")
     last = args.first_tokens + (args.turns - 1) * (args.answer_tokens + args.user_tokens)
     if last + args.answer_tokens > args.max_model_len:
         parser.error(f"the last turn needs {last + args.answer_tokens} tokens: raise --max-model-len")
-    model_dir = ensure_tiny_model()
+    return last
+
+
+def run(work: Path, model_dir: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """Both arms on one decodeReuse fleet: {"reuse": row, "recompute": row}."""
     ids = corpus_ids(model_dir, 2 * args.conversations * (args.first_tokens + args.user_tokens * args.turns))
+    with local_fleet(work, cr=fleet_cr(work, args.min_tokens, args.max_model_len, args.lease_seconds)) as fleet:
+        return asyncio.run(replay(fleet.router, fleet.engine("prefill")["url"], ids, args))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_args(parser)
+    args = parser.parse_args()
+    last = check_args(parser, args)
     with tempfile.TemporaryDirectory(prefix="decode-reuse-bench-") as tmp:
-        work = Path(tmp)
-        with local_fleet(work, cr=fleet_cr(work, args.min_tokens, args.max_model_len, args.lease_seconds)) as fleet:
-            rows = asyncio.run(replay(fleet.router, fleet.engine("prefill")["url"], ids, args))
+        rows = run(Path(tmp), ensure_tiny_model(), args)
     print(f"tiny model, 1 prefill + 1 decode (decodeReuse on, minReusableTokens {args.min_tokens}); "
           f"{args.conversations} conversations per arm x {args.turns} turns, interleaved, one request at a time; "
           f"first prompt {args.first_tokens}, answers {args.answer_tokens}, user messages {args.user_tokens} tokens "
           f"(last prompt {last}); CPUs {sorted(os.sched_getaffinity(0))}")
     print(f"lease {args.lease_seconds} s")
-    print(f"{'arm':10}{'turn>=2 TTFT p50':>18}{'p90':>10}{'n':>5}  prefill p2p tokens")
+    print(f"{'arm':10}{'turn>=2 TTFT p50':>18}{'p90':>10}{'n':>5}{'hit rate':>10}  prefill p2p / device tokens")
     for arm, r in rows.items():
-        print(f"{arm:10}{r['p50_ms']:16.1f}ms{r['p90_ms']:8.1f}ms{r['n']:5d}  {int(r['p2p_tokens'])}")
+        print(f"{arm:10}{r['p50_ms']:16.1f}ms{r['p90_ms']:8.1f}ms{r['n']:5d}{r['hit_rate']:10.2f}  "
+              f"{int(r['p2p_tokens'])} / {int(r['device_tokens'])}")
     ratio = rows["recompute"]["p50_ms"] / rows["reuse"]["p50_ms"]
     print(f"turn >= 2 TTFT p50, recompute / reuse: {ratio:.2f}x")
     print(json.dumps({"ratio": round(ratio, 3), **rows}))

@@ -13,6 +13,18 @@ evict it from the engines' KV memory. Printed per fleet: the turn >= 2 TTFT p50/
 tokens by source over turns >= 2 (vllm:prompt_tokens_cached_by_source) and the prefix hit rate (device + host
 cached tokens over the prompt tokens of turns >= 2), whether the two fleets' answers are token-identical, and
 the ratio of the turn >= 2 TTFT p50s (off / on).
+
+Reuse on/off (spec.kvTransfer.decodeReuse) runs in the same invocation on a third fleet, by bench/decode_reuse.py's
+code (imported; `decode_reuse.py` alone runs just that part): 1 prefill + 1 decode with decodeReuse on and the
+engines' default KV memory (a held history must fit on decode), two interleaved arms of --reuse-conversations
+token-id conversations, "reuse" (named conversations: the next turn's prefill pulls the previous turn's KV from
+decode) and "recompute" (unnamed: nothing held, prefill computes the previous answer again); each turn the previous
+prompt, the previous answer (--reuse-answer-tokens) and a user message. Its workload is its own (the previous
+answer in the next prompt, answers long enough to be worth pulling), so its baseline is its recompute arm, not
+tier off. Printed per arm: turn >= 2 TTFT p50/p90, prefix hit rate (the measured engines' cached prompt tokens
+over their prompt tokens in turns >= 2: all engines' device + host for the tier arms, prefill's device + p2p for the
+reuse arms), cached tokens by source, and the p50 ratio against the arm's baseline from the same run.
+--skip-reuse runs the tier arms only.
 """
 
 from __future__ import annotations
@@ -41,6 +53,9 @@ from pdfleet.operator.plan.engine import served_model_name
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e" / "local"))
 from local_fleet import local_fleet  # noqa: E402  (the e2e tests' `pdfleet local` subprocess, as canary_local.py)
+
+sys.path.insert(0, str(REPO / "bench"))
+import decode_reuse  # noqa: E402  (the reuse on/off arms, as gateway.py imports its sibling benches)
 
 CR = REPO / "examples" / "tiny-cpu.yaml"
 SOURCES = ("device", HOST_SOURCE, "p2p")
@@ -149,19 +164,32 @@ def main() -> int:
     parser.add_argument("--kv-blocks", type=int, default=48, help="each engine's KV memory, in 32-token blocks")
     parser.add_argument("--capacity", default="256Mi", help="kvOffload.cpu.capacity of the tier-on fleet")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--skip-reuse", action="store_true", help="run the tier arms only")
+    # 768-token answers: with 256 the tiny model recomputes the previous answer as fast as it pulls it (0.96x)
+    decode_reuse.add_args(parser, prefix="reuse-", conversations=4, turns=4, answer_tokens=768)
     args = parser.parse_args()
     if args.turns < 2 or args.conversations < 1:
         parser.error("--turns must be at least 2 (turns >= 2 are measured) and --conversations at least 1")
+    reuse = argparse.Namespace(**{k.removeprefix("reuse_"): v for k, v in vars(args).items()
+                                  if k.startswith("reuse_")})
+    reuse_last = None if args.skip_reuse else decode_reuse.check_args(parser, reuse)
 
     model_dir = ensure_tiny_model()
     model = served_model_name(parse(yaml.safe_load(CR.read_text())).spec)
     convos = conversations(model_dir, args.conversations, args.turns, args.first_tokens, args.turn_tokens)
-    rows = {}
+    rows, reused, wall = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="kv-tiers-bench-") as tmp:
         work = Path(tmp)
         for tier in (False, True):
+            started = time.monotonic()
             cr = fleet_cr(work, tier, args.kv_blocks, args.capacity, args.max_model_len)
             rows["on" if tier else "off"] = run_fleet(work, cr, model, convos, args.max_tokens)
+            wall["tier on" if tier else "tier off"] = time.monotonic() - started
+        if not args.skip_reuse:
+            started = time.monotonic()
+            (work / "reuse").mkdir()
+            reused = decode_reuse.run(work / "reuse", model_dir, reuse)
+            wall["reuse fleet"] = time.monotonic() - started
 
     from transformers import AutoTokenizer
 
@@ -171,14 +199,30 @@ def main() -> int:
           f"({args.kv_blocks * 32} tokens), Conditional router; {args.conversations} conversations x {args.turns} "
           f"turns, last prompts up to {last} tokens ({args.conversations * last} tokens of history at the end); "
           f"one request at a time, {args.max_tokens} new tokens; CPUs {sorted(os.sched_getaffinity(0))}")
-    print(f"{'tier':6}{'turn 1 p50':>12}{'turn>=2 p50':>13}{'turn>=2 p90':>13}{'hit rate':>10}  cached tokens (turns >= 2)")
+    print(f"{'arm':11}{'turn 1 p50':>12}{'turn>=2 p50':>13}{'turn>=2 p90':>13}{'hit rate':>10}  "
+          "cached tokens (turns >= 2)")
     for name, r in rows.items():
-        print(f"{name:6}{r['turn1_p50_ms']:10.1f}ms{r['later_p50_ms']:11.1f}ms{r['later_p90_ms']:11.1f}ms"
-              f"{r['hit_rate']:10.2f}  {({k: int(v) for k, v in r['cached'].items()})}")
+        print(f"tier {name:6}{r['turn1_p50_ms']:10.1f}ms{r['later_p50_ms']:11.1f}ms{r['later_p90_ms']:11.1f}ms"
+              f"{r['hit_rate']:10.2f}  engines {({k: int(v) for k, v in r['cached'].items()})}")
     same = sum(a == b for a, b in zip(rows["off"]["answers"], rows["on"]["answers"]))
     print(f"answers token-identical with and without the tier: {same}/{len(rows['on']['answers'])}")
     ratio = rows["off"]["later_p50_ms"] / rows["on"]["later_p50_ms"]
-    print(f"turn >= 2 TTFT p50, off / on: {ratio:.2f}x (goal >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})")
+    print(f"turn >= 2 TTFT p50, tier off / on: {ratio:.2f}x (goal >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})")
+    if reused:
+        print(f"reuse fleet: 1 prefill + 1 decode, decodeReuse on (minReusableTokens {reuse.min_tokens}, lease "
+              f"{reuse.lease_seconds} s), default KV memory; {reuse.conversations} conversations per arm x "
+              f"{reuse.turns} turns, interleaved, one request at a time; first prompt {reuse.first_tokens}, answers "
+              f"{reuse.answer_tokens}, user messages {reuse.user_tokens} tokens (last prompt {reuse_last}); "
+              "turn >= 2 TTFT by a one-token streamed probe")
+        for arm in ("recompute", "reuse"):
+            r = reused[arm]
+            label = "reuse off" if arm == "recompute" else "reuse on"
+            print(f"{label:11}{'':12}{r['p50_ms']:11.1f}ms{r['p90_ms']:11.1f}ms{r['hit_rate']:10.2f}  prefill "
+                  f"{{'device': {int(r['device_tokens'])}, 'p2p': {int(r['p2p_tokens'])}}} of "
+                  f"{int(r['prompt_tokens'])} prompt tokens")
+        ratio = reused["recompute"]["p50_ms"] / reused["reuse"]["p50_ms"]
+        print(f"turn >= 2 TTFT p50, reuse off / on: {ratio:.2f}x")
+    print("wall: " + ", ".join(f"{k} {v:.0f} s" for k, v in wall.items()))
     return 0
 
 
