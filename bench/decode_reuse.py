@@ -133,13 +133,13 @@ def add_args(parser: argparse.ArgumentParser, prefix: str = "", **defaults: int)
                             type=int, default=d[name], help=help_)
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """The last prompt's length; parser.error on knobs that cannot run."""
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace, prefix: str = "") -> int:
+    """The last prompt's length; parser.error, naming the option as add_args spelled it, on knobs that cannot run."""
     if args.turns < 2 or args.conversations < 1:
-        parser.error("--turns must be at least 2 and --conversations at least 1")
+        parser.error(f"--{prefix}turns must be at least 2 and --{prefix}conversations at least 1")
     last = args.first_tokens + (args.turns - 1) * (args.answer_tokens + args.user_tokens)
     if last + args.answer_tokens > args.max_model_len:
-        parser.error(f"the last turn needs {last + args.answer_tokens} tokens: raise --max-model-len")
+        parser.error(f"the last turn needs {last + args.answer_tokens} tokens: raise --{prefix}max-model-len")
     return last
 
 

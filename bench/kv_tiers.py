@@ -172,7 +172,7 @@ def main() -> int:
         parser.error("--turns must be at least 2 (turns >= 2 are measured) and --conversations at least 1")
     reuse = argparse.Namespace(**{k.removeprefix("reuse_"): v for k, v in vars(args).items()
                                   if k.startswith("reuse_")})
-    reuse_last = None if args.skip_reuse else decode_reuse.check_args(parser, reuse)
+    reuse_last = None if args.skip_reuse else decode_reuse.check_args(parser, reuse, prefix="reuse-")
 
     model_dir = ensure_tiny_model()
     model = served_model_name(parse(yaml.safe_load(CR.read_text())).spec)
