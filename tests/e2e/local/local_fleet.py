@@ -126,6 +126,55 @@ async def ask_all(base: str, reqs: list[Req], concurrency: int) -> list[Answer]:
         return await asyncio.gather(*(one(r) for r in reqs))
 
 
+# --- decode's KV reused by the next turn (issue 40 part 3): conversations of token-id prompts -----------------
+# Each turn's prompt: the last prompt, the last answer's token ids, a short user message; the conversation is
+# named by the request's `user` (the router's conversation key). Turns 1-4 answered whole, turn 5 streamed
+# (a stream is not asked to hold: nothing stays held at the end).
+
+REUSE_MIN_TOKENS = 64  # the e2e fleet's spec.kvTransfer.decodeReuse.minReusableTokens
+REUSE_TURNS = 5
+REUSE_FIRST = 96  # the first prompt: three blocks
+REUSE_USER = 16  # each later user message
+REUSE_LONG, REUSE_SHORT = 100, 40  # answer tokens: 96 to pull a turn (three blocks), or 32 (one: under the threshold)
+REUSE_CONVERSATIONS = 2  # of each kind
+
+
+def reuse_conversations(model_dir: Path) -> list[tuple[str, list[int], int]]:
+    """(name, first prompt and user messages, answer tokens): the short ones first, then the long ones."""
+    per = REUSE_FIRST + REUSE_USER * REUSE_TURNS
+    ids = corpus_ids(model_dir, 2 * REUSE_CONVERSATIONS * per)
+    kinds = [("short", REUSE_SHORT)] * REUSE_CONVERSATIONS + [("long", REUSE_LONG)] * REUSE_CONVERSATIONS
+    return [(f"reuse-{kind}-{c}", ids[c * per:(c + 1) * per], tokens) for c, (kind, tokens) in enumerate(kinds)]
+
+
+def reuse_turn(label: str, prompt: list[int], answer_tokens: int, user: str, stream: bool) -> Req:
+    return Req(label, "/v1/completions", {
+        "model": MODEL, "prompt": prompt, "max_tokens": answer_tokens, "temperature": 0, "ignore_eos": True,
+        "return_token_ids": True, "stream": stream, "user": user})
+
+
+async def reuse_conversation(base: str, name: str, ids: list[int], answer_tokens: int) -> list[tuple[Req, Answer]]:
+    """One conversation's turns in order, each prompt built from the answers ``base`` gave."""
+    out: list[tuple[Req, Answer]] = []
+    prompt = ids[:REUSE_FIRST]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+        for t in range(REUSE_TURNS):
+            req = reuse_turn(f"{name} t{t + 1}", prompt, answer_tokens, name, stream=t == REUSE_TURNS - 1)
+            answer = await ask(client, base, req)
+            out.append((req, answer))
+            if answer.status != 200:
+                break
+            user = ids[REUSE_FIRST + REUSE_USER * t:REUSE_FIRST + REUSE_USER * (t + 1)]
+            prompt = prompt + answer.token_ids + user
+    return out
+
+
+async def reuse_turns(base: str, conversations: list[tuple[str, list[int], int]]) -> list[tuple[Req, Answer]]:
+    """Every conversation's turns, the conversations side by side."""
+    runs = await asyncio.gather(*(reuse_conversation(base, *c) for c in conversations))
+    return [turn for run in runs for turn in run]
+
+
 async def canary_run(pairs: dict[str, tuple[str, str]], reqs: list[Req], weight: int) -> tuple[list[Answer], dict[str, float]]:
     """``reqs`` through a router of this process whose first pair ``{name: (prefill URL, decode URL)}``
     serves and whose second is a canary at ``weight``, handed over as discovery hands over the operator's

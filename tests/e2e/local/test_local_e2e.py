@@ -17,7 +17,14 @@ import httpx
 import psutil
 import pytest
 
-from local_fleet import Answer, Req, ask, ask_all, local_fleet, metric_sum, transferred_tokens
+import yaml
+
+from local_fleet import (
+    BLOCK, REUSE_CONVERSATIONS, REUSE_FIRST, REUSE_LONG, REUSE_MIN_TOKENS, REUSE_SHORT, REUSE_TURNS, REUSE_USER,
+    MODEL, TINY_CR, Answer, Req, ask, ask_all, local_fleet, metric_sum, reuse_conversations, reuse_turns, transferred_tokens,
+)
+from pdfleet.connector.adapter.metric_names import exported_name
+from pdfleet.connector.adapter.turn_reuse import tokens_to_pull
 from observability_assets import all_queries, split_by_source
 from pdfleet.connector.router.app import ROUTER_KEY, start_router
 from pdfleet.contract.env import TEST_CORRUPT_PULLED_BLOCKS
@@ -44,7 +51,11 @@ def corrupt_flag(tmp_path_factory) -> Path:
 def fleet(tmp_path_factory, reference, router_port, corrupt_flag):  # `reference` first: its server is gone before
     # Dev mode: POST /reset_prefix_cache, so the negative control pulls again what decode cached.
     env = {TEST_CORRUPT_PULLED_BLOCKS: str(corrupt_flag), "VLLM_SERVER_DEV_MODE": "1"}
-    with local_fleet(tmp_path_factory.mktemp("fleet"), env=env, extra_args=("--router-port", str(router_port))) as f:
+    work = tmp_path_factory.mktemp("fleet")
+    cr = yaml.safe_load(TINY_CR.read_text())  # decode's KV reused by the next turn: only conversations use it
+    cr["spec"]["kvTransfer"]["decodeReuse"] = {"enabled": True, "minReusableTokens": REUSE_MIN_TOKENS}
+    (work / "cr.yaml").write_text(yaml.safe_dump(cr))
+    with local_fleet(work, cr=work / "cr.yaml", env=env, extra_args=("--router-port", str(router_port))) as f:
         yield f
 
 
@@ -150,9 +161,73 @@ async def test_32_concurrent_requests_are_all_correct(fleet, prompts, reference)
 MULTI_BLOCK = ("65 tokens", "100 tokens", "200 tokens", "500 tokens", "1000 tokens")
 
 
-def reset_prefix_cache(url: str) -> None:
-    reply = httpx.post(url + "/reset_prefix_cache", timeout=30)
-    assert reply.status_code == 200, reply.text
+def reset_prefix_cache(url: str, timeout: float = 30.0) -> None:
+    """Until vLLM says it is done: it refuses while blocks are held, and the blocks of holds already read (a
+    kv_both decode's reuse offers) are freed at the engine's next step, which an idle engine takes on a request.
+    A block never freed fails here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = httpx.post(url + "/reset_prefix_cache", timeout=30)
+        assert reply.status_code == 200, reply.text
+        if reply.json().get("success"):
+            return
+        assert time.monotonic() < deadline, f"{url}: the prefix cache still holds blocks after {timeout:g}s"
+        httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1}, timeout=30)
+        time.sleep(0.2)
+
+
+def expected_pull(answer_tokens: int) -> int:
+    """What the prefill pulls over one reuse conversation's turns 2..5: per turn, the decode holds the last
+    turn's computed full blocks (prompt + answer - 1 tokens), the prefill cached the last prompt's."""
+    total, last = 0, REUSE_FIRST
+    for _ in range(1, REUSE_TURNS):
+        held_blocks = (last + answer_tokens - 1) // BLOCK
+        prompt = last + answer_tokens + REUSE_USER
+        total += tokens_to_pull(held_blocks, block_size=BLOCK, num_prompt_tokens=prompt,
+                                num_computed_tokens=(last // BLOCK) * BLOCK, min_tokens=REUSE_MIN_TOKENS)
+        last = prompt
+    return total
+
+
+def _p2p(url: str) -> float:
+    return metric_sum(httpx.get(url + "/metrics", timeout=10).text, "vllm:prompt_tokens_cached_by_source_total",
+                      source="p2p")
+
+
+def _leases(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {k: metric_sum(text, exported_name(k) + "_total") for k in
+            ("leases_held", "leases_completed", "leases_released", "leases_released_unread", "leases_expired")}
+
+
+def test_the_next_turns_prefill_reuses_decodes_kv(fleet, tiny_model_dir, reference):
+    """Issue 40 part 3 on this fleet (spec.kvTransfer.decodeReuse on, minReusableTokens 64; both engines
+    kv_both): five-turn conversations (local_fleet.reuse_conversation). Long answers (100 tokens): each later
+    turn's prefill pulls from the decode the blocks its own cache lacks, the previous answer's: prefill's
+    p2p-cached tokens grow by exactly what turn_reuse.tokens_to_pull says (96 a turn). Negative control, short
+    answers (40 tokens, one block to gain a turn, under the threshold): recomputed, p2p unchanged, the decode's
+    hold released at once. Every decode lease ends (none by expiry); every turn is token-identical to the plain
+    server, which ran the same conversations (conftest's `reference`)."""
+    assert expected_pull(REUSE_LONG) == 4 * 96 and expected_pull(REUSE_SHORT) == 0  # the workload as described
+    convs = reuse_conversations(tiny_model_dir)
+    prefill, decode = fleet.engine("prefill")["url"], fleet.engine("decode")["url"]
+    before, leases_before = _p2p(prefill), _leases(decode)
+    short = asyncio.run(reuse_turns(fleet.router, convs[:REUSE_CONVERSATIONS]))  # first: nothing pulled yet anyway
+    after_short = _p2p(prefill)
+    long = asyncio.run(reuse_turns(fleet.router, convs[REUSE_CONVERSATIONS:]))
+    after_long = _p2p(prefill)
+    time.sleep(1.0)  # the last completion notices and stats reach the metrics
+    d = {k: v - leases_before[k] for k, v in _leases(decode).items()}
+    print(f"decode reuse: p2p tokens on prefill: short {after_short - before:.0f}, long {after_long - after_short:.0f}"
+          f" (expected {REUSE_CONVERSATIONS * expected_pull(REUSE_LONG)}); decode leases {d}")
+    problems = differences([r for r, _ in short + long], [a for _, a in short + long], reference)
+    assert not problems and len(short + long) == 2 * REUSE_CONVERSATIONS * REUSE_TURNS, problems
+    assert after_short == before, "under minReusableTokens the prefill must recompute"
+    assert after_long - after_short == REUSE_CONVERSATIONS * expected_pull(REUSE_LONG)
+    # every hold ended: read by a prefill, or released (under the threshold); none left to lapse
+    assert d["leases_held"] == 2 * REUSE_CONVERSATIONS * (REUSE_TURNS - 1) and d["leases_expired"] == 0
+    assert d["leases_completed"] == REUSE_CONVERSATIONS * (REUSE_TURNS - 1)  # the long conversations' pulls
+    assert d["leases_released"] + d["leases_released_unread"] == REUSE_CONVERSATIONS * (REUSE_TURNS - 1)
 
 
 async def test_negative_control_corrupted_kv_is_caught(fleet, prompts, reference, corrupt_flag):
