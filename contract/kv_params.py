@@ -780,3 +780,82 @@ def reuse_release_target(params: Any, verify: Verify | None) -> tuple[str, int, 
     """Where to send the release of a refused or unused reuse offer (``release_target`` on the offer)."""
     offer = params.get(REUSE_KEY) if isinstance(params, Mapping) else None
     return release_target(offer, verify)
+
+
+# -- keeping a decode's hold for the next turn alive (issue 40, part 3) ---------------------------
+# A request key, not a produced one (no version change). Between turns the router keeps each offer it
+# holds alive: a one-token completion to the decode that made them, whose kv_transfer_params carry
+# ``KEEP_ALIVE_KEY``: a list of offers as that decode signed them (at most ``max_keep_alive_offers``).
+# The decode extends each hold that is its own and that it still has by its lease length from now; it
+# answers one verdict per offer, in order, under the same key: ``KEPT`` or why not. A hold still ends
+# when the decode needs the memory (its oldest holds first) or when nobody keeps it alive.
+KEEP_ALIVE_KEY = "pdfleet_keep_alive"
+KEPT = "kept"
+# Offers per keep-alive request: the decode checks one signature per offer (lower case on purpose, as
+# lease_id_bytes: the plain number elsewhere is not this value).
+max_keep_alive_offers = 64
+# What a keep-alive needs of an offer: what the v3 signature covers (the block hashes and their own
+# signature are for the prefill that pulls; not sent).
+_KEEP_ALIVE_FIELDS = SIGNED_FIELDS_V3 + (SIG_KEY, DO_REMOTE_PREFILL, DO_REMOTE_DECODE)
+
+
+def keep_alive_request(offers: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The kv_transfer_params of a keep-alive request for ``offers`` (one decode's, at most
+    ``max_keep_alive_offers``): each offer's signed keys, as the decode returned them."""
+    if not 0 < len(offers) <= max_keep_alive_offers:
+        raise ValueError(f"a keep-alive names 1 to {max_keep_alive_offers} offers, got {len(offers)}")
+    return {KEEP_ALIVE_KEY: [{k: o[k] for k in _KEEP_ALIVE_FIELDS if k in o} for o in offers]}
+
+
+def wants_keep_alive(params: Any) -> bool:
+    return isinstance(params, Mapping) and params.get(KEEP_ALIVE_KEY) is not None
+
+
+def keep_alive_offers(params: Any) -> list[Any]:
+    """The offers a keep-alive request names (strict, for decode): a list of 1 to
+    ``max_keep_alive_offers``; raise ``InvalidTransferParams`` naming the field."""
+    raw = _root(params).get(KEEP_ALIVE_KEY)
+    if not isinstance(raw, list) or not 0 < len(raw) <= max_keep_alive_offers:
+        raise InvalidTransferParams(KEEP_ALIVE_KEY, f"must be a list of 1 to {max_keep_alive_offers} offers, got"
+                                                    f" {_short(raw) if not isinstance(raw, list) else len(raw)}")
+    return raw
+
+
+def own_held_offer(offer: Any, *, engine_id: str, verify: Verify | None, index: int = 0) -> tuple[str, bytes]:
+    """(request id, lease id) of a hold that a keep-alive's offer ``index`` names, if the offer is this
+    decode's own (``remote_engine_id``; with a fleet key, its signature); raise ``InvalidTransferParams``
+    naming the field. Whether the hold is still held is the decode's table to say."""
+    where = f"{KEEP_ALIVE_KEY}[{index}]"
+    try:
+        if not isinstance(offer, Mapping):
+            raise InvalidTransferParams("", f"must be a JSON object (a decode's offer), got {type(offer).__name__}")
+        if _version(offer) < LEASE_ID_SINCE:
+            raise InvalidTransferParams(VERSION_KEY, f"must be {version_string(LEASE_ID_SINCE)} or newer")
+        engine = _str(offer, REMOTE_ENGINE_ID)
+        if engine != engine_id:
+            raise InvalidTransferParams(REMOTE_ENGINE_ID, f"names engine {_short(engine)}, not this decode"
+                                                          f" ({engine_id!r}): a decode keeps only its own holds")
+        request_id = _str(offer, REMOTE_REQUEST_ID)
+        lease_id = _lease_id(offer)
+        if verify is not None:
+            _block_ids(offer, max_reuse_blocks)  # bounded before the signature is computed over them
+            verify(offer)
+    except InvalidTransferParams as exc:
+        raise InvalidTransferParams(f"{where}.{exc.field}" if exc.field else where, exc.problem) from None
+    assert request_id is not None and lease_id is not None
+    return request_id, lease_id
+
+
+def keep_alive_reply(verdicts: list[str]) -> dict[str, Any]:
+    """What a decode returns for a keep-alive request: one verdict per offer, ``KEPT`` or why not."""
+    return {KEEP_ALIVE_KEY: list(verdicts)}
+
+
+def keep_alive_answer(params: Any, count: int) -> list[bool] | None:
+    """What a decode's reply to a keep-alive of ``count`` offers says (lenient, for the router): per offer,
+    True kept, False refused; None when not understood (an engine without keep-alives, or not one
+    verdict per offer)."""
+    raw = params.get(KEEP_ALIVE_KEY) if isinstance(params, Mapping) else None
+    if not isinstance(raw, list) or len(raw) != count or not all(isinstance(v, str) for v in raw):
+        return None
+    return [v == KEPT for v in raw]

@@ -13,6 +13,7 @@ params rejected since the last step (so workers can count it in their stats).
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections.abc import Iterable
@@ -27,6 +28,8 @@ from pdfleet.connector.adapter.signed_params import reuse_verifier, sign_params,
 from pdfleet.connector.adapter.turn_reuse import hold_budget, holds_to_release, matched_blocks, tokens_to_pull
 from pdfleet.contract.kv_params import (
     DO_REMOTE_PREFILL,
+    KEEP_ALIVE_KEY,
+    KEPT,
     RELEASE_KEY,
     REUSE_KEY,
     REUSE_SIG_KEY,
@@ -37,6 +40,9 @@ from pdfleet.contract.kv_params import (
     lease_id_of,
     num_tokens_to_pull,
     has_reuse,
+    keep_alive_offers,
+    keep_alive_reply,
+    own_held_offer,
     own_lease_to_release,
     parse_remote_prefill,
     parse_reuse,
@@ -45,6 +51,7 @@ from pdfleet.contract.kv_params import (
     release_target,
     reuse_release_target,
     wants_hold_for_next_turn,
+    wants_keep_alive,
     wants_release,
     wants_remote_decode,
     wants_remote_prefill,
@@ -97,6 +104,9 @@ class PdfleetConnectorMetadata(KVConnectorMetadata):
     # params 1.4: the lease id of each hold (a fresh random one) and of each local release, by request id
     hold_leases: dict[str, bytes] = field(default_factory=dict)
     local_release_leases: dict[str, bytes] = field(default_factory=dict)
+    # Own holds for a next turn that the router keeps alive: request id -> lease id (extended by the
+    # lease length from when the worker sees this)
+    local_keep_alives: dict[str, bytes] = field(default_factory=dict)
     params_rejected: int = 0
 
 
@@ -149,6 +159,11 @@ class SchedulerSide:
         # Issue 40: a kv_both decode's holds for conversations' next turns, oldest first: request id ->
         # (blocks, lease id); bounded to a share of its KV blocks (turn_reuse.py).
         self._reuse_holds: dict[str, tuple[int, bytes]] = {}
+        # ... and until when each is held at least (monotonic; the worker's hold starts later, so its
+        # lease ends no earlier), extended by the router's keep-alives.
+        self._reuse_until: dict[str, float] = {}
+        self._local_keep_alives: dict[str, bytes] = {}
+        self.keep_alives_refused = 0  # offers a keep-alive named that this decode did not extend
         self._reuse_budget = hold_budget(num_blocks)
         self._reuse_refused: set[str] = set()  # prefill requests whose reuse offer was refused or unused
 
@@ -182,6 +197,9 @@ class SchedulerSide:
         params = request.kv_transfer_params
         if wants_release(params):
             self._release(rid, params)
+            return None
+        if wants_keep_alive(params):
+            self._keep_held(rid, params)
             return None
         try:
             if not wants_remote_prefill(params):
@@ -221,6 +239,45 @@ class SchedulerSide:
             if held is not None:
                 log.warning("request %s: lease release refused: %s", rid, exc)
             self._release_replies[rid] = error_params(str(exc))
+
+    def _keep_held(self, rid: str, params: Any) -> None:
+        """A keep-alive request from the router (issue 40): extend each named hold for a next turn that is
+        this decode's own and that it still has, by the lease length from now; one verdict per offer. The
+        request itself is computed like any other (a one-token prompt)."""
+        if rid in self._release_replies:
+            return
+        now = time.monotonic()
+        try:
+            if not self.is_producer:
+                raise InvalidTransferParams(KEEP_ALIVE_KEY, "this server holds no leases (it is not a KV producer)")
+            offers = keep_alive_offers(params)
+        except InvalidTransferParams as exc:
+            self._refuse_keep_alive(rid, exc, 1)
+            self._release_replies[rid] = error_params(str(exc))
+            return
+        verdicts = []
+        for i, offer in enumerate(offers):
+            try:
+                hold, lease_id = own_held_offer(offer, engine_id=self.engine_id, verify=self._verify, index=i)
+                held = self._reuse_holds.get(hold)
+                if held is None or not hmac.compare_digest(held[1], lease_id) or self._reuse_until.get(hold, 0.0) <= now:
+                    raise InvalidTransferParams(f"{KEEP_ALIVE_KEY}[{i}]", "names no hold this decode still has"
+                                                                          " (read, released or lapsed)")
+            except InvalidTransferParams as exc:
+                self._refuse_keep_alive(rid, exc, 1)
+                verdicts.append(str(exc))
+                continue
+            self._reuse_until[hold] = now + self.cfg.settings.lease_seconds
+            self._local_keep_alives[hold] = lease_id
+            verdicts.append(KEPT)
+        self._release_replies[rid] = keep_alive_reply(verdicts)
+
+    def _refuse_keep_alive(self, rid: str, exc: InvalidTransferParams, n: int) -> None:
+        self.keep_alives_refused += n
+        self._rejected_since_meta += n
+        held = self._drops.note(KEEP_ALIVE_KEY, time.monotonic())
+        if held is not None:
+            log.warning("request %s: keep-alive refused: %s", rid, exc)
 
     def on_new_request(self, request: Any) -> None:
         """Track a queued remote prefill so its lease is kept alive until its pull starts."""
@@ -322,10 +379,11 @@ class SchedulerSide:
             releases=self._group(self._releases) + tuple(self._refused_releases),
             local_releases=tuple(self._local_releases), params_rejected=self._rejected_since_meta,
             hold_leases=self._hold_leases, local_release_leases=self._local_release_leases,
+            local_keep_alives=self._local_keep_alives,
         )
         self._pulls, self._holds, self._rejected_since_meta, self._releases = {}, {}, 0, []
         self._refused_releases, self._local_releases = [], []
-        self._hold_leases, self._local_release_leases = {}, {}
+        self._hold_leases, self._local_release_leases, self._local_keep_alives = {}, {}, {}
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -377,9 +435,12 @@ class SchedulerSide:
         rid = request.request_id
         params = self._hold(rid, tuple(int(b) for b in block_ids[:n]), n * self.block_size, hashes[:n])
         self._reuse_holds[rid] = (n, self._hold_leases[rid])
-        # Over the share: the oldest holds go first (their blocks return to the cache).
+        self._reuse_until[rid] = time.monotonic() + self.cfg.settings.lease_seconds
+        # Over the share: the oldest holds go first (their blocks return to the cache), kept alive or not.
         for old in holds_to_release([(r, b) for r, (b, _) in self._reuse_holds.items()], self._reuse_budget):
             _, lease_id = self._reuse_holds.pop(old)
+            self._reuse_until.pop(old, None)
+            self._local_keep_alives.pop(old, None)
             self._local_releases.append(old)
             self._local_release_leases[old] = lease_id
         return True, params
@@ -388,6 +449,7 @@ class SchedulerSide:
         """Holds that ended (read, released or expired; vLLM's finished_sending): no longer counted."""
         for rid in request_ids:
             self._reuse_holds.pop(rid, None)
+            self._reuse_until.pop(rid, None)
 
     @property
     def reuse_holds(self) -> int:

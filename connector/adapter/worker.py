@@ -196,6 +196,12 @@ class WorkerSide:
                 self.source.release_unread(list(local), [by_id.get(r) for r in local])
             except Exception:  # best effort: the lease then runs its course
                 log.exception("releasing %d unread lease(s) failed", len(local))
+        kept = getattr(meta, "local_keep_alives", {})
+        if kept and self.source is not None:  # after the releases: a hold released this step stays released
+            try:
+                self.source.keep_held(list(kept), list(kept.values()))
+            except Exception:  # best effort: the hold then ends at its lease's end
+                log.exception("keeping %d hold(s) alive failed", len(kept))
         for rid, spec in meta.pulls.items():
             self._start_pull(rid, spec)
         if self.sink is not None:

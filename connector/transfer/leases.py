@@ -193,9 +193,32 @@ class LeaseTable:
                     continue
                 if not self._bind(lease, agent, readers):
                     continue  # not this agent's lease: it learns nothing about it
-                lease.expires_at = max(lease.expires_at, now + self.lease_seconds)
-                out[rid] = lease.expires_at - now
+                out[rid] = self._prolong(lease, now)
         return out, gone, by_agent
+
+    def _prolong(self, lease: _Lease, now: float) -> float:
+        """A live lease runs ``lease_seconds`` from ``now`` (never shortened); the seconds left."""
+        lease.expires_at = max(lease.expires_at, now + self.lease_seconds)
+        return lease.expires_at - now
+
+    def keep(self, request_ids: list[str], lease_ids: list[bytes | None], now: float) -> list[str]:
+        """Extend these live leases like a reader's heartbeat, for their holder (a decode keeping a turn's
+        blocks for the next one, asked by the router; issue 40), without binding any reader: the lease
+        stays the next reader's to claim. Each must be named with its lease id; an expired one is not
+        revived. Returns the ids extended."""
+        out: list[str] = []
+        with self._lock:
+            self._tick(now)
+            for rid, lid in zip(request_ids, lease_ids):
+                lease = self._leases.get(rid)
+                if lease is None or lease.expires_at <= now:
+                    continue
+                if lid is None or not proves(lease.lease_id, lid):
+                    self.proof_refused += 1
+                    continue
+                self._prolong(lease, now)
+                out.append(rid)
+        return out
 
     def release(self, request_ids: list[str], agent: str = "", readers: int = 1,
                 lease_ids: list[bytes | None] | None = None) -> list[str]:

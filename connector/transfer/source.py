@@ -219,6 +219,11 @@ class KVSource:
         ``lease_ids``: the lease id the router's params named for each (a lease with one needs it)."""
         return self._leases.release_unclaimed(request_ids, lease_ids)
 
+    def keep_held(self, request_ids: list[str], lease_ids: list[bytes | None]) -> list[str]:
+        """Extend these holds by the lease length from now, as a reader's heartbeat would, naming each one's
+        lease id (the engine's own decision: the router keeps a turn's hold alive for the next turn)."""
+        return self._leases.keep(request_ids, lease_ids, time.monotonic())
+
     def poll_released(self) -> list[str]:
         return self._leases.collect(time.monotonic())
 

@@ -2,9 +2,12 @@
 real NIXL and ZMQ: a kv_both decode holds a finished turn's blocks (prompt and generated tokens) with their
 prefix-caching hashes; the next turn's prefill (kv_both) pulls the blocks whose hashes match its prompt, past
 what it cached itself, and the decode frees them after the read; below the threshold nothing is pulled and
-the hold is released at once; a forged offer is refused."""
+the hold is released at once; a forged offer is refused. Between turns the router's keep-alives extend the hold
+past its lease (still pulled intact); without them it lapses (negative control)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
@@ -27,6 +30,21 @@ def pair(tiny_model, monkeypatch):
     prefill = Side(tiny_model, "kv_both", extra={"lease_seconds": 20})
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     decode = Side(tiny_model, "kv_both", extra={"lease_seconds": 20})
+    yield prefill, decode
+    decode.close()
+    prefill.close()
+
+
+LEASE = 1.5  # the decode's lease in the keep-alive tests: short, so that two leases pass in 3 s
+
+
+@pytest.fixture()
+def short_pair(tiny_model, monkeypatch):
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    prefill = Side(tiny_model, "kv_both", extra={"lease_seconds": 20})
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    decode = Side(tiny_model, "kv_both", extra={"lease_seconds": LEASE})
     yield prefill, decode
     decode.close()
     prefill.close()
@@ -140,3 +158,70 @@ def test_no_hold_without_the_routers_ask(pair):
     run_until(decode, lambda: (o := decode.outputs.get("plain")) is not None and o.finish_reason is not None)
     assert decode.outputs["plain"].kv_transfer_params is None
     assert decode.connector._scheduler.reuse_holds == 0
+
+
+def _keep_alive(decode: Side, offers: list[dict], rid: str) -> list[str]:
+    """The router's keep-alive (a one-token request naming the offers); the decode's verdicts."""
+    decode.add(_request(rid, [5], K.keep_alive_request(offers), 1))
+    run_until(decode, lambda: (o := decode.outputs.get(rid)) is not None and o.finish_reason is not None)
+    return decode.outputs[rid].kv_transfer_params[K.KEEP_ALIVE_KEY]
+
+
+def _between_turns(decode: Side, seconds: float, offer: dict | None) -> list[str]:
+    """The decode runs for ``seconds``; with ``offer``, kept alive every third of its lease, as the router does."""
+    verdicts: list[str] = []
+    end = last = time.monotonic()
+    end += seconds
+    while time.monotonic() < end:
+        if offer is not None and time.monotonic() - last >= LEASE / 3:
+            last = time.monotonic()
+            verdicts += _keep_alive(decode, [offer], f"ka-{len(verdicts)}")
+        decode.step()
+        time.sleep(0.02)
+    return verdicts
+
+
+def _pull_turn2(prefill: Side, dreq: Request, offer: dict, rid: str) -> None:
+    preq = _request(rid, _next_turn(dreq, 40), {K.DO_REMOTE_DECODE: True, **K.reuse_request(offer, BLOCK)}, 1)
+    prefill.add(preq)
+    run_until(prefill, lambda: (o := prefill.outputs.get(rid)) is not None and o.finish_reason is not None,
+              write_kv=False)
+
+
+def test_a_hold_kept_alive_outlives_its_lease_and_is_pulled_intact(short_pair):
+    prefill, decode = short_pair
+    n = 3 * BLOCK + 5
+    dreq, offer, held_kv = _first_turn(prefill, decode, n, seed=21)
+    assert offer[K.REMOTE_LEASE_SECONDS] == LEASE
+    verdicts = _between_turns(decode, 2 * LEASE, offer)
+    assert len(verdicts) >= 4 and set(verdicts) == {K.KEPT}
+    # per offer: another decode's offer in the same request is refused, naming why; this one is kept
+    other = dict(offer, **{K.REMOTE_ENGINE_ID: "decode-elsewhere"})
+    mixed = _keep_alive(decode, [other, offer], "ka-mixed")
+    assert mixed[1] == K.KEPT and K.REMOTE_ENGINE_ID in mixed[0]
+    sched = decode.connector._scheduler
+    assert sched.keep_alives_refused == 1 and sched.reuse_holds == 1
+    d_stats = decode.worker._worker.cumulative_stats()
+    assert d_stats["leases_expired"] == 0
+    _pull_turn2(prefill, dreq, offer, "turn2-kept")
+    p_blocks = prefill.block_ids("turn2-kept")
+    held = offer[K.REMOTE_BLOCK_IDS][0]
+    for i in range(n // BLOCK, len(held)):
+        for name in prefill.kv:
+            assert torch.equal(prefill.kv[name][p_blocks[i]], held_kv[name][i]), (name, i)
+    assert prefill.worker._worker.cumulative_stats()["transfers"] == 1
+    run_until(decode, lambda: dreq.request_id not in decode.scheduler.requests)
+    assert decode.worker._worker.cumulative_stats()["leases_completed"] == 1
+
+
+def test_without_keep_alives_the_hold_lapses(short_pair):
+    """Negative control: the same turns and wait, nobody keeps the hold alive."""
+    prefill, decode = short_pair
+    dreq, offer, _ = _first_turn(prefill, decode, 3 * BLOCK + 5, seed=22)
+    assert _between_turns(decode, 2 * LEASE, None) == []
+    assert decode.worker._worker.cumulative_stats()["leases_expired"] == 1
+    assert decode.connector._scheduler.reuse_holds == 0
+    late = _keep_alive(decode, [offer], "ka-late")  # too late: never revived
+    assert late != [K.KEPT] and "no hold" in late[0]
+    _pull_turn2(prefill, dreq, offer, "turn2-lapsed")
+    assert prefill.worker._worker.cumulative_stats().get("transfers", 0) == 0

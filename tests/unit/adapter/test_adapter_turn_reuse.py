@@ -131,3 +131,62 @@ def test_the_routers_ask_is_a_plain_flag():
     # the flag is not signed: adding it leaves prefill's signature valid
     p = _offer()
     verifier(KeyRing(KEY))(K.hold_for_next_turn(p))
+
+
+# -- keep-alives: the request, the decode's strict read of each offer, the router's lenient read of the answer
+def test_a_keep_alive_names_each_offers_signed_keys_and_is_bounded():
+    o = _offer()
+    params = K.keep_alive_request([o, o])
+    sent = params[K.KEEP_ALIVE_KEY][0]
+    assert K.REUSE_BLOCK_HASHES not in sent and K.REUSE_SIG_KEY not in sent  # only what the v3 signature covers
+    verifier(KeyRing(KEY))(sent)
+    assert K.wants_keep_alive(params) and not K.wants_keep_alive(o) and not K.wants_keep_alive(None)
+    assert len(K.keep_alive_offers(params)) == 2
+    with pytest.raises(ValueError):
+        K.keep_alive_request([o] * (K.max_keep_alive_offers + 1))
+    for bad in ([], [o] * (K.max_keep_alive_offers + 1), "x", {"a": 1}):
+        with pytest.raises(K.InvalidTransferParams) as err:
+            K.keep_alive_offers({K.KEEP_ALIVE_KEY: bad})
+        assert err.value.field == K.KEEP_ALIVE_KEY
+
+
+def _own(offer, key: bytes | None = KEY, engine: str = "decode-0"):
+    return K.own_held_offer(offer, engine_id=engine, verify=verifier(KeyRing(key)) if key else None, index=3)
+
+
+def test_a_decode_keeps_only_its_own_signed_holds():
+    o = K.keep_alive_request([_offer()])[K.KEEP_ALIVE_KEY][0]
+    assert _own(o) == ("cmpl-9", K.lease_id_of(o))
+    assert _own(K.keep_alive_request([_offer(key=None)])[K.KEEP_ALIVE_KEY][0], key=None)[0] == "cmpl-9"
+
+
+@pytest.mark.parametrize("change, engine, field", [
+    (lambda o: None, "decode-1", K.REMOTE_ENGINE_ID),  # another decode's offer
+    (lambda o: o.__setitem__(K.REMOTE_REQUEST_ID, "cmpl-8"), "decode-0", K.SIG_KEY),  # another hold, same engine
+    (lambda o: o.__setitem__(K.REMOTE_LEASE_ID, "ab" * 16), "decode-0", K.SIG_KEY),  # a guessed lease id
+    (lambda o: o.pop(K.SIG_KEY), "decode-0", K.SIG_KEY),
+    (lambda o: o.pop(K.REMOTE_LEASE_ID), "decode-0", K.REMOTE_LEASE_ID),
+    (lambda o: o.__setitem__(K.VERSION_KEY, "1.3"), "decode-0", K.VERSION_KEY),
+    (lambda o: o.__setitem__(K.REMOTE_BLOCK_IDS, [list(range(K.max_reuse_blocks + 1))]), "decode-0",
+     K.REMOTE_BLOCK_IDS),
+])
+def test_a_keep_alive_for_a_hold_not_its_own_is_refused_naming_the_field(change, engine, field):
+    o = dict(K.keep_alive_request([_offer()])[K.KEEP_ALIVE_KEY][0])
+    change(o)
+    with pytest.raises(K.InvalidTransferParams) as err:
+        _own(o, engine=engine)
+    assert err.value.field == f"{K.KEEP_ALIVE_KEY}[3].{field}"
+    with pytest.raises(K.InvalidTransferParams) as err:
+        _own("x")
+    assert err.value.field == f"{K.KEEP_ALIVE_KEY}[3]"
+
+
+@pytest.mark.parametrize("params, count, want", [
+    (K.keep_alive_reply([K.KEPT, "kv_transfer_params.x: no"]), 2, [True, False]),
+    (K.keep_alive_reply([K.KEPT]), 2, None),  # not one verdict per offer
+    (K.keep_alive_reply([True]), 1, None),
+    (K.error_params("no"), 1, None),  # the whole request refused: no verdicts
+    (None, 1, None),  # an engine without keep-alives
+])
+def test_the_routers_read_of_a_keep_alive_answer(params, count, want):
+    assert K.keep_alive_answer(params, count) == want

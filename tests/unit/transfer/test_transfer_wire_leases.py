@@ -395,3 +395,24 @@ def test_a_notification_carries_the_lease_id_and_an_old_source_ignores_it():
         part: int
 
     assert msgspec.msgpack.decode(wire.encode_notif(n), type=OldNotif).request_id == "r"
+
+
+def test_the_holder_keeps_a_lease_alive_without_claiming_it():
+    """Issue 40: a decode keeps its hold for the next turn alive (the router's keep-alive); the lease stays the
+    next reader's to claim, and is never revived nor extended without its id."""
+    lid, other = b"a" * 16, b"b" * 16
+    t = LeaseTable(10.0)
+    t.hold("r1", [1, 2], now=0.0, lease_id=lid)
+    assert t.keep(["r1"], [lid], now=8.0) == ["r1"]
+    assert t.collect(12.0) == []  # past the first lease: kept
+    assert t.keep(["r1"], [other], now=9.0) == [] and t.keep(["r1"], [None], now=9.0) == []  # no id, no keep
+    assert t.proof_refused == 2
+    # unclaimed: a reader still claims it, and a second agent is still refused
+    left, _, _ = t.extend(["r1"], now=12.0, agent="reader", lease_ids=[lid])
+    assert left == {"r1": 10.0}
+    t.extend(["r1"], now=12.0, agent="intruder", lease_ids=[lid])
+    assert t.refused == 1
+    assert t.collect(22.0) == ["r1"]  # negative control: nobody kept it alive after 12 s
+    assert t.keep(["r1"], [lid], now=22.5) == []  # expired: never revived
+    t.hold("r2", [3], now=30.0, lease_id=other)
+    assert t.keep(["r2"], [other], now=40.0) == []  # at its end: not revived
