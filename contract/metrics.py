@@ -11,6 +11,9 @@ LEG = "leg"  # label of ROUTER_LEGS_WAITING: prefill | decode
 # counter, labels reason and outcome: releases of prefill leases that no decode will read, sent by the
 # router to the prefill that holds them (connector/serving/lease_release.py)
 ROUTER_KV_RELEASES = "pdfleet_router_kv_releases"
+# counter, label REVISION_OUTCOME: offers of decodes' holds for a conversation's next turn that the router kept
+# alive, per offer (connector/serving/keep_alive.py)
+ROUTER_KV_KEEP_ALIVES = "pdfleet_router_kv_keep_alives"
 # counter, labels revision and REVISION_OUTCOME: generate requests per revision pair, read by the canary analysis
 ROUTER_REVISION_REQUESTS = "pdfleet_router_revision_requests"
 REVISION_OUTCOME = "outcome"  # also the outcome label of ROUTER_KV_RELEASES

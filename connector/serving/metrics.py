@@ -108,6 +108,11 @@ class RouterMetrics:
             "them, by reason (decode_failed, decode_refused, lease_expired, client_gone) and outcome (accepted, "
             "refused, unsupported, failed, skipped)", ["reason", names.REVISION_OUTCOME], registry=r,
         )
+        self.kv_keep_alives = Counter(
+            names.ROUTER_KV_KEEP_ALIVES, "Decode holds for a conversation's next turn that the router kept alive, per "
+            "offer, by outcome (kept, refused, lapsed, unsupported, failed, skipped)", [names.REVISION_OUTCOME],
+            registry=r,
+        )
         # KV-cache-aware routing (prefix_routing.py)
         self.tokenizer_loaded = Gauge(
             names.ROUTER_TOKENIZER_LOADED, "1: prompts are hashed with the served model's tokenizer, as the engines "

@@ -190,8 +190,12 @@ class Pipeline:
         offer = turn_reuse.offer_of(params)
         if offer is None:
             return
-        for old, _why in self.state.offers.remember(key, turn_reuse.Offer(url, offer, time.monotonic())):
+        model = served.request.body.get("model")
+        kept = turn_reuse.Offer(url, offer, time.monotonic(), model if isinstance(model, str) else None)
+        for old, _why in self.state.offers.remember(key, kept):
             self._release_offer(old, served)
+        if self.state.keep_alives is not None:
+            self.state.keep_alives.wake()
 
     def _release_offer(self, offer: turn_reuse.Offer, served: Served) -> None:
         req = served.request

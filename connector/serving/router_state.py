@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import aiohttp
 
-from pdfleet.connector.serving import engine_auth, lease_release, turn_reuse
+from pdfleet.connector.serving import engine_auth, keep_alive, lease_release, turn_reuse
 from pdfleet.connector.serving.abandon import Abandoned
 from pdfleet.connector.serving.endpoints import Endpoint, RevisionEndpoints
 from pdfleet.connector.serving.metrics import RouterMetrics
@@ -63,6 +63,9 @@ class RouterState:
         self.prefill = PrefillLeg(config, self.picker, self.metrics, session)
         # spec.kvTransfer.decodeReuse: the last turn's decode offer per conversation (None: off)
         self.offers = turn_reuse.Offers() if config.decode_reuse else None
+        # ... each kept alive at the decode that holds it until a turn takes it (keep_alive.py)
+        self.keep_alives = None if self.offers is None else keep_alive.KeepAlives(
+            self.offers, self.metrics, session, prefill_timeout)
         self.pipeline = Pipeline(self)  # the steps every front end runs, over these parts
         # Decode's first byte and idle gaps are bounded per read (see decode_leg.py).
         self._decode_timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
@@ -93,10 +96,14 @@ class RouterState:
             skip_auto_headers=("User-Agent",),
             middlewares=engine_auth.middlewares(os.environ),  # the engines answer only the fleet's token
         )
+        if self.keep_alives is not None:
+            self.keep_alives.start()
 
     async def close(self) -> None:
         await self.abandoned.close()
         await self.releases.close()
+        if self.keep_alives is not None:
+            await self.keep_alives.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

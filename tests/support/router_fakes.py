@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from pdfleet.connector.serving.body_fields import lax_int
-from pdfleet.contract.kv_params import (InvalidTransferParams, error_params, own_lease_to_release, produce,
-                                        release_reply, wants_hold_for_next_turn, wants_release, with_block_hashes)
+from pdfleet.contract.kv_params import (KEPT, REMOTE_REQUEST_ID, InvalidTransferParams, error_params, keep_alive_offers,
+                                        keep_alive_reply, lease_id_of, own_held_offer, own_lease_to_release, produce,
+                                        release_reply, wants_hold_for_next_turn, wants_keep_alive, wants_release,
+                                        with_block_hashes)
 from pdfleet.contract.ports import SIDE_CHANNEL
 
 
@@ -40,6 +43,11 @@ class FakeEngine:
     delay_s: float = 0.0  # answer every request this much later (a busy engine)
     answer_pad: int = 0  # prefill: this many more bytes in every answer (an engine whose answers are large)
     reuse_blocks: int = 8  # decode asked to hold a turn (issue 40): the blocks its offer names
+    # decode: its holds for next turns, request id -> (lease id, until: monotonic), extended by keep-alives as its
+    # connector does; keeps=False: it answers every keep-alive "no such hold" (it needed the memory)
+    holds: dict[str, tuple[bytes, float]] = field(default_factory=dict)
+    keeps: bool = True
+    kept: list[str] = field(default_factory=list)  # the holds keep-alives extended, in order
     received: list[Received] = field(default_factory=list)
     # prefill: remote request ids of its own leases that release requests named (as its connector checks them)
     released: list[str] = field(default_factory=list)
@@ -86,6 +94,8 @@ class FakeEngine:
                 await asyncio.sleep(0.8)
             if self.role == "prefill" or wants_release(body.get("kv_transfer_params")):
                 return self._prefill_answer(request, body)
+            if wants_keep_alive(body.get("kv_transfer_params")):
+                return self._keep_alive_answer(body)
             return await self._decode_answer(request, body)
         except asyncio.CancelledError:
             self.cancelled.set()
@@ -112,6 +122,28 @@ class FakeEngine:
                 lease_seconds=self.lease_s, num_tokens=48)
         return web.json_response(answer)
 
+    def _keep_alive_answer(self, body: dict) -> web.Response:
+        """As a kv_both decode's connector answers the router's keep-alive: one verdict per offer."""
+        now, verdicts = time.monotonic(), []
+        try:
+            offers = keep_alive_offers(body["kv_transfer_params"])
+        except InvalidTransferParams as exc:
+            return web.json_response({"choices": [], "kv_transfer_params": error_params(str(exc))})
+        for i, offer in enumerate(offers):
+            try:
+                rid, lease_id = own_held_offer(offer, engine_id=self.name, verify=None, index=i)
+            except InvalidTransferParams as exc:
+                verdicts.append(str(exc))
+                continue
+            held = self.holds.get(rid)
+            if not self.keeps or held is None or held[0] != lease_id or held[1] <= now:
+                verdicts.append("no such hold")
+                continue
+            self.holds[rid] = (lease_id, now + self.lease_s)
+            self.kept.append(rid)
+            verdicts.append(KEPT)
+        return web.json_response({"choices": [], "kv_transfer_params": keep_alive_reply(verdicts)})
+
     async def _decode_answer(self, request: web.Request, body: dict) -> web.StreamResponse:
         kv = body.get("kv_transfer_params")
         if self.mode == "short_body":  # announces 100 bytes, sends 10, hangs up
@@ -131,6 +163,9 @@ class FakeEngine:
                     request_id=request.headers.get("X-Request-Id") or "", host="127.0.0.1", port=SIDE_CHANNEL,
                     tp_size=1, instance_id=None, lease_seconds=self.lease_s, num_tokens=16 * self.reuse_blocks),
                     [bytes([i]) * 32 for i in range(self.reuse_blocks)])
+                lease_id = lease_id_of(offer)
+                assert lease_id is not None
+                self.holds[offer[REMOTE_REQUEST_ID]] = (lease_id, time.monotonic() + self.lease_s)
             choices = [{"index": i, "finish_reason": "length",
                         **({"message": {"role": "assistant", "content": "hello world"}} if chat
                            else {"text": "hello world"})} for i in range(_choices(body))]

@@ -2,10 +2,12 @@
 A P/D turn's decode leg asks the decode to hold; its offer goes to the conversation's next P/D prefill leg;
 an offer no prefill will read (the next turn decode-alone, too few tokens, replaced) is released at the decode
 that holds it; streamed turns and turns without a conversation key are not asked to hold; off (the default),
-nothing of it happens (negative control)."""
+nothing of it happens (negative control). Between turns each kept offer is kept alive at its decode, so a turn
+later than the decode's lease still gets it; an offer whose keep-alive the decode refuses is dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -128,3 +130,42 @@ async def test_off_by_default(fleet):
         assert not K.wants_hold_for_next_turn(d.received[-1].body["kv_transfer_params"])
         assert prefill_legs(p)[-1] == K.remote_decode_request()
     assert router.offers is None
+
+
+LEASE = 1.5  # the fake decode's lease in the keep-alive tests (seconds)
+
+
+def keep_alives(router, outcome: str) -> float:
+    return sum(s.value for m in router.metrics.registry.collect() for s in m.samples
+               if s.name == names.ROUTER_KV_KEEP_ALIVES + "_total" and s.labels["outcome"] == outcome)
+
+
+async def test_an_offer_kept_alive_outlives_the_decodes_lease(fleet):
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode", lease_s=LEASE)
+    url = await fleet.router([p], [d], decode_reuse_min_tokens=0, lease_margin_s=0.2)
+    router = fleet.runners[-1].app[ROUTER_KEY]
+    await post(fleet, url, body(1), rid="t1")
+    await asyncio.sleep(2 * LEASE)  # two leases: without keep-alives the offer would be gone
+    assert d.kept.count("t1") >= 3 and keep_alives(router, K.KEPT) == d.kept.count("t1")
+    ka = [x.body for x in d.received if K.wants_keep_alive(x.body["kv_transfer_params"])]
+    assert ka[0]["model"] == "tiny" and ka[0]["max_tokens"] == 1  # one-token requests, the client's model
+    await post(fleet, url, body(2), rid="t2")
+    assert prefill_legs(p)[-1][K.REUSE_KEY][K.REMOTE_REQUEST_ID] == "t1"
+    assert len(router.offers) == 1  # turn 2's own offer, kept alive in turn
+
+
+async def test_an_offer_whose_keep_alive_is_refused_is_dropped(fleet):
+    """Negative control: the decode no longer has the hold (it needed the memory): the router drops the offer,
+    and the next turn computes its history (nothing to release)."""
+    p = await fleet.engine("p0", "prefill")
+    d = await fleet.engine("d0", "decode", lease_s=LEASE, keeps=False)
+    url = await fleet.router([p], [d], decode_reuse_min_tokens=0, lease_margin_s=0.2)
+    router = fleet.runners[-1].app[ROUTER_KEY]
+    await post(fleet, url, body(1), rid="t1")
+    await asyncio.sleep(LEASE / 3 + 0.5)
+    assert len(router.offers) == 0 and keep_alives(router, "refused") == 1 and d.kept == []
+    await post(fleet, url, body(2), rid="t2")
+    assert K.REUSE_KEY not in prefill_legs(p)[-1]
+    await router.releases.settle()
+    assert d.released == []
