@@ -156,12 +156,14 @@ class Pipeline:
     # ---- decode's KV reused by the next turn (turn_reuse.py; issue 40) ---------------------------
 
     def conversation(self, served: Served) -> str | None:
-        """The conversation's key when decodeReuse is on and the request names one (never a request id:
-        an offer under it would never be taken)."""
+        """The conversation's key when decodeReuse is on and the client names it (the session header,
+        ``prompt_cache_key`` or ``user``). Not the first-turn key the canary falls back on: every one-shot
+        request looks like a first turn, and its hold, kept alive, would pin decode memory until the
+        decode's share ran out; never a request id (an offer under it would never be taken)."""
         if self.state.offers is None:
             return None
         req = served.request
-        return canary.explicit_key(req.body, req.headers) or canary.prefix_key(req.body, chat=req.chat)
+        return canary.explicit_key(req.body, req.headers)
 
     def _take_offer(self, served: Served) -> dict[str, Any] | None:
         """The last turn's decode offer for the prefill leg's params, or None (an unusable one is released)."""

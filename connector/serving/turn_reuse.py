@@ -2,8 +2,9 @@
 
 A P/D turn's decode leg asks the decode to hold the turn's blocks (``kv_params.hold_for_next_turn``); a
 non-streamed answer carries the decode's offer (its produced params plus each held block's hash), which the
-router keeps under the conversation's key (canary.py's ``conversation_key``: the client's session id,
-``prompt_cache_key`` or ``user``, else the first turn). The conversation's next turn takes it (single use):
+router keeps under the conversation's key (canary.py's ``explicit_key``: the client's session id,
+``prompt_cache_key`` or ``user``; never the first-turn fallback, see Pipeline.conversation). The conversation's
+next turn takes it (single use):
 when it goes P/D and the offer holds at least ``decode_reuse_min_tokens`` tokens with lease time left, the
 prefill leg carries it (``kv_params.reuse_request``) and the prefill pulls the blocks its prompt starts with;
 otherwise (decode alone, too few tokens, a newer offer for the same conversation, the table full) the router

@@ -82,6 +82,19 @@ async def test_streamed_turns_are_not_asked_to_hold_but_may_pull(fleet):
     assert len(router.offers) == 0
 
 
+@pytest.mark.parametrize("extra, headers, held", [
+    ({}, {}, False),  # a text prompt's first turn is no name: one-shot requests would pin decode memory
+    ({"user": "u-7"}, {}, True),
+    ({"prompt_cache_key": "c-7"}, {}, True),
+    ({}, SESSION, True),
+])
+async def test_only_a_conversation_the_client_names_is_asked_to_hold(fleet, extra, headers, held):
+    p, d, url, router = await start(fleet, 0)
+    status, _ = await post(fleet, url, body(1, **extra), headers=headers, rid="t1")
+    assert status == 200 and K.wants_hold_for_next_turn(d.received[-1].body["kv_transfer_params"]) is held
+    assert len(router.offers) == int(held)
+
+
 async def test_an_offer_the_next_turn_cannot_use_is_released_at_its_decode(fleet):
     """The next turn goes decode alone (Conditional, short prompts): the hold is released, not left to lapse;
     a newer offer for the same conversation releases the older."""
