@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from pdfleet.contract.connector_config import LEASE_SECONDS  # the knob is the connector's lease (its dest)
 from pdfleet.operator.local.tiny_model import ensure_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,12 +123,12 @@ async def replay(router: str, prefill: str, ids: list[int], args: argparse.Names
 def add_args(parser: argparse.ArgumentParser, prefix: str = "", **defaults: int) -> None:
     """This bench's knobs; kv_tiers.py adds them as --reuse-* (its own --conversations etc. are the tier arms')."""
     d = {"conversations": 6, "turns": 5, "first_tokens": 256, "answer_tokens": 256, "user_tokens": 32,
-         "min_tokens": 64, "max_model_len": 4096, "lease_seconds": 300} | defaults
+         "min_tokens": 64, "max_model_len": 4096, LEASE_SECONDS: 300} | defaults
     for name, help_ in (("conversations", "conversations per arm"), ("turns", None),
                         ("first_tokens", "tokens of a conversation's first prompt"),
                         ("answer_tokens", "tokens of every answer"), ("user_tokens", "tokens each user message adds"),
                         ("min_tokens", "decodeReuse.minReusableTokens"), ("max_model_len", None),
-                        ("lease_seconds", "kvTransfer.leaseSeconds: an offer older than its lease is released, "
+                        (LEASE_SECONDS, "kvTransfer.leaseSeconds: an offer older than its lease is released, "
                                           "not pulled")):
         parser.add_argument(f"--{prefix}{name.replace('_', '-')}", dest=f"{prefix.replace('-', '_')}{name}",
                             type=int, default=d[name], help=help_)
