@@ -54,6 +54,7 @@ class LocalRunner:
         self.pair = None  # scale_to_zero.PairAtZero when spec.scaling.scaleToZero is enabled
         self.launcher = None  # launcher.Launcher: forks engines from a pre-imported process (scale to zero)
         self.launcher_on = False  # off after a failed fork: the engines then start as fresh interpreters
+        self.launcher_ready: Optional[asyncio.Future] = None  # a pair that starts asleep: the launcher's import
 
     # --- top level ----------------------------------------------------------
 
@@ -99,7 +100,10 @@ class LocalRunner:
         from pdfleet.operator.local.processes import Watchdog
 
         self.watchdog = Watchdog(cwd=self.run_dir)
-        await self._start_launcher()
+        if self.start_asleep:  # nothing forks before the first request: the router need not wait for the import
+            self.launcher_ready = asyncio.ensure_future(self._start_launcher())
+        else:
+            await self._start_launcher()
         if not self.start_asleep:
             for name in self.launches:
                 self._start(name)
@@ -378,7 +382,13 @@ class LocalRunner:
             "(the router holds the next request and starts them)")
         self._write_state(healthy=False)
 
+    async def _await_launcher(self) -> None:
+        if self.launcher_ready is not None:
+            ready, self.launcher_ready = self.launcher_ready, None
+            await ready
+
     async def _start_engines(self) -> bool:
+        await self._await_launcher()
         for name in self.launches:
             self._start(name)
         ok = await self._wait_healthy(list(self.launches))
@@ -427,6 +437,7 @@ class LocalRunner:
     async def _shutdown(self) -> None:
         from pdfleet.operator.local.processes import stop_groups
 
+        await self._await_launcher()  # a launcher still importing is closed below like any other
         if self.gateway is not None:
             await self.gateway.stop()
             self.gateway = None
