@@ -25,7 +25,8 @@ import msgspec
 
 from pdfleet.connector.serving.lease_release import MAX_IN_FLIGHT, Background
 from pdfleet.connector.serving.turn_reuse import Offer, Offers, keep_alive_plan
-from pdfleet.connector.serving.upstream import json_encode, target
+from pdfleet.connector.serving.prefill_leg import MAX_PREFILL_ANSWER_BYTES, answer_kv_params
+from pdfleet.connector.serving.upstream import json_encode, read_bounded, target
 from pdfleet.contract.kv_params import KEPT, keep_alive_answer, keep_alive_request
 
 log = logging.getLogger("pdfleet.router")
@@ -43,7 +44,6 @@ MAX_WAIT_S = 1.0
 MIN_WAIT_S = 0.02
 # A decode that did not answer (or answered without verdicts) is asked again after this long.
 RETRY_S = 1.0
-_decode = msgspec.json.Decoder().decode
 
 
 def keep_alive_body(model: str | None, offers: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -55,13 +55,14 @@ def keep_alive_body(model: str | None, offers: list[Mapping[str, Any]]) -> dict[
     return out
 
 
-def keep_alive_outcomes(status: int | None, data: bytes, count: int) -> list[str]:
-    """Per offer, what the decode's answer to a keep-alive of ``count`` offers says (None: no answer)."""
-    if status != 200:
+def keep_alive_outcomes(status: int | None, data: bytes | None, count: int) -> list[str]:
+    """Per offer, what the decode's answer to a keep-alive of ``count`` offers says (``status`` None: no
+    answer; ``data`` None: an answer past the bound)."""
+    if status != 200 or data is None:
         return [FAILED] * count
     try:
-        params = _decode(data).get("kv_transfer_params")
-    except (msgspec.DecodeError, AttributeError):
+        params = answer_kv_params(data)
+    except msgspec.DecodeError:
         return [FAILED] * count
     answer = keep_alive_answer(params, count)
     return [UNSUPPORTED] * count if answer is None else [KEPT if ok else REFUSED for ok in answer]
@@ -111,13 +112,13 @@ class KeepAlives:
         try:
             for batch in batches:  # one request at a time to one decode
                 sent_at = time.monotonic()
-                status, data = None, b""
+                status, data = None, None
                 try:
                     async with self._session().post(
                             target(url, "/v1/completions"), data=json_encode(keep_alive_body(
                                 batch[0][1].model, [o.params for _, o in batch])),
                             headers={"Content-Type": "application/json"}, timeout=self._timeout) as resp:
-                        status, data = resp.status, await resp.read()
+                        status, data = resp.status, await read_bounded(resp, MAX_PREFILL_ANSWER_BYTES)
                 except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
                     log.info("keeping %d offer(s) alive at %s failed: %r", len(batch), url, exc)
                 outcomes = keep_alive_outcomes(status, data, len(batch))

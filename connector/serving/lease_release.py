@@ -32,7 +32,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, json_encode, target
+from pdfleet.connector.serving.prefill_leg import MAX_PREFILL_ANSWER_BYTES, answer_kv_params
+from pdfleet.connector.serving.upstream import REQUEST_ID_HEADER, json_encode, read_bounded, target
 from pdfleet.contract.kv_params import release_answer, release_request
 
 log = logging.getLogger("pdfleet.router")
@@ -52,7 +53,6 @@ FAILED = "failed"  # no answer, or an HTTP error
 SKIPPED = "skipped"  # too many releases in flight: the lease runs its course
 
 MAX_IN_FLIGHT = 64
-_decode = msgspec.json.Decoder().decode
 
 
 def release_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,13 +64,14 @@ def release_body(body: Mapping[str, Any], kv_transfer_params: Mapping[str, Any])
     return out
 
 
-def release_outcome(status: int | None, data: bytes) -> str:
-    """What the prefill's answer to a release request says (``status`` None: no answer)."""
-    if status is None or status != 200:
+def release_outcome(status: int | None, data: bytes | None) -> str:
+    """What the prefill's answer to a release request says (``status`` None: no answer; ``data`` None: an
+    answer past the bound)."""
+    if status is None or status != 200 or data is None:
         return FAILED
     try:
-        params = _decode(data).get("kv_transfer_params")
-    except (msgspec.DecodeError, AttributeError):
+        params = answer_kv_params(data)
+    except msgspec.DecodeError:
         return FAILED
     answer = release_answer(params)
     return UNSUPPORTED if answer is None else ACCEPTED if answer else REFUSED
@@ -136,7 +137,7 @@ class LeaseReleaser:
             async with self._session().post(target(url, "/v1/completions"), headers=dict(headers),
                                             data=json_encode(release_body(body, params)),
                                             timeout=self._timeout) as resp:
-                status, data = resp.status, await resp.read()
+                status, data = resp.status, await read_bounded(resp, MAX_PREFILL_ANSWER_BYTES)
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
             log.info("releasing an unread lease at %s failed: %r", url, exc)
         outcome = release_outcome(status, data)

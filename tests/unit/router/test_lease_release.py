@@ -35,6 +35,8 @@ def _answer(params):
     (500, _answer(release_reply()), lr.FAILED),
     (400, b"{}", lr.FAILED),
     (None, b"", lr.FAILED),
+    (200, None, lr.FAILED),  # an answer past the bound (read_bounded gave up)
+    (200, b'{"kv_transfer_params": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", lr.FAILED),  # nested past the bound
 ])
 def test_release_outcome(status, data, outcome):
     assert lr.release_outcome(status, data) == outcome

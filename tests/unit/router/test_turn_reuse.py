@@ -117,6 +117,8 @@ def test_a_kept_offer_counts_its_lease_from_the_keep_alive_and_keeps_its_place()
     (200, b"not json", 1, ["failed"]),
     (503, b"", 1, ["failed"]),
     (None, b"", 2, ["failed"] * 2),  # no answer
+    (200, None, 1, ["failed"]),  # an answer past the bound (read_bounded gave up)
+    (200, b'{"kv_transfer_params": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", 1, ["failed"]),  # nested past the bound
 ])
 def test_keep_alive_outcomes(status, data, count, want):
     from pdfleet.connector.serving.keep_alive import keep_alive_outcomes
