@@ -60,10 +60,11 @@ class DecodeLeg:
     async def run(self, request: web.Request, group: RevisionEndpoints, path: str,
                           body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
                           kv_params: dict[str, Any] | None, lease: Lease | None,
-                          remember: Callable[[str, bytes], None] | None = None) -> web.StreamResponse:
+                          remember: Callable[[str, bytes], bytes] | None = None) -> web.StreamResponse:
         """Decode with prefill's kv_params; ``lease`` (until a decode takes the request) is released at
         the prefill on every path where no decode will read it (lease_release.py). ``remember``: given the
-        decode's URL and its whole answer when the answer is not streamed (turn_reuse.py)."""
+        decode's URL and its whole answer when the answer is not streamed, returns what the client gets
+        (turn_reuse.py: the offer kept, and taken out)."""
         try:
             return await self._attempts(request, group, path, body, headers, reply_headers, kv_params,
                                                lease, remember)
@@ -81,7 +82,7 @@ class DecodeLeg:
     async def _attempts(self, request: web.Request, group: RevisionEndpoints, path: str,
                                body: dict[str, Any], headers: dict[str, str], reply_headers: dict[str, str],
                                kv_params: dict[str, Any] | None, lease: Lease | None,
-                               remember: Callable[[str, bytes], None] | None = None) -> web.StreamResponse:
+                               remember: Callable[[str, bytes], bytes] | None = None) -> web.StreamResponse:
         candidates = group.ready(DECODE)
         tried: set[str] = set()
         cfg = self.config
@@ -151,7 +152,7 @@ class DecodeLeg:
                               headers=reply_headers)
 
     async def _relay(self, request: web.Request, resp: aiohttp.ClientResponse,
-                     reply_headers: dict[str, str], remember: Callable[[bytes], None] | None = None) -> web.StreamResponse:
+                     reply_headers: dict[str, str], remember: Callable[[bytes], bytes] | None = None) -> web.StreamResponse:
         headers = dict(reply_headers)
         for name in ("Content-Type", "Content-Encoding", "Cache-Control"):
             value = resp.headers.get(name)
@@ -167,7 +168,7 @@ class DecodeLeg:
                 raise BrokeBeforeFirstByte from exc
             timing.chunk(data)
             if remember is not None and resp.status == 200:
-                remember(data)
+                data = remember(data)  # the offer kept, and taken out of the client's answer
             return web.Response(status=resp.status, body=data, headers=headers)
         out = web.StreamResponse(status=resp.status, headers=headers)
         if length is not None:

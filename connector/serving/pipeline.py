@@ -181,23 +181,28 @@ class Pipeline:
             return None
         return reuse_request(offer.params, cfg.decode_reuse_min_tokens)
 
-    def remember_offer(self, served: Served, key: str, url: str, answer: bytes) -> None:
-        """Decode's whole answer: its offer, if it made one, kept for the conversation's next turn."""
+    def remember_offer(self, served: Served, key: str, url: str, answer: bytes) -> bytes:
+        """Decode's whole answer: its offer, if it made one, kept for the conversation's next turn. Returns
+        what the client gets: the answer without the offer, whose lease id and signatures are the fleet's
+        (a caller could otherwise keep alive or release a hold it was never given)."""
         if self.state.offers is None:
-            return
+            return answer
         try:
             params = answer_kv_params(answer)
         except msgspec.DecodeError:
-            return
+            return answer
         offer = turn_reuse.offer_of(params)
         if offer is None:
-            return
+            return answer
         model = served.request.body.get("model")
         kept = turn_reuse.Offer(url, offer, time.monotonic(), model if isinstance(model, str) else None)
         for old, _why in self.state.offers.remember(key, kept):
             self._release_offer(old, served)
         if self.state.keep_alives is not None:
             self.state.keep_alives.wake()
+        body = msgspec.json.decode(answer)  # an object within json_depth's bound: answer_kv_params read it
+        body.pop("kv_transfer_params", None)
+        return msgspec.json.encode(body)
 
     def _release_offer(self, offer: turn_reuse.Offer, served: Served) -> None:
         req = served.request

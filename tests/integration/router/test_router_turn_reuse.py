@@ -52,6 +52,8 @@ async def test_the_next_turn_prefill_gets_the_last_turns_offer(fleet):
     p, d, url, router = await start(fleet, 64)
     status, answer = await post(fleet, url, body(1), rid="t1")
     assert status == 200 and K.wants_hold_for_next_turn(d.received[-1].body["kv_transfer_params"])
+    # the offer (its lease id, the fleet's signatures) stays with the router: the client's answer has none
+    assert len(router.offers) == 1 and "kv_transfer_params" not in answer and answer["choices"]
     assert prefill_legs(p)[-1] == K.remote_decode_request()  # the first turn has nothing to pull
     await post(fleet, url, body(2), rid="t2")
     leg = prefill_legs(p)[-1]
