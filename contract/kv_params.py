@@ -494,6 +494,27 @@ def num_tokens_to_pull(num_prompt_tokens: int, block_size: int) -> int:
     return (num_prompt_tokens // block_size) * block_size
 
 
+def _holder(params: Mapping[str, Any], local_tp_size: int, *, holder: str, reader: str
+            ) -> tuple[str, str, str, int, int, tuple[str, ...], str | None]:
+    """Where the held blocks are (engine id, request id, host, port, tp_size, hosts, instance id), read for a
+    ``reader`` pulling from a ``holder``: its TP must divide the reader's, one instance id per holder rank."""
+    engine_id = _str(params, REMOTE_ENGINE_ID)
+    request_id = _str(params, REMOTE_REQUEST_ID)
+    host = _host(params)
+    port = _int(params, REMOTE_PORT, 1, 65535)
+    tp_size = _int(params, TP_SIZE, 1, 1024, default=1)
+    if local_tp_size % tp_size != 0:
+        raise InvalidTransferParams(TP_SIZE, f"{holder} tp_size {tp_size} must divide {reader} tp_size"
+                                             f" {local_tp_size} ({reader} TP = k x {holder} TP)")
+    hosts = _hosts(params, tp_size)
+    instance_id = _str(params, REMOTE_INSTANCE_ID, required=False)
+    if instance_id is not None and len(instance_id.split(",")) != tp_size:
+        raise InvalidTransferParams(
+            REMOTE_INSTANCE_ID, f"must list one instance id per {holder} rank ({tp_size}), comma-separated")
+    assert engine_id is not None and request_id is not None
+    return engine_id, request_id, host, port, tp_size, hosts, instance_id
+
+
 def parse_remote_prefill(
     params: Any,
     *,
@@ -521,19 +542,8 @@ def parse_remote_prefill(
     version = _version(params)
     if _flag(params, DO_REMOTE_DECODE):
         raise InvalidTransferParams(DO_REMOTE_DECODE, "cannot be true together with do_remote_prefill")
-    engine_id = _str(params, REMOTE_ENGINE_ID)
-    request_id = _str(params, REMOTE_REQUEST_ID)
-    host = _host(params)
-    port = _int(params, REMOTE_PORT, 1, 65535)
-    tp_size = _int(params, TP_SIZE, 1, 1024, default=1)
-    if local_tp_size % tp_size != 0:
-        raise InvalidTransferParams(
-            TP_SIZE, f"prefill tp_size {tp_size} must divide decode tp_size {local_tp_size} (decode TP = k x prefill TP)")
-    hosts = _hosts(params, tp_size)
-    instance_id = _str(params, REMOTE_INSTANCE_ID, required=False)
-    if instance_id is not None and len(instance_id.split(",")) != tp_size:
-        raise InvalidTransferParams(
-            REMOTE_INSTANCE_ID, f"must list one instance id per prefill rank ({tp_size}), comma-separated")
+    engine_id, request_id, host, port, tp_size, hosts, instance_id = _holder(params, local_tp_size,
+                                                                             holder="prefill", reader="decode")
     remote_num_tokens = params.get(REMOTE_NUM_TOKENS)
     if remote_num_tokens is not None:
         _int(params, REMOTE_NUM_TOKENS, 0, 2**31 - 1)
@@ -745,18 +755,8 @@ def parse_reuse(
         raise InvalidTransferParams(f"{REUSE_KEY}.{VERSION_KEY}", f"must be {version_string(LEASE_ID_SINCE)} or"
                                                                   " newer (decodes that offer blocks write it)")
     try:
-        engine_id = _str(offer, REMOTE_ENGINE_ID)
-        request_id = _str(offer, REMOTE_REQUEST_ID)
-        host = _host(offer)
-        port = _int(offer, REMOTE_PORT, 1, 65535)
-        tp_size = _int(offer, TP_SIZE, 1, 1024, default=1)
-        if local_tp_size % tp_size != 0:
-            raise InvalidTransferParams(TP_SIZE, f"the decode's tp_size {tp_size} must divide this prefill's"
-                                                 f" tp_size {local_tp_size}")
-        hosts = _hosts(offer, tp_size)
-        instance_id = _str(offer, REMOTE_INSTANCE_ID, required=False)
-        if instance_id is not None and len(instance_id.split(",")) != tp_size:
-            raise InvalidTransferParams(REMOTE_INSTANCE_ID, f"must list one instance id per rank ({tp_size})")
+        engine_id, request_id, host, port, tp_size, hosts, instance_id = _holder(offer, local_tp_size,
+                                                                                 holder="decode", reader="prefill")
         block_ids = _block_ids(offer, max_reuse_blocks)
         hashes = _block_hashes(offer, len(block_ids))
         lease_id = _lease_id(offer)
