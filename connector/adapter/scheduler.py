@@ -252,7 +252,7 @@ class SchedulerSide:
                 raise InvalidTransferParams(KEEP_ALIVE_KEY, "this server holds no leases (it is not a KV producer)")
             offers = keep_alive_offers(params)
         except InvalidTransferParams as exc:
-            self._refuse_keep_alive(rid, exc, 1)
+            self._refuse_keep_alive(rid, exc)
             self._release_replies[rid] = error_params(str(exc))
             return
         verdicts = []
@@ -264,7 +264,7 @@ class SchedulerSide:
                     raise InvalidTransferParams(f"{KEEP_ALIVE_KEY}[{i}]", "names no hold this decode still has"
                                                                           " (read, released or lapsed)")
             except InvalidTransferParams as exc:
-                self._refuse_keep_alive(rid, exc, 1)
+                self._refuse_keep_alive(rid, exc)
                 verdicts.append(str(exc))
                 continue
             self._reuse_until[hold] = now + self.cfg.settings.lease_seconds
@@ -272,9 +272,9 @@ class SchedulerSide:
             verdicts.append(KEPT)
         self._release_replies[rid] = keep_alive_reply(verdicts)
 
-    def _refuse_keep_alive(self, rid: str, exc: InvalidTransferParams, n: int) -> None:
-        self.keep_alives_refused += n
-        self._rejected_since_meta += n
+    def _refuse_keep_alive(self, rid: str, exc: InvalidTransferParams) -> None:
+        self.keep_alives_refused += 1
+        self._rejected_since_meta += 1
         held = self._drops.note(KEEP_ALIVE_KEY, time.monotonic())
         if held is not None:
             log.warning("request %s: keep-alive refused: %s", rid, exc)
